@@ -1,0 +1,12 @@
+"""Functional attention kernels on (B, H, T, D) tensors: each rule in parallel, chunk and
+recurrent forms that agree. The modules in :mod:`variants.attention` choose between them."""
+
+from .delta_rule import delta_rule_chunk, delta_rule_parallel, delta_rule_read, delta_rule_recurrent
+from .softmax import softmax_parallel, softmax_read, softmax_recurrent
+from .sum_rule import sum_rule_chunk, sum_rule_parallel, sum_rule_read, sum_rule_recurrent, sum_rule_write
+
+__all__ = [
+    "delta_rule_chunk", "delta_rule_parallel", "delta_rule_read", "delta_rule_recurrent",
+    "softmax_parallel", "softmax_read", "softmax_recurrent",
+    "sum_rule_chunk", "sum_rule_parallel", "sum_rule_read", "sum_rule_recurrent", "sum_rule_write",
+]

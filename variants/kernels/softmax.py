@@ -1,0 +1,73 @@
+"""Causal softmax attention (Vaswani et al. 2017) with a KV cache as its carried state.
+
+    y_t = Σ_{s ≤ t} softmax_s(q_t · k_s / √d_key) v_s
+
+Shapes: q, k (B, H, T, d_key); v (B, H, T, d_v); cached keys and values (B, H, P, ·) hold the
+P tokens before this call. With ``window`` set, each query sees only its last ``window`` keys
+(itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
+    """Boolean (T, P + T) mask, True where query t (global index P + t) may attend key j."""
+    query_pos = torch.arange(P, P + T, device=device)[:, None]
+    key_pos = torch.arange(P + T, device=device)[None, :]
+    allowed = key_pos <= query_pos
+    if window is not None:
+        allowed &= key_pos > query_pos - window
+    return allowed
+
+
+def _trim(k: Tensor, v: Tensor, window: int | None) -> tuple[Tensor, Tensor]:
+    if window is None:
+        return k, v
+    keep = max(window - 1, 0)
+    return k[:, :, k.shape[2] - min(keep, k.shape[2]):], v[:, :, v.shape[2] - min(keep, v.shape[2]):]
+
+
+def softmax_parallel(
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor | None = None, v_cache: Tensor | None = None,
+    window: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """All queries at once against cache + new keys. Returns (y, new k cache, new v cache)."""
+    keys = k if k_cache is None else torch.cat([k_cache.to(k.dtype), k], dim=2)
+    values = v if v_cache is None else torch.cat([v_cache.to(v.dtype), v], dim=2)
+    T, P = q.shape[2], keys.shape[2] - k.shape[2]
+    if T == 0:
+        return v.new_zeros(v.shape), *_trim(keys, values, window)
+    mask = _causal_mask(T, P, window, q.device)
+    y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    return y, *_trim(keys, values, window)
+
+
+def softmax_recurrent(
+    q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor | None = None, v_cache: Tensor | None = None,
+    window: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One token at a time against a growing KV cache (the form used for generation)."""
+    B, H, T, d_key = q.shape
+    keys = k.new_zeros(B, H, 0, d_key) if k_cache is None else k_cache.to(k.dtype)
+    values = v.new_zeros(B, H, 0, v.shape[-1]) if v_cache is None else v_cache.to(v.dtype)
+    scale = 1.0 / math.sqrt(d_key)
+    outputs = []
+    for t in range(T):
+        keys = torch.cat([keys, k[:, :, t : t + 1]], dim=2)
+        values = torch.cat([values, v[:, :, t : t + 1]], dim=2)
+        if window is not None:
+            keys, values = keys[:, :, -window:], values[:, :, -window:]
+        weights = torch.softmax((q[:, :, t : t + 1] @ keys.mT) * scale, dim=-1)
+        outputs.append(weights @ values)
+    y = torch.cat(outputs, dim=2) if outputs else v.new_zeros(v.shape)
+    return y, *_trim(keys, values, window)
+
+
+def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
+    """Queries (B, H, T_q, d_key) attend to every cached key; nothing is written."""
+    return torch.nn.functional.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))

@@ -1,0 +1,87 @@
+"""Multi-head attention layer: projections around any variant, one interface for every task.
+
+    y, state = layer(x, state=None)        # x, y: (B, T, d_model)
+
+Queries, keys and values are linear projections of x into n_heads heads of size d_key and d_v;
+for rules that use β (the delta rule), β = σ(W_β x) per head (paper Eq. 24). The output is the
+heads concatenated and projected back to d_model.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .attention import Attention
+from .errors import VariantError, bad_value
+from .feature_maps import positive_int
+from .registry import VariantSpec, build_attention, parse_spec
+
+
+class AttentionLayer(nn.Module):
+    """Projections + attention variant.
+
+    Args:
+        variant: spec string (``"dpfp-delta:nu=2"``) or :class:`VariantSpec`.
+        d_model: model width; must be divisible by ``n_heads`` when ``d_key`` is not given.
+        n_heads: number of heads H.
+        d_key: per-head key size (default d_model / n_heads).
+        d_value: per-head value size (default d_key).
+
+    Raises:
+        VariantError: bad spec, non-positive sizes, or d_model not divisible by n_heads.
+    """
+
+    def __init__(self, variant: str | VariantSpec, d_model: int, n_heads: int,
+                 d_key: int | None = None, d_value: int | None = None, bias: bool = False):
+        super().__init__()
+        self.spec = parse_spec(variant)
+        self.d_model = positive_int("d_model", d_model)
+        self.n_heads = positive_int("n_heads", n_heads)
+        if d_key is None:
+            if d_model % n_heads:
+                raise VariantError(
+                    f"d_model: got {d_model}, which n_heads={n_heads} does not divide; "
+                    "expected a multiple of n_heads (or pass d_key)"
+                )
+            d_key = d_model // n_heads
+        self.d_key = positive_int("d_key", d_key)
+        self.d_value = positive_int("d_value", d_value if d_value is not None else self.d_key)
+        self.attention: Attention = build_attention(self.spec, self.d_key)
+        H = self.n_heads
+        self.q_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
+        self.k_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
+        self.v_proj = nn.Linear(d_model, H * self.d_value, bias=bias)
+        self.beta_proj = nn.Linear(d_model, H, bias=True) if self.attention.uses_beta else None
+        self.out_proj = nn.Linear(H * self.d_value, d_model, bias=bias)
+
+    @property
+    def d_dot(self) -> int | None:
+        return self.attention.d_dot
+
+    def _heads(self, x: Tensor, size: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, size).transpose(1, 2)
+
+    def forward(self, x: Tensor, state=None, form: str = "auto", chunk_size: int | None = None):
+        """(B, T, d_model) → ((B, T, d_model), state after the last token)."""
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
+        q = self._heads(self.q_proj(x), self.d_key)
+        k = self._heads(self.k_proj(x), self.d_key)
+        v = self._heads(self.v_proj(x), self.d_value)
+        beta = None
+        if self.beta_proj is not None:
+            beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
+        y, state = self.attention(q, k, v, beta=beta, state=state, form=form, chunk_size=chunk_size)
+        B, _, T, _ = y.shape
+        y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_value).to(x.dtype)
+        return self.out_proj(y), state
+
+    def state_nbytes(self, batch: int, tokens: int) -> int:
+        """Bytes of the carried state for ``batch`` sequences after ``tokens`` tokens."""
+        return self.attention.state_nbytes(batch, self.n_heads, self.d_value, tokens)
+
+    def extra_repr(self) -> str:
+        return f"variant={self.spec}, d_model={self.d_model}, n_heads={self.n_heads}, d_key={self.d_key}"
