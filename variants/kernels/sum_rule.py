@@ -29,6 +29,12 @@ def _initial_state(q: Tensor, v: Tensor, W0: Tensor | None, z0: Tensor | None):
     return W, z
 
 
+def _exclusive_cumsum(x: Tensor, start: Tensor) -> Tensor:
+    """``start`` + Σ_{m < n} x[:, :, m] for every chunk n of x (B, H, n_chunks, ...)."""
+    shifted = torch.cat([start[:, :, None], x[:, :, :-1]], dim=2)
+    return torch.cumsum(shifted, dim=2)
+
+
 def sum_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
     normalize: bool = True, eps: float = NORMALIZER_EPS,
@@ -95,14 +101,16 @@ def sum_rule_chunk(
     kc = k32.view(B, H, n_chunks, C, d_dot)
     vc = v32.view(B, H, n_chunks, C, d_v)
 
-    # State before each chunk: exclusive prefix sum of the per-chunk writes Vₙᵀ Kₙ.
+    # State before each chunk: exclusive prefix sum of the per-chunk writes Vₙᵀ Kₙ. Computed
+    # from the earlier chunks only (not as cumsum − own write, whose rounding and cancellation
+    # would let a chunk's later tokens leak into its earlier outputs).
     writes = vc.mT @ kc
-    W_before = torch.cumsum(writes, dim=2) - writes + W[:, :, None]
+    W_before = _exclusive_cumsum(writes, W)
     scores = (qc @ kc.mT).tril()
     y = scores @ vc + qc @ W_before.mT
     if normalize:
         key_sums = kc.sum(dim=3)
-        z_before = torch.cumsum(key_sums, dim=2) - key_sums + z[:, :, None]
+        z_before = _exclusive_cumsum(key_sums, z)
         y = y / (scores.sum(-1, keepdim=True) + qc @ z_before[..., None] + eps)
         z = z_before[:, :, -1] + key_sums[:, :, -1]
     else:

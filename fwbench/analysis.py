@@ -1,0 +1,93 @@
+"""From records to tables: flatten run records into a DataFrame, aggregate seeds, estimate capacity."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+#: Best eval loss at or below which a memory counts as retrieving (the capacity threshold).
+CAPACITY_THRESHOLD = 0.01
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per record: grid, task, variant spec, seed, every config field, metrics, status."""
+    rows = []
+    for r in records:
+        row = {
+            "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
+            "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],
+            "steps": r["steps"], "wall_s": r["wall_s"], "steps_per_s": r.get("steps_per_s"),
+            "device": r.get("environment", {}).get("device"),
+            "torch": r.get("environment", {}).get("torch"),
+            "threads": r.get("environment", {}).get("threads"),
+        }
+        row.update(r["config"])
+        row.update(r["metrics"])
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Largest S that a memory still retrieves, with censoring when the grid does not bracket it.
+
+    ``value`` is the interpolated crossing of the threshold; ``lower_bound_only`` means every S run
+    passed (capacity ≥ value); ``upper_bound_only`` means even the smallest S failed (< value).
+    """
+
+    value: float
+    lower_bound_only: bool = False
+    upper_bound_only: bool = False
+
+    def __str__(self) -> str:
+        if math.isnan(self.value):
+            return "n/a"
+        prefix = "≥ " if self.lower_bound_only else "< " if self.upper_bound_only else "≈ "
+        return f"{prefix}{self.value:.0f}"
+
+    @property
+    def low(self) -> float:
+        return 0.0 if self.upper_bound_only else self.value
+
+    @property
+    def high(self) -> float:
+        return math.inf if self.lower_bound_only else self.value
+
+    def exceeds(self, other: Capacity) -> bool | None:
+        """True if certainly larger than ``other``, False if certainly not, None if censoring hides it."""
+        if self.low > other.high:
+            return True
+        if self.high <= other.low:
+            return False
+        return None
+
+
+def estimate_capacity(S: list[float], loss: list[float], threshold: float = CAPACITY_THRESHOLD) -> Capacity:
+    """Capacity from a loss-vs-S curve: the S where the loss first rises above ``threshold``.
+
+    Between the last passing S and the first failing one the crossing is interpolated linearly in
+    log-loss. Points are sorted by S; NaN losses are ignored.
+    """
+    points = sorted((s, l) for s, l in zip(S, loss) if not (l is None or math.isnan(l)))
+    if not points:
+        return Capacity(math.nan)
+    previous = None
+    for s, l in points:
+        if l > threshold:
+            if previous is None:
+                return Capacity(float(s), upper_bound_only=True)
+            s0, l0 = previous
+            fraction = (math.log(threshold) - math.log(max(l0, 1e-12))) / (math.log(l) - math.log(max(l0, 1e-12)))
+            return Capacity(float(s0 + fraction * (s - s0)))
+        previous = (s, l)
+    return Capacity(float(points[-1][0]), lower_bound_only=True)
+
+
+def mean_over_seeds(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:
+    """Mean, standard deviation and count of ``value`` over seeds, per group ``by``."""
+    grouped = frame.groupby(by, dropna=False)[value]
+    out = grouped.agg(["mean", "std", "count"]).reset_index()
+    out["std"] = out["std"].fillna(0.0)
+    return out

@@ -1,0 +1,96 @@
+"""Run the cells of a grid that the store does not hold yet, one record per finished run.
+
+A run interrupted before its record is written is simply run again next time; a finished run is
+never repeated, so an interrupted grid resumes without losing anything.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from datetime import datetime, timezone
+
+import torch
+from tqdm import tqdm
+
+from variants import d_dot_of, parse_spec
+
+from .environment import describe_environment
+from .grid import RunSpec
+from .store import ResultsStore
+from .training import fit
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _peak_memory_bytes(device: torch.device) -> dict[str, int]:
+    if device.type == "cuda":
+        return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated(device))}
+    # ru_maxrss is the whole process's peak resident set, in KiB on Linux: an upper bound.
+    return {"max_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
+    """Train one run and build its record (see DESIGN.md, "A run record")."""
+    config = spec.task_config()
+    variant = parse_spec(spec.variant)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    started = _now()
+    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress)
+    sequence_length = getattr(config, "sequence_length", 0)
+    tokens = result.steps * config.batch_size * sequence_length
+    metrics = {
+        "best_eval_loss": result.best_eval.get("loss"),
+        "final_eval_loss": result.final_eval.get("loss"),
+        "best_step": result.best_step,
+        **{f"best_eval_{k}": v for k, v in result.best_eval.items() if k != "loss"},
+        **{f"final_eval_{k}": v for k, v in result.final_eval.items() if k != "loss"},
+    }
+    return {
+        "run_id": spec.run_id,
+        "grid": spec.grid,
+        "task": spec.task,
+        "variant": {
+            "spec": spec.variant, "name": variant.name, "params": variant.params,
+            "d_dot": d_dot_of(variant, getattr(config, "d_key", 64)),
+        },
+        "seed": spec.seed,
+        "config": spec.config,
+        "status": result.status,
+        "diverged_at": result.diverged_at,
+        "metrics": metrics,
+        "curve": result.curve,
+        "steps": result.steps,
+        "wall_s": round(result.wall_s, 3),
+        "steps_per_s": round(result.steps / result.train_s, 2) if result.train_s else None,
+        "tokens_per_s": round(tokens / result.train_s, 1) if result.train_s else None,
+        **_peak_memory_bytes(device),
+        "environment": describe_environment(device),
+        "started_at": started,
+        "ended_at": _now(),
+    }
+
+
+def run_grid(specs: list[RunSpec], store: ResultsStore, device: torch.device, quiet: bool = False) -> dict:
+    """Run every spec whose run_id is not in ``store``; returns counts of run and skipped cells."""
+    done = store.finished_ids()
+    todo = [s for s in specs if s.run_id not in done]
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0}
+    if not todo:
+        return summary
+    cells = tqdm(todo, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+    for spec in cells:
+        cells.set_description(spec.label)
+
+        def progress(step: int, loss: float) -> None:
+            if step % 50 == 0:
+                cells.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+
+        record = execute(spec, device, None if quiet else progress)
+        store.append(record)
+        summary["ran"] += 1
+        summary["diverged"] += record["status"] == "diverged"
+    return summary

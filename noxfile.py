@@ -1,0 +1,30 @@
+"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`.
+
+Every session runs in the current Python environment (no virtualenv), so a CPU build of torch
+installed once is reused rather than replaced by a multi-GB CUDA download. Each session first
+installs this project (editable, with its dev extras) into that environment.
+"""
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+
+
+def install_project(session: nox.Session) -> None:
+    # Quiet and idempotent: a no-op apart from the editable link once the dependencies are present.
+    session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", ".[dev]")
+
+
+@nox.session(venv_backend="none")
+def tests(session: nox.Session) -> None:
+    """The test suite, on CPU (extra pytest arguments after --)."""
+    install_project(session)
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def reproduce(session: nox.Session) -> None:
+    """Run every paper grid and render reports/REPORT.md (`-- --profile quick|full`, `--device cuda`)."""
+    install_project(session)
+    session.run("fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))

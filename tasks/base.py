@@ -1,0 +1,68 @@
+"""What the harness needs from a task: a typed config, a model, batches, a loss and an evaluation.
+
+A task never looks at variant names: it receives a spec string and builds its model with
+:mod:`variants`. The harness (``fwbench.training``) owns the loop, seeding, early stopping and
+records; a task owns the data and the maths of its loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, ClassVar, Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class TaskConfig(Protocol):
+    """A frozen dataclass of hyper-parameters; the fields below are read by the training loop."""
+
+    batch_size: int
+    lr: float
+    eval_every: int
+    patience: int
+    target_loss: float
+    max_steps: int
+
+
+class Task(Protocol):
+    """Interface of a task that the generic training loop can drive."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def validate(self, config: Any) -> None:
+        """Raise ``ValueError`` naming the field if ``config`` is out of range."""
+
+    def build_model(self, config: Any, variant: str) -> nn.Module: ...
+
+    def train_batch(self, config: Any, generator: torch.Generator) -> Any:
+        """A training batch drawn from ``generator`` (CPU tensors; the loop moves them)."""
+
+    def loss(self, model: nn.Module, batch: Any, config: Any) -> Tensor:
+        """Scalar training loss of ``model`` on ``batch`` (nats or the task's own unit)."""
+
+    def evaluate(self, model: nn.Module, config: Any, generator: torch.Generator,
+                 device: torch.device) -> dict[str, float]:
+        """Evaluation metrics; must contain ``loss``, the quantity early stopping watches."""
+
+
+def config_field_types(config_class: type) -> dict[str, type]:
+    """Map each field name of a config dataclass to its Python type (int, float, str, bool)."""
+    resolved = {"int": int, "float": float, "str": str, "bool": bool}
+    out = {}
+    for f in fields(config_class):
+        t = f.type if isinstance(f.type, type) else resolved.get(str(f.type).split("|")[0].strip(), str)
+        out[f.name] = t
+    return out
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Move every tensor of a (nested tuple / dict) batch to ``device``."""
+    if isinstance(batch, Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

@@ -1,0 +1,190 @@
+"""The paper's synthetic associative-retrieval tasks (Section 6.1, Figure 2), as the official code
+defines them.
+
+Setting 1 (capacity): S unique keys and S values; a sequence writes every key exactly once
+(sequence length S), each with a distinct value; one query asks for one key's value.
+Setting 2 (overwriting): keys and values drawn with replacement, sequence length 2S; the target is
+the value at the queried key's *last* occurrence, so a memory must overwrite old associations.
+
+Model (one layer, one head, no FFN): token x_t = [onehot(v_t); e(k_t)] with a learned key embedding e
+of size int(2.2·S); key k_t = W_k x_t ∈ R^{d_key}, write strength β_t = σ(W_β x_t), value = the fixed
+one-hot onehot(v_t) ∈ R^S; query q = W_q e(k_query). The attention variant writes the whole
+sequence into its memory and answers the query with one read. Loss ½‖v − v̂‖² (0.5 = "outputs
+nothing"). Evaluation: fresh sequences with every key present queried (the official code capped
+this at 200 keys; we do not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from variants import build_attention, parse_spec
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Hyper-parameters of one retrieval run; defaults are the official setup.
+
+    Attributes:
+        setting: 1 (capacity, unique keys) or 2 (overwriting, keys with replacement).
+        S: number of unique keys (and of values).
+        d_key: key/query size before φ.
+        embedding_factor: key embedding size is int(embedding_factor · S).
+        batch_size, lr: Adam with this learning rate on batches of this many sequences.
+        eval_every: steps between evaluations; eval_sequences: fresh sequences per evaluation.
+        target_loss: stop once the evaluation loss is at most this.
+        patience: stop after this many evaluations without a new best.
+        max_steps: hard cap on training steps.
+        form, chunk_size: attention form used for writing (``auto`` picks the fastest).
+    """
+
+    setting: int = 1
+    S: int = 20
+    d_key: int = 64
+    embedding_factor: float = 2.2
+    batch_size: int = 32
+    lr: float = 1e-3
+    eval_every: int = 100
+    eval_sequences: int = 20
+    target_loss: float = 0.001
+    patience: int = 10
+    max_steps: int = 100_000
+    form: str = "auto"
+    chunk_size: int = 64
+
+    @property
+    def sequence_length(self) -> int:
+        """S in Setting 1, 2S in Setting 2."""
+        return self.S if self.setting == 1 else 2 * self.S
+
+
+def generate_sequences(setting: int, S: int, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Key and value ids, each (batch, L) int64 in [0, S), L = S (Setting 1) or 2S (Setting 2).
+
+    Setting 1 uses a random permutation of the keys and of the values, so every key appears once
+    with a distinct value; Setting 2 draws both with replacement.
+    """
+    if setting == 1:
+        keys = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
+        values = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
+    else:
+        keys = torch.randint(0, S, (batch, 2 * S), generator=generator)
+        values = torch.randint(0, S, (batch, 2 * S), generator=generator)
+    return keys, values
+
+
+def last_occurrence_values(keys: Tensor, values: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
+    """For each query key, the value at its last occurrence in the sequence.
+
+    keys, values: (B, L); queries: (B, Q). Returns (targets (B, Q), present (B, Q) bool); a query
+    whose key does not occur has ``present`` False and target 0.
+    """
+    positions = torch.arange(keys.shape[1], device=keys.device)
+    matches = keys[:, None, :] == queries[:, :, None]  # (B, Q, L)
+    last = torch.where(matches, positions, -1).max(dim=-1).values
+    present = last >= 0
+    targets = torch.gather(values, 1, last.clamp(min=0))
+    return torch.where(present, targets, 0), present
+
+
+def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+    """A training batch: sequences plus one query per sequence, drawn among its keys."""
+    keys, values = generate_sequences(setting, S, batch, generator)
+    position = torch.randint(0, keys.shape[1], (batch, 1), generator=generator)
+    queries = torch.gather(keys, 1, position)
+    targets, _ = last_occurrence_values(keys, values, queries)
+    return {"keys": keys, "values": values, "queries": queries, "targets": targets}
+
+
+class RetrievalModel(nn.Module):
+    """One-layer, one-head associative memory around any attention variant (official setup)."""
+
+    def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None):
+        super().__init__()
+        self.S = S
+        self.embedding_size = embedding_size or int(2.2 * S)
+        self.key_embedding = nn.Embedding(S, self.embedding_size)
+        self.register_buffer("value_codes", torch.eye(S), persistent=False)
+        token_size = S + self.embedding_size
+        self.W_k = nn.Linear(token_size, d_key)
+        self.W_q = nn.Linear(self.embedding_size, d_key)
+        self.W_beta = nn.Linear(token_size, 1)
+        self.attention = build_attention(variant, d_key)
+        nn.init.normal_(self.key_embedding.weight, mean=0.0, std=1.0)
+        bound = d_key**-0.5
+        nn.init.uniform_(self.W_k.weight, -bound, bound)
+        nn.init.uniform_(self.W_q.weight, -bound, bound)
+
+    def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
+                chunk_size: int | None = None) -> Tensor:
+        """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
+        value_codes = self.value_codes[values]
+        tokens = torch.cat([value_codes, self.key_embedding(keys)], dim=-1)
+        k = self.W_k(tokens)[:, None]  # (B, 1, L, d_key): one head
+        beta = torch.sigmoid(self.W_beta(tokens)).squeeze(-1)[:, None]
+        if form in ("auto", "chunk"):
+            state = self.attention.write(k, value_codes[:, None], beta=beta, chunk_size=chunk_size)
+        else:
+            _, state = self.attention(k, k, value_codes[:, None], beta=beta, form=form, chunk_size=chunk_size)
+        q = self.W_q(self.key_embedding(queries))[:, None]
+        return self.attention.read(q, state)[:, 0].float()
+
+
+def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:
+    """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given)."""
+    per_query = 0.5 * (predicted - torch.nn.functional.one_hot(targets, S).float()).pow(2).sum(-1)
+    if mask is None:
+        return per_query.mean()
+    return (per_query * mask).sum() / mask.sum().clamp(min=1)
+
+
+class RetrievalTask:
+    """Setting 1 / Setting 2 associative retrieval, driven by ``fwbench.training.fit``."""
+
+    name: ClassVar[str] = "retrieval"
+    config_class: ClassVar[type] = RetrievalConfig
+
+    def validate(self, config: RetrievalConfig) -> None:
+        """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
+        if config.setting not in (1, 2):
+            raise ValueError(f"setting: got {config.setting!r}; expected 1 (capacity) or 2 (overwriting)")
+        for name in ("S", "d_key", "batch_size", "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
+            value = getattr(config, name)
+            if value < 1:
+                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+        if config.S < 2:
+            raise ValueError(f"S: got {config.S}; expected at least 2 keys")
+        if config.lr <= 0 or config.embedding_factor <= 0:
+            raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
+        if config.form not in ("auto", "parallel", "chunk", "recurrent"):
+            raise ValueError(f"form: got {config.form!r}; expected one of auto, parallel, chunk, recurrent")
+
+    def build_model(self, config: RetrievalConfig, variant: str) -> RetrievalModel:
+        parse_spec(variant)
+        return RetrievalModel(variant, config.S, config.d_key, int(config.embedding_factor * config.S))
+
+    def train_batch(self, config: RetrievalConfig, generator: torch.Generator) -> dict[str, Tensor]:
+        return sample_batch(config.setting, config.S, config.batch_size, generator)
+
+    def loss(self, model: RetrievalModel, batch: dict[str, Tensor], config: RetrievalConfig) -> Tensor:
+        predicted = model(batch["keys"], batch["values"], batch["queries"], config.form, config.chunk_size)
+        return retrieval_loss(predicted, batch["targets"], config.S)
+
+    @torch.no_grad()
+    def evaluate(self, model: RetrievalModel, config: RetrievalConfig, generator: torch.Generator,
+                 device: torch.device) -> dict[str, float]:
+        """Loss and accuracy over fresh sequences, every key that occurs queried (no 200-key cap)."""
+        keys, values = generate_sequences(config.setting, config.S, config.eval_sequences, generator)
+        keys, values = keys.to(device), values.to(device)
+        queries = torch.arange(config.S, device=device).expand(config.eval_sequences, -1)
+        targets, present = last_occurrence_values(keys, values, queries)
+        predicted = model(keys, values, queries, config.form, config.chunk_size)
+        mask = present.float()
+        loss = retrieval_loss(predicted, targets, config.S, mask)
+        correct = (predicted.argmax(-1) == targets).float()
+        accuracy = (correct * mask).sum() / mask.sum()
+        return {"loss": loss.item(), "accuracy": accuracy.item()}

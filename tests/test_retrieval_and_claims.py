@@ -1,0 +1,98 @@
+"""The retrieval task's data and maths, the capacity estimator and the claim checks."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from fwbench.analysis import estimate_capacity
+from fwbench.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_grows_with_nu, claim_linear_fails_softmax_holds
+from fwbench.reference import official_synthetic, official_variant_spec
+from tasks.retrieval import RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss, sample_batch
+
+
+def test_setting1_writes_every_key_once_with_distinct_values():
+    keys, values = generate_sequences(1, 30, 64, torch.Generator().manual_seed(0))
+    assert keys.shape == values.shape == (64, 30)
+    assert (keys.sort(dim=1).values == torch.arange(30)).all()
+    assert (values.sort(dim=1).values == torch.arange(30)).all()
+
+
+def test_setting2_target_is_the_value_at_the_last_occurrence():
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        batch = sample_batch(2, 10, 100, generator)
+        assert batch["keys"].shape == (100, 20)
+        for keys, values, query, target in zip(batch["keys"], batch["values"], batch["queries"], batch["targets"]):
+            last = max(i for i, k in enumerate(keys.tolist()) if k == query.item())
+            assert target.item() == values[last].item()
+
+
+def test_last_occurrence_marks_absent_queries():
+    keys = torch.tensor([[0, 1, 0]])
+    values = torch.tensor([[5, 6, 7]])
+    targets, present = last_occurrence_values(keys, values, torch.tensor([[0, 1, 2]]))
+    assert targets.tolist() == [[7, 6, 0]] and present.tolist() == [[True, True, False]]
+
+
+def test_loss_of_a_silent_memory_is_one_half():
+    predicted = torch.zeros(4, 3, 10)
+    assert retrieval_loss(predicted, torch.zeros(4, 3, dtype=torch.long), 10).item() == pytest.approx(0.5)
+
+
+def test_retrieval_model_reads_every_query_after_writing(capsys):
+    torch.manual_seed(0)
+    model = RetrievalModel("dpfp-delta:nu=1", S=12, d_key=16)
+    batch = sample_batch(1, 12, 3, torch.Generator().manual_seed(0))
+    out = model(batch["keys"], batch["values"], torch.arange(12).expand(3, -1))
+    assert out.shape == (3, 12, 12) and torch.isfinite(out).all()
+    # the chunk write and the recurrent form give the same read-out
+    recurrent = model(batch["keys"], batch["values"], torch.arange(12).expand(3, -1), form="recurrent")
+    assert torch.allclose(out, recurrent, atol=1e-5)
+
+
+def test_capacity_interpolates_the_threshold_crossing_in_log_loss():
+    capacity = estimate_capacity([20, 40, 60, 80], [0.001, 0.001, 0.001, 0.1], threshold=0.01)
+    assert capacity.value == pytest.approx(70.0)  # log-midway between 1e-3 and 1e-1
+    assert not capacity.lower_bound_only and not capacity.upper_bound_only
+
+
+def test_capacity_is_censored_when_the_grid_does_not_bracket_it():
+    assert estimate_capacity([20, 40], [0.001, 0.002]).lower_bound_only
+    assert estimate_capacity([20, 40], [0.3, 0.4]).upper_bound_only
+    assert math.isnan(estimate_capacity([], []).value)
+    bracketed = estimate_capacity([20, 40, 60], [0.001, 0.005, 0.2])  # ≈ 44
+    assert estimate_capacity([20, 60], [0.001, 0.002]).exceeds(bracketed) is True  # ≥ 60
+    assert estimate_capacity([20, 40], [0.001, 0.002]).exceeds(bracketed) is None  # ≥ 40: undecided
+    assert bracketed.exceeds(estimate_capacity([20, 60], [0.001, 0.002])) is False
+
+
+def test_official_names_map_to_fwbench_specs():
+    assert official_variant_spec("dpfp2", "ours") == "dpfp-delta:nu=2"
+    assert official_variant_spec("favor64", "sum") == "favor:m=64"
+    assert official_variant_spec("softmax", "cat") == "softmax"
+    assert {"linear", "softmax", "dpfp:nu=1", "favor:m=64"} <= set(official_synthetic()["variant"])
+
+
+def frame_of(rows):
+    return pd.DataFrame(
+        [{"task": "retrieval", "setting": 1, "variant": v, "S": s, "best_eval_loss": loss, "seed": 1} for v, s, loss in rows]
+    )
+
+
+def test_claim_c1_passes_fails_and_reports_missing_runs():
+    passing = frame_of([("linear", 40, 0.001), ("linear", 80, 0.2), ("softmax", 40, 0.0), ("softmax", 80, 0.001)])
+    assert claim_linear_fails_softmax_holds(passing).verdict == PASS
+    failing = frame_of([("linear", 40, 0.001), ("linear", 80, 0.001), ("softmax", 80, 0.0)])
+    assert claim_linear_fails_softmax_holds(failing).verdict == FAIL
+    assert claim_linear_fails_softmax_holds(frame_of([("linear", 80, 0.2)])).verdict == NOT_RUN
+
+
+def test_claim_c2_compares_dpfp_capacities():
+    grows = frame_of([("dpfp:nu=1", 40, 0.001), ("dpfp:nu=1", 80, 0.2), ("dpfp:nu=2", 40, 0.001), ("dpfp:nu=2", 80, 0.001)])
+    assert claim_dpfp_capacity_grows_with_nu(grows).verdict == PASS
+    flat = frame_of([("dpfp:nu=1", 40, 0.001), ("dpfp:nu=1", 80, 0.2), ("dpfp:nu=2", 40, 0.001), ("dpfp:nu=2", 80, 0.3)])
+    assert claim_dpfp_capacity_grows_with_nu(flat).verdict == FAIL
