@@ -119,18 +119,34 @@ class RetrievalModel(nn.Module):
         nn.init.uniform_(self.W_k.weight, -bound, bound)
         nn.init.uniform_(self.W_q.weight, -bound, bound)
 
+    def token_projections(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """W_k x, W_β x and W_q e(k) as lookup tables over key and value ids.
+
+        A token is [onehot(v); e(k)], so W x = W[:, :S] onehot(v) + (W[:, S:] E)[k]: two row
+        lookups replace a (B·L × (S + e)) matmul. The function and its gradients are the same as
+        the official model's; only the cost changes, from O(B·L·S) to O(S²) per step.
+        Returns key_by_value (S, d_key), key_by_key (S, d_key), beta_by_value (S,), beta_by_key (S,).
+        """
+        S = self.S
+        embedding = self.key_embedding.weight
+        key_by_value = self.W_k.weight[:, :S].T
+        key_by_key = embedding @ self.W_k.weight[:, S:].T + self.W_k.bias
+        beta_by_value = self.W_beta.weight[0, :S]
+        beta_by_key = embedding @ self.W_beta.weight[0, S:] + self.W_beta.bias
+        return key_by_value, key_by_key, beta_by_value, beta_by_key
+
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
-        value_codes = self.value_codes[values]
-        tokens = torch.cat([value_codes, self.key_embedding(keys)], dim=-1)
-        k = self.W_k(tokens)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(self.W_beta(tokens)).squeeze(-1)[:, None]
+        key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
+        k = (key_by_value[values] + key_by_key[keys])[:, None]  # (B, 1, L, d_key): one head
+        beta = torch.sigmoid(beta_by_value[values] + beta_by_key[keys])[:, None]
+        value_codes = self.value_codes[values][:, None]
         if form in ("auto", "chunk"):
-            state = self.attention.write(k, value_codes[:, None], beta=beta, chunk_size=chunk_size)
+            state = self.attention.write(k, value_codes, beta=beta, chunk_size=chunk_size)
         else:
-            _, state = self.attention(k, k, value_codes[:, None], beta=beta, form=form, chunk_size=chunk_size)
-        q = self.W_q(self.key_embedding(queries))[:, None]
+            _, state = self.attention(k, k, value_codes, beta=beta, form=form, chunk_size=chunk_size)
+        q = self.W_q(self.key_embedding.weight)[queries][:, None]
         return self.attention.read(q, state)[:, 0].float()
 
 
