@@ -3,6 +3,7 @@
     fwbench variants [--d-key 64]                 list the attention variants and their d_dot
     fwbench grids                                 list the bundled grids and their profiles
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
+                     [--launcher local|ray] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, then the report
 
@@ -15,12 +16,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
-from .environment import DEVICE_CHOICES, resolve_device
+from .environment import DEVICE_CHOICES, check_device_name, resolve_device
 from .errors import FwbenchError
+from .launchers import LAUNCHERS, LaunchOptions
 
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims.
 PAPER_GRIDS = ["capacity"]
@@ -58,16 +59,24 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> None:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
-    device = resolve_device(args.device)
+    launcher = getattr(args, "launcher", "local")
+    # Fail on a bad --device before any run starts; Ray workers check availability where they run.
+    device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
+    options = LaunchOptions(
+        launcher=launcher, device=str(device), threads=args.threads,
+        ray_address=getattr(args, "ray_address", None), cpus_per_run=getattr(args, "cpus_per_run", 1.0),
+        gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
+    )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
     plans = [(grid, expand(grid, profile, seeds)) for grid in grids]
     for grid, specs in plans:
         started = time.perf_counter()
-        summary = run_grid(specs, store, device, quiet=quiet)
+        summary = run_grid(specs, store, options, quiet=quiet)
         print(
-            f"grid {grid.name} [{profile}] on {device}: {summary['ran']} run, {summary['skipped']} already in "
-            f"{store.path}, {summary['diverged']} diverged ({time.perf_counter() - started:.0f} s)",
+            f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} run, {summary['skipped']} "
+            f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
+            f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
 
@@ -122,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a grid (skipping runs already in the store)")
     p.add_argument("grid", help="bundled grid name or path to a .toml grid file")
     add_run_options(p)
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="local: runs in this process (default); ray: one Ray task per run")
+    p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")
+    p.add_argument("--ray-num-cpus", type=int, help="CPUs of a local Ray instance started here (default: all)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("report", help="render REPORT.md and figures from the store")

@@ -17,6 +17,7 @@ from variants import d_dot_of, parse_spec
 
 from .environment import describe_environment
 from .grid import RunSpec
+from .launchers import LaunchOptions, launch
 from .store import ResultsStore
 from .training import fit
 
@@ -74,23 +75,40 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
     }
 
 
-def run_grid(specs: list[RunSpec], store: ResultsStore, device: torch.device, quiet: bool = False) -> dict:
-    """Run every spec whose run_id is not in ``store``; returns counts of run and skipped cells."""
+def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
+             quiet: bool = False) -> dict:
+    """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
+
+    Returns counts: total, skipped (already finished), ran, diverged, failed.
+    """
+    options = options or LaunchOptions()
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
-    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0}
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
         return summary
-    cells = tqdm(todo, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
-    for spec in cells:
-        cells.set_description(spec.label)
+    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+
+    def progress_for(spec: RunSpec):
+        if quiet:
+            return None
+        bar.set_description(spec.label)
 
         def progress(step: int, loss: float) -> None:
             if step % 50 == 0:
-                cells.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+                bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
 
-        record = execute(spec, device, None if quiet else progress)
-        store.append(record)
-        summary["ran"] += 1
-        summary["diverged"] += record["status"] == "diverged"
+        return progress
+
+    try:
+        for record in launch(todo, options, progress_for):
+            store.append(record)
+            summary["ran"] += 1
+            summary["diverged"] += record["status"] == "diverged"
+            summary["failed"] += record["status"] == "failed"
+            if record["status"] == "failed":
+                bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
+            bar.update(1)
+    finally:
+        bar.close()
     return summary

@@ -83,15 +83,15 @@ class ResultsStore:
         return self.load().records
 
     def finished_ids(self) -> set[str]:
-        """Run ids that already have a record (and so are never run again)."""
-        return {r["run_id"] for r in self.records()}
+        """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
+        return {r["run_id"] for r in self.records() if r.get("status") != "failed"}
 
     def append(self, record: dict) -> bool:
         """Append ``record`` unless its run_id is already stored. Returns whether it was written."""
         line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
         with self._locked():
             if record["run_id"] in self.finished_ids():
-                return False
+                return False  # another process finished this run first
             self._repair_tail()
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
