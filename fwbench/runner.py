@@ -61,6 +61,7 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
         "config": spec.config,
         "status": result.status,
         "diverged_at": result.diverged_at,
+        "diverged_reason": result.diverged_reason,
         "metrics": metrics,
         "curve": result.curve,
         "steps": result.steps,
@@ -75,14 +76,28 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
 
 
 def run_grid(specs: list[RunSpec], store: ResultsStore, device: torch.device, quiet: bool = False) -> dict:
-    """Run every spec whose run_id is not in ``store``; returns counts of run and skipped cells."""
+    """Run every spec whose run_id is not in ``store``; returns counts of run and skipped cells.
+
+    Safe to run in several processes on one store: each run is claimed while it trains
+    (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited
+    for and skipped if that process stored it (or run here if it died first). Summary keys:
+    ``total``, ``ran``, ``skipped`` (already stored, here or by another process), ``diverged``.
+
+    Raises:
+        FwbenchError: the store cannot be written (checked before any training).
+    """
+    store.check_writable()
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0}
     if not todo:
         return summary
     cells = tqdm(todo, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
-    for spec in cells:
+
+    def run_claimed(spec: RunSpec) -> None:
+        if spec.run_id in store.finished_ids():  # stored by another process since we looked
+            summary["skipped"] += 1
+            return
         cells.set_description(spec.label)
 
         def progress(step: int, loss: float) -> None:
@@ -93,4 +108,18 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, device: torch.device, qu
         store.append(record)
         summary["ran"] += 1
         summary["diverged"] += record["status"] == "diverged"
+
+    held_elsewhere = []
+    try:
+        for spec in cells:
+            with store.claim(spec.run_id, wait=False) as claimed:
+                if claimed:
+                    run_claimed(spec)
+                else:
+                    held_elsewhere.append(spec)
+        for spec in held_elsewhere:
+            with store.claim(spec.run_id, wait=True):
+                run_claimed(spec)
+    finally:
+        store.close()
     return summary

@@ -14,6 +14,7 @@ entries, so that φ(q)·φ(k) is a valid (unnormalised) attention weight.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -35,10 +36,11 @@ def sum_normalize(phi: Tensor, eps: float = SUM_NORM_EPS) -> Tensor:
 
 
 def positive_int(argument: str, value: object) -> int:
-    """Return ``value`` if it is an int ≥ 1, else raise :class:`VariantError` naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """Return ``value`` as an int if it is an integer ≥ 1 (Python or NumPy), else raise
+    :class:`VariantError` naming ``argument``. Floats (even 2.0) and bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise bad_value(argument, value, "a positive integer (>= 1)")
-    return value
+    return int(value)
 
 
 class FeatureMap(nn.Module):
