@@ -28,7 +28,7 @@ from fwbench.errors import FwbenchError
 from fwbench.grid import RunSpec, load_grid
 from fwbench.runner import run_grid
 from fwbench.store import TORN_FILE, ResultsStore
-from variants import AttentionLayer, Favor, FastWeightState, NonFiniteError, VariantError
+from variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
 B, H, T, D_KEY, D_V = 2, 2, 4, 8, 6
@@ -395,7 +395,8 @@ def _(ctx):
             assert written.position == state.position
             assert module.read(torch.randn(B, H, 0, D_KEY, dtype=dtype), state).shape[2] == 0
     layer_out, _ = AttentionLayer("dpfp-delta:nu=1", d_model=16, n_heads=2)(torch.randn(2, 0, 16))
-    return f"no error: y {tuple(y.shape)}; state unchanged (every variant and form; layer output {tuple(layer_out.shape)})"
+    return (f"no error: y {tuple(y.shape)}; state unchanged (every variant and form; "
+            f"layer output {tuple(layer_out.shape)})")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -685,7 +686,9 @@ def _(ctx):
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
 
-ROW_LINE = re.compile(r"^\| (?P<id>[A-Z]\d\d) \|(?P<where>[^|]*)\|(?P<input>.*)\| `(?P<answer>[^`]*)` \|(?P<test>[^|]*)\|$")
+ROW_LINE = re.compile(
+    r"^\| (?P<id>[A-Z]\d\d) \|(?P<where>[^|]*)\|(?P<input>.*)\| `(?P<answer>[^`]*)` \|(?P<test>[^|]*)\|$"
+)
 
 
 def table_rows() -> dict[str, str]:
