@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import pytest
 import torch
@@ -133,6 +134,29 @@ def test_favor_is_finite_for_large_inputs_in_every_dtype(spec, scale):
         for form in FORMS:
             y, state = attention(**x, form=form, chunk_size=16)
             assert torch.isfinite(y).all() and torch.isfinite(state.W).all()
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", ["favor:m=64", "favor-delta:m=64"])
+def test_favor_does_not_overflow_for_keys_along_its_random_features_at_large_d_key(spec, form):
+    """x along a column ω of Ω gives the exponent ωᵀx − ‖x‖²/2 = ‖ω‖²/2 ≈ d_key/2: e^128 at d_key 256."""
+    torch.manual_seed(0)
+    attention = variants.build_attention(spec, d_key=256).eval()
+    aligned = attention.feature_map.omega[:, :6].T.reshape(1, 1, 6, 256).contiguous()
+    assert (aligned.pow(2).sum(-1) / 2).max() > 100  # the plain formula would overflow fp32 here
+    v, beta = torch.randn(1, 1, 6, 4), torch.rand(1, 1, 6)
+    y, state = attention(aligned, aligned, v, beta=beta, form=form, chunk_size=4)
+    assert torch.isfinite(y).all() and torch.isfinite(state.W).all()
+    assert y.abs().max() <= v.abs().max() * (1 + 1e-5)  # still a mixture of the values
+
+
+def test_favor_overflow_guard_leaves_ordinary_tokens_exactly_as_the_estimator_defines_them():
+    favor = module("favor:m=16").feature_map
+    x = torch.randn(2, 3, 50, D_KEY)
+    projection = x @ favor.omega
+    offset = 0.5 * x.pow(2).sum(-1, keepdim=True) + 0.5 * math.log(2 * favor.m)
+    plain = torch.cat([torch.exp(projection - offset), torch.exp(-projection - offset)], dim=-1)
+    assert torch.equal(favor(x), plain)
 
 
 # ------------------------------------------------------------------------------------------------
