@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
@@ -29,6 +30,8 @@ EXIT_USAGE = 2
 
 
 def _cmd_variants(args: argparse.Namespace) -> int:
+    if args.d_key < 1:
+        raise FwbenchError(f"--d-key: got {args.d_key}; expected a positive integer")
     print(f"{'variant':<18} {'rule':<8} {'d_dot (d_key=' + str(args.d_key) + ')':<18} parameters (defaults)  description")
     for info in list_variants():
         spec = parse_spec(info.name)
@@ -69,6 +72,8 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> None:
     )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
+    for problem in store.load().problems:
+        print(f"fwbench: warning: {problem}", file=sys.stderr)
     plans = [(grid, expand(grid, profile, seeds)) for grid in grids]
     for grid, specs in plans:
         started = time.perf_counter()
@@ -89,6 +94,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import render_report
 
+    if not Path(args.results_dir).is_dir():
+        raise FwbenchError(
+            f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
+            "that fwbench run wrote to"
+        )
     path = render_report(args.results_dir, args.out)
     print(f"report written to {path}")
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,15 @@ def load_grid(name_or_path: str | Path) -> Grid:
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise FwbenchError(f"grid {path}: [defaults] must be a table")
+    for profile, table in profiles.items():
+        if not isinstance(table, dict):
+            raise FwbenchError(
+                f"grid {path}: profiles.{profile}: got {table!r} ({type(table).__name__}); expected a table "
+                f"[profiles.{profile}] of keys"
+            )
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
     grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path)
     for profile in profiles:
         expand(grid, profile)  # validates every profile up front
@@ -145,6 +155,10 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         return float(value)
     if not ok:
         raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
+    if expected is float and not math.isfinite(value):
+        raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
+    if key == "seed" and value < 0:
+        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer")
     return value
 
 
@@ -159,6 +173,8 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
     """
     if profile not in grid.profiles:
         raise FwbenchError(f"--profile: got {profile!r}; grid {grid.name} has {', '.join(grid.profiles)}")
+    if seeds is not None and not seeds:
+        raise FwbenchError("--seeds: got an empty list; expected one or more integers")
     entries = {**grid.defaults, **grid.profiles[profile]}
     if seeds is not None:
         entries["seed"] = list(seeds)
@@ -193,6 +209,14 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         except ValueError as exc:
             raise FwbenchError(f"{where}: {exc}") from None
         specs.append(RunSpec(grid.name, grid.task, variant, seed, asdict(config)))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.run_id in seen:
+            raise FwbenchError(
+                f"{where}: the run {spec.label} appears twice (two axis values name the same run, as "
+                "'dpfp' and 'dpfp:nu=1' do); list each value once"
+            )
+        seen.add(spec.run_id)
     return specs
 
 

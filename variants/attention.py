@@ -11,6 +11,13 @@ next call continues the sequence: two calls on a split sequence equal one call o
 ``write(k, v, beta, state)`` stores tokens without reading and ``read(q, state)`` queries the memory
 without writing: the paper's view of a linear Transformer as a fast-weight programmer (Section 3),
 used by the retrieval tasks, which write a sequence and then ask one query.
+
+An empty sequence (T = 0) is not an error: it returns an empty output (B, H, 0, d_v) and the state
+unchanged. Bad calls raise :class:`VariantError` naming the argument: wrong rank, mismatched
+B/H/T/D, dtypes or devices between q, k, v, β and the carried state; a state from another variant,
+dtype or device. With ``check_finite`` on (``attention.check_finite = True``, or
+:func:`variants.set_check_finite` on a whole model, as the harness does) a NaN or ±inf in q, k, v, β
+or the state raises :class:`~variants.errors.NonFiniteError`.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int, sum_normalize
 from .kernels import delta_rule as delta_kernels
@@ -63,6 +71,8 @@ class Attention(nn.Module):
 
     #: whether ``forward`` and ``write`` need β (the delta rule)
     uses_beta = False
+    #: raise NonFiniteError on NaN/inf in q, k, v, β or the state (one pass over them; off by default)
+    check_finite = False
 
     def __init__(self, d_key: int):
         super().__init__()
@@ -79,6 +89,21 @@ class Attention(nn.Module):
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
         """Bytes of fp32 state after ``tokens`` tokens (constant for fast weights)."""
         raise NotImplementedError
+
+    def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
+        """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
+        check_dtype_and_device(q, k, v, beta)
+        check_key_size("q", q, self.d_key)
+        check_key_size("k", k, self.d_key)
+
+    def _check_query(self, q: Tensor) -> None:
+        """Queries of :meth:`read`: a floating (B, H, T_q, d_key) tensor."""
+        if not isinstance(q, Tensor) or q.dim() != 4:
+            shape = tuple(q.shape) if hasattr(q, "shape") else type(q).__name__
+            raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
+        if not q.is_floating_point():
+            raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
+        check_key_size("q", q, self.d_key)
 
 
 class FastWeightAttention(Attention):
@@ -117,15 +142,25 @@ class FastWeightAttention(Attention):
         features = self.feature_map(x)
         return sum_normalize(features) if self.rule == "delta" else features
 
-    def _check_state(self, state, B: int, H: int, d_v: int) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
         if state is None:
             return
-        if not isinstance(state, FastWeightState) or (state.z is None) != (self.rule == "delta"):
-            kind = "FastWeightState without z" if self.rule == "delta" else "FastWeightState with z"
-            raise bad_value("state", type(state).__name__, f"a {kind} from a {self.rule}-rule variant")
+        if not isinstance(state, FastWeightState):
+            raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
+        if (state.z is None) != (self.rule == "delta"):
+            other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
+            raise VariantError(
+                f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
+                f"expected one from a {self.rule}-rule variant"
+            )
         expected = (B, H, d_v, self.d_dot)
+        check_state_tensor("state.W", state.W, device, torch.float32, "fast-weight states are kept in fp32")
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
+        if state.z is not None:
+            check_state_tensor("state.z", state.z, device, torch.float32, "fast-weight states are kept in fp32")
+            if tuple(state.z.shape) != (B, H, self.d_dot):
+                raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
@@ -134,8 +169,12 @@ class FastWeightAttention(Attention):
         """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring."""
         check_qkv(q, k, v, beta, self.uses_beta)
         check_form(form, chunk_size)
+        self._check_inputs(q, k, v, beta)
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1])
+        self._check_state(state, B, H, v.shape[-1], q.device)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
         chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         pq, pk = self.phi(q), self.phi(k)
         W0 = None if state is None else state.W
@@ -163,8 +202,13 @@ class FastWeightAttention(Attention):
     ) -> FastWeightState:
         """Store every (k_t, v_t) in the fast weight without computing outputs."""
         check_qkv(k, k, v, beta, self.uses_beta)
+        check_form("auto", chunk_size)
+        self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1])
+        self._check_state(state, B, H, v.shape[-1], k.device)
+        if self.check_finite:
+            check_finite(k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
         pk = self.phi(k)
         W0 = None if state is None else state.W
         position = (0 if state is None else state.position) + T
@@ -178,7 +222,11 @@ class FastWeightAttention(Attention):
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
-        self._check_state(state, q.shape[0], q.shape[1], state.W.shape[2])
+        self._check_query(q)
+        d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
+        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device)
+        if self.check_finite:
+            check_finite(q=q, state_W=state.W, state_z=state.z)
         pq = self.phi(q)
         if self.rule == "sum":
             return sum_kernels.sum_rule_read(pq, state.W, state.z)
@@ -208,6 +256,9 @@ class SoftmaxAttention(Attention):
             return
         if not isinstance(state, KVCacheState):
             raise bad_value("state", type(state).__name__, "a KVCacheState from a softmax variant")
+        why = "a KV cache continues a sequence of the same dtype"
+        check_state_tensor("state.k", state.k, q.device, q.dtype, why)
+        check_state_tensor("state.v", state.v, q.device, q.dtype, why)
         if state.k.shape[:2] != q.shape[:2] or state.k.shape[-1] != q.shape[-1] or state.v.shape[-1] != v.shape[-1]:
             raise VariantError(
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "
@@ -220,7 +271,11 @@ class SoftmaxAttention(Attention):
     ) -> tuple[Tensor, KVCacheState]:
         check_qkv(q, k, v, None, False)
         check_form(form, chunk_size)
+        self._check_inputs(q, k, v, None)
         self._check_state(state, q, v)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, state_k=None if state is None else state.k,
+                         state_v=None if state is None else state.v)
         k_cache = None if state is None else state.k
         v_cache = None if state is None else state.v
         kernel = softmax_kernels.softmax_recurrent if form == "recurrent" else softmax_kernels.softmax_parallel
@@ -232,7 +287,12 @@ class SoftmaxAttention(Attention):
               chunk_size: int | None = None) -> KVCacheState:
         """Append keys and values to the cache (trimmed to the window, if any)."""
         check_qkv(k, k, v, None, False)
+        check_form("auto", chunk_size)
+        self._check_inputs(k, k, v, None)
         self._check_state(state, k, v)
+        if self.check_finite:
+            check_finite(k=k, v=v, state_k=None if state is None else state.k,
+                         state_v=None if state is None else state.v)
         if state is not None:
             k, v = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
         position = (0 if state is None else state.position) + k.shape[2] - (0 if state is None else state.k.shape[2])
@@ -244,6 +304,10 @@ class SoftmaxAttention(Attention):
         """Every query attends to every cached key; nothing is written."""
         if state is None:
             raise bad_value("state", None, "the KVCacheState returned by write() or forward()")
+        self._check_query(q)
+        self._check_state(state, q, getattr(state, "v", q))
+        if self.check_finite:
+            check_finite(q=q, state_k=state.k, state_v=state.v)
         return softmax_kernels.softmax_read(q, state.k, state.v)
 
     def extra_repr(self) -> str:

@@ -109,8 +109,11 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
     return VariantSpec(name, params)
 
 
-def build_attention(spec: str | VariantSpec, d_key: int) -> Attention:
+def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = False) -> Attention:
     """Build the attention module of ``spec`` for keys of size ``d_key``.
+
+    ``check_finite=True`` makes every call raise :class:`~variants.errors.NonFiniteError` on a NaN
+    or ±inf in its inputs or carried state (see :mod:`variants.checks`).
 
     Raises:
         VariantError: as :func:`parse_spec`, or when a parameter does not fit ``d_key``.
@@ -118,9 +121,12 @@ def build_attention(spec: str | VariantSpec, d_key: int) -> Attention:
     spec = parse_spec(spec)
     info = spec.info
     if info.rule == "softmax":
-        return SoftmaxAttention(d_key, window=spec.params.get("window"))
-    feature_map = info.feature_map(d_key, **{k: v for k, v in spec.params.items()})
-    return FastWeightAttention(feature_map, rule=info.rule)
+        attention = SoftmaxAttention(d_key, window=spec.params.get("window"))
+    else:
+        feature_map = info.feature_map(d_key, **{k: v for k, v in spec.params.items()})
+        attention = FastWeightAttention(feature_map, rule=info.rule)
+    attention.check_finite = bool(check_finite)
+    return attention
 
 
 def d_dot_of(spec: str | VariantSpec, d_key: int) -> int | None:
