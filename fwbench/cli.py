@@ -129,6 +129,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     from .grid import load_grid
 
+    if not args.threshold > 0:
+        raise FwbenchError(f"--threshold: got {args.threshold}; expected a loss > 0")
     name = load_grid(args.grid).name
     specs = _run_grids(args, [args.grid])
     wanted = {spec.run_id for spec in specs}

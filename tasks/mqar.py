@@ -72,6 +72,11 @@ class MQARConfig:
     def sequence_length(self) -> int:
         return self.seq_len
 
+    @property
+    def d_key(self) -> int:
+        """Per-head key size d_model / n_heads (what φ's d_dot is computed from)."""
+        return self.d_model // self.n_heads
+
 
 def power_law_probabilities(space: int, power_a: float) -> Tensor:
     """p(i) ∝ a · i^(a−1) for i = 1..space, normalised (Zoology's query-gap distribution), (space,)."""
