@@ -110,8 +110,11 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
                     label=f"{variant} (d_key {int(d_key)}) {row['bound']}".strip())
     if official is not None and not official.empty:
         ref = official[official["capacity"].notna()]
-        ax.scatter(ref["d_dot"], ref["capacity"], facecolors="none", edgecolors="grey", s=70,
-                   label="official seed 1 (d_key 64)")
+        for bound, marker, note in (("", "o", ""), ("≥", "^", ", lower bound"), ("<", "v", ", upper bound")):
+            part = ref[ref["bound"] == bound]
+            if not part.empty:
+                ax.scatter(part["d_dot"], part["capacity"], marker=marker, facecolors="none", edgecolors="grey",
+                           s=70, label=f"official seed 1 (d_key 64{note})")
         for _, row in ref.iterrows():
             ax.annotate(row["variant"], (row["d_dot"], row["capacity"]), fontsize=6, color="grey",
                         xytext=(4, 4), textcoords="offset points")

@@ -295,12 +295,13 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
         diverged = group[group["status"] == "diverged"]
         u_int, n_int = _loss_interval(group), _loss_interval(partner)
         if not diverged.empty:
-            parts.append(f"Setting {setting} S={S}: {variant} diverged at step {int(diverged['diverged_at'].min())} "
+            step = int(diverged["diverged_at"].min())
+            parts.append(f"Setting {int(setting)} S={int(S)}: {variant} diverged at step {step} "
                          f"({len(diverged)}/{len(group)} seeds); {normalised} {n_int}")
             continue
         worse = u_int.mean > FAIL_THRESHOLD and u_int.mean >= 5 * n_int.mean
         ok &= worse
-        parts.append(f"Setting {setting} S={S}: {variant} {u_int} vs {normalised} {n_int}")
+        parts.append(f"Setting {int(setting)} S={int(S)}: {variant} {u_int} vs {normalised} {n_int}")
     if not compared:
         return ClaimResult("C7", claim, paper, "needs MAP-delta-unnorm and MAP-delta runs at the same S", NOT_RUN)
     return ClaimResult("C7", claim, paper, "; ".join(parts), PASS if ok else FAIL)

@@ -125,9 +125,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from .analysis import records_frame
     from .capacity import capacity_intervals, describe, write_capacity_csv
     from .ci_figures import capacity_vs_d_dot_figure, official_capacities
-    from .store import ResultsStore
-
     from .grid import load_grid
+    from .store import ResultsStore
 
     if not args.threshold > 0:
         raise FwbenchError(f"--threshold: got {args.threshold}; expected a loss > 0")

@@ -51,6 +51,7 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
     table = pd.DataFrame({"S": means.index})
     for variant in means.columns:
         table[variant] = [_loss_cell(means.loc[s, variant], official.get((variant, s))) for s in means.index]
+    table["S"] = table["S"].astype(int)  # float when the store also holds runs without an S (MQAR)
     seeds = rows.groupby("variant")["seed"].nunique().max()
     statuses = rows["status"].value_counts().to_dict()
     return "\n".join([
@@ -101,13 +102,15 @@ def section_setting2(frame: pd.DataFrame, out_dir: Path) -> str:
     for variant in sorted(rows["variant"].unique()):
         table[variant] = [_loss_interval_cell(rows[(rows["variant"] == variant) & (rows["S"] == S)],
                                               official.get((variant, S))) for S in table["S"]]
+    table["S"] = table["S"].astype(int)
     seeds = rows.groupby(["variant", "S"])["seed"].nunique()
+    seed_text = str(seeds.min()) if seeds.min() == seeds.max() else f"{seeds.min()}–{seeds.max()}"
     diverged = rows[rows["status"] == "diverged"]
     lines = [
         title, "",
         "Keys and values drawn with replacement, sequence length 2S; the target is the value at the queried "
         "key's last occurrence. Best evaluation loss ½‖v − v̂‖², mean over seeds with its 95 % Student-t "
-        f"interval when there are ≥ 2 seeds ({seeds.min()}–{seeds.max()} seed(s) per cell here); official seed-1 "
+        f"interval when there are ≥ 2 seeds ({seed_text} seed(s) per cell here); official seed-1 "
         "result in parentheses.", "",
         "**Evaluation length differs from the official code.** We evaluate on sequences of length 2S, like "
         "training, with every key that occurs queried at its last occurrence. The official code evaluated "
@@ -124,7 +127,7 @@ def section_setting2(frame: pd.DataFrame, out_dir: Path) -> str:
         lines += ["Diverged runs: none.", ""]
     else:
         lines += ["Diverged runs (non-finite loss; kept in the store and in every table):", ""]
-        lines += [f"- {r['variant']} S={r['S']} seed {r['seed']}: diverged at step {r['diverged_at']}"
+        lines += [f"- {r['variant']} S={int(r['S'])} seed {r['seed']}: diverged at step {int(r['diverged_at'])}"
                   for _, r in diverged.iterrows()]
         lines.append("")
     lines.append(f"Runs: {len(rows)}; training time {rows['wall_s'].sum() / 60:.1f} min in all.\n")
@@ -180,6 +183,7 @@ def section_mqar(frame: pd.DataFrame, out_dir: Path) -> str:
                 text += " (diverged)"
             cells.append(text)
         table[variant] = cells
+    table["d_model"] = table["d_model"].astype(int)
     first = rows.iloc[0]
     return "\n".join([
         title, "",
@@ -188,7 +192,9 @@ def section_mqar(frame: pd.DataFrame, out_dir: Path) -> str:
         f"{int(first['vocab_size'])}-token vocabulary), each key queried once later at a power-law-distributed "
         f"gap (a = {first['power_a']}); loss and accuracy only at the query positions. Model: embedding, "
         f"{int(first['n_layers'])} block(s) of token shift + attention variant ({int(first['n_heads'])} head(s)), "
-        "read-out. Best evaluation accuracy, mean over seeds with a 95 % t-interval when ≥ 2 seeds.", "",
+        "read-out. Best evaluation accuracy, mean over seeds with a 95 % t-interval when ≥ 2 seeds. "
+        f"Training stops after at most {int(rows['max_steps'].max())} steps, so at small budgets a low accuracy "
+        "mixes a memory that is too small with one that learns more slowly.", "",
         f"![mqar]({figure.name})", "",
         markdown_table(table), "",
         f"Runs: {len(rows)}; training time {rows['wall_s'].sum() / 60:.1f} min in all.", "",
@@ -210,7 +216,9 @@ def section_probe(frame: pd.DataFrame, out_dir: Path) -> str:
         "variant's memory with its real φ and update rule (β = 1), no training, then every key read back. "
         "Relative retrieval error 1 − cos²(v, v̂) (0 = perfect, ≈ 1 = nothing); dashed: the least-squares "
         "bound 1 − d_dot/S that no d_dot-column memory can beat. Untrained random keys interfere long before "
-        "S = d_dot: training has to learn keys whose features are nearly orthogonal.", "",
+        "S = d_dot: training has to learn keys whose features are nearly orthogonal. With β = 1 the rules "
+        "that do not sum-normalise φ (FWM) overshoot every write (β‖φ(k)‖² ≫ 2), so they retrieve almost "
+        "nothing here; trained models learn a smaller β and key scale.", "",
         "![probe](probe.png)", "",
         markdown_table(table), "",
     ])
