@@ -29,6 +29,7 @@ from .checks import check_dtype_and_device, check_finite, check_key_size, check_
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int, sum_normalize
 from .kernels import delta_rule as delta_kernels
+from .kernels import fwm_rule as fwm_kernels
 from .kernels import softmax as softmax_kernels
 from .kernels import sum_rule as sum_kernels
 from .state import FastWeightState, KVCacheState
@@ -111,20 +112,31 @@ class FastWeightAttention(Attention):
 
     ``rule="sum"``: W += v φ(k)ᵀ with the attention normaliser (paper Eq. 16–18).
     ``rule="delta"``: sum-normalised φ, W += β (v − W φ(k)) φ(k)ᵀ, y = W φ(q) (Eq. 23–26).
+    ``rule="fwm"``: the FWM of Schlag et al. 2021 (ICLR): the delta-rule write on φ that is not
+    sum-normalised, W rescaled by max(1, ‖W‖_F) after each write, y = LayerNorm(W φ(q)); it has
+    only the recurrent form (``form="auto"`` picks it; ``"parallel"`` and ``"chunk"`` raise), see
+    :mod:`variants.kernels.fwm_rule`.
+
+    ``sum_normalize`` overrides whether φ(k), φ(q) are divided by their sum (default: only for the
+    delta rule). ``rule="delta", sum_normalize=False`` is the ablation of paper Section 4.2: the
+    write W += β (v − W φ(k)) φ(k)ᵀ is then only stable while β ‖φ(k)‖² < 2.
 
     Raises:
         VariantError: for an unknown rule, or for bad shapes, form, chunk size or state at call time.
     """
 
-    RULES = ("sum", "delta")
+    RULES = ("sum", "delta", "fwm")
+    #: rules whose only kernel is the recurrent one
+    RECURRENT_ONLY = ("fwm",)
 
-    def __init__(self, feature_map: FeatureMap, rule: str = "sum"):
+    def __init__(self, feature_map: FeatureMap, rule: str = "sum", sum_normalize: bool | None = None):
         super().__init__(feature_map.d_key)
         if rule not in self.RULES:
             raise bad_value("rule", rule, f"one of {', '.join(self.RULES)}")
         self.feature_map = feature_map
         self.rule = rule
-        self.uses_beta = rule == "delta"
+        self.sum_normalize = (rule == "delta") if sum_normalize is None else bool(sum_normalize)
+        self.uses_beta = rule in ("delta", "fwm")
 
     @property
     def d_dot(self) -> int:
@@ -134,20 +146,20 @@ class FastWeightAttention(Attention):
         self.feature_map.redraw_features()
 
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
-        z = 0 if self.rule == "delta" else self.d_dot
+        z = self.d_dot if self.rule == "sum" else 0
         return 4 * batch * n_heads * (d_v * self.d_dot + z)
 
     def phi(self, x: Tensor) -> Tensor:
-        """φ applied to keys or queries, sum-normalised for the delta rule."""
+        """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule)."""
         features = self.feature_map(x)
-        return sum_normalize(features) if self.rule == "delta" else features
+        return sum_normalize(features) if self.sum_normalize else features
 
     def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
         if state is None:
             return
         if not isinstance(state, FastWeightState):
             raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
-        if (state.z is None) != (self.rule == "delta"):
+        if (state.z is None) == (self.rule == "sum"):  # only the sum rule keeps a normaliser z
             other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
             raise VariantError(
                 f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
@@ -170,6 +182,12 @@ class FastWeightAttention(Attention):
         check_qkv(q, k, v, beta, self.uses_beta)
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, beta)
+        if self.rule in self.RECURRENT_ONLY and form not in ("auto", "recurrent"):
+            raise bad_value(
+                "form", form,
+                f"'recurrent' or 'auto' for the {self.rule} rule: its rescaling by max(1, ‖W‖_F) after each write "
+                "is not associative, so it has no parallel or chunk form",
+            )
         B, H, T, _ = q.shape
         self._check_state(state, B, H, v.shape[-1], q.device)
         if self.check_finite:
@@ -188,6 +206,9 @@ class FastWeightAttention(Attention):
             else:
                 y, W, z = sum_kernels.sum_rule_chunk(pq, pk, v, W0, z0, chunk_size=chunk_size)
             return y, FastWeightState(W, z, position)
+        if self.rule == "fwm":
+            y, W = fwm_kernels.fwm_rule_recurrent(pq, pk, v, beta, W0)
+            return y, FastWeightState(W, None, position)
         if form == "parallel":
             y, W = delta_kernels.delta_rule_parallel(pq, pk, v, beta, W0)
         elif form == "recurrent":
@@ -215,6 +236,8 @@ class FastWeightAttention(Attention):
         if self.rule == "sum":
             W, z = sum_kernels.sum_rule_write(pk, v, W0, None if state is None else state.z)
             return FastWeightState(W, z, position)
+        if self.rule == "fwm":
+            return FastWeightState(fwm_kernels.fwm_rule_write(pk, v, beta, W0), None, position)
         _, W = delta_kernels.delta_rule_chunk(None, pk, v, beta, W0, chunk_size or DEFAULT_CHUNK_SIZE)
         return FastWeightState(W, None, position)
 
@@ -230,10 +253,12 @@ class FastWeightAttention(Attention):
         pq = self.phi(q)
         if self.rule == "sum":
             return sum_kernels.sum_rule_read(pq, state.W, state.z)
+        if self.rule == "fwm":
+            return fwm_kernels.fwm_rule_read(pq, state.W)
         return delta_kernels.delta_rule_read(pq, state.W)
 
     def extra_repr(self) -> str:
-        return f"rule={self.rule}"
+        return f"rule={self.rule}, sum_normalize={self.sum_normalize}"
 
 
 class SoftmaxAttention(Attention):
