@@ -5,6 +5,8 @@
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, then the report
+    fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
+                                                  text from a trained language model
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
@@ -13,10 +15,12 @@ Bad input (unknown variant, grid, profile or device; a malformed grid file) prin
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
+from tasks.corpus import DATA_DIR_ENV, CorpusError
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
 from .environment import DEVICE_CHOICES, resolve_device
@@ -57,6 +61,11 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> None:
     if args.threads < 1:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
+    if args.data_dir is not None:
+        if not Path(args.data_dir).is_dir():
+            raise FwbenchError(f"--data-dir: got {args.data_dir!r}, which is not a directory")
+        # tasks read their data directory from the environment, which a subprocess also inherits
+        os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).resolve())
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     device = resolve_device(args.device)
     store = ResultsStore(results_dir)
@@ -94,6 +103,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from .sampling import sample_from_checkpoint
+
+    torch.set_num_threads(args.threads)
+    text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
+                                        resolve_device(args.device), top_k=args.top_k)
+    print(f"# {info['variant']}, step {info['step']}, temperature {args.temperature}, seed {args.seed}",
+          file=sys.stderr)
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fwbench", description="Benchmark and reproduce fast-weight attention (Schlag et al. 2021)."
@@ -114,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seeds", type=int, nargs="+", help="override the profile's seeds")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.add_argument(
+            "--data-dir", default=None,
+            help=f"directory holding datasets, e.g. DIR/tinyshakespeare/input.txt (default: ${DATA_DIR_ENV}, "
+            "then the user cache, then a download)",
+        )
+        p.add_argument(
             "--threads", type=int, default=1,
             help="CPU threads for torch (default 1: the retrieval models are too small to gain from more, "
             "and idle OpenMP threads fighting other processes for 2 cores slow a run down 40x)",
@@ -133,6 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.add_argument("--out", default="reports", help="report directory (default reports)")
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("sample", help="generate text from a trained language-model checkpoint")
+    p.add_argument("--checkpoint", required=True, help="a run checkpoint, e.g. results/checkpoints/RUN_ID.pt")
+    p.add_argument("--prompt", default="It is", help='text to continue (default "It is")')
+    p.add_argument("--tokens", type=int, default=500, help="characters to generate (default 500)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
+    p.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
+    p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+    p.set_defaults(func=_cmd_sample)
     return parser
 
 
@@ -142,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (FwbenchError, VariantError) as exc:
+    except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -2,7 +2,8 @@
 ``torch.Generator``. ``TASKS`` maps a task name (as written in a grid file) to its task object."""
 
 from .retrieval import RetrievalConfig, RetrievalModel, RetrievalTask
+from .shakespeare import ShakespeareConfig, ShakespeareTask
 
-TASKS = {"retrieval": RetrievalTask()}
+TASKS = {"retrieval": RetrievalTask(), "shakespeare": ShakespeareTask()}
 
-__all__ = ["TASKS", "RetrievalConfig", "RetrievalModel", "RetrievalTask"]
+__all__ = ["TASKS", "RetrievalConfig", "RetrievalModel", "RetrievalTask", "ShakespeareConfig", "ShakespeareTask"]
