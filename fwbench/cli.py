@@ -8,6 +8,8 @@
     fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
     fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
     fwbench probe [--out reports]                 training-free capacity probe (seconds)
+    fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
+                                                  text from a trained language model
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
@@ -16,10 +18,12 @@ Bad input (unknown variant, grid, profile or device; a malformed grid file) prin
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
+from tasks.corpus import DATA_DIR_ENV, CorpusError
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
 from .environment import DEVICE_CHOICES, check_device_name, resolve_device
@@ -66,6 +70,11 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     if args.threads < 1:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
+    if args.data_dir is not None:
+        if not Path(args.data_dir).is_dir():
+            raise FwbenchError(f"--data-dir: got {args.data_dir!r}, which is not a directory")
+        # tasks read their data directory from the environment, which a subprocess also inherits
+        os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).resolve())
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
     # Fail on a bad --device before any run starts; Ray workers check availability where they run.
@@ -168,6 +177,20 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from .sampling import sample_from_checkpoint
+
+    torch.set_num_threads(args.threads)
+    text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
+                                        resolve_device(args.device), top_k=args.top_k)
+    print(f"# {info['variant']}, step {info['step']}, temperature {args.temperature}, seed {args.seed}",
+          file=sys.stderr)
+    print(text)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fwbench", description="Benchmark and reproduce fast-weight attention (Schlag et al. 2021)."
@@ -187,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--results-dir", default="results", help="results store directory (default results)")
         p.add_argument("--seeds", type=int, nargs="+", help="override the profile's seeds")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.add_argument(
+            "--data-dir", default=None,
+            help=f"directory holding datasets, e.g. DIR/tinyshakespeare/input.txt (default: ${DATA_DIR_ENV}, "
+            "then the user cache, then a download)",
+        )
         p.add_argument(
             "--threads", type=int, default=1,
             help="CPU threads for torch (default 1: the retrieval models are too small to gain from more, "
@@ -228,6 +256,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=4, help="random memories per point (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random keys and values (default 0)")
     p.set_defaults(func=_cmd_probe)
+    p = sub.add_parser("sample", help="generate text from a trained language-model checkpoint")
+    p.add_argument("--checkpoint", required=True, help="a run checkpoint, e.g. results/checkpoints/RUN_ID.pt")
+    p.add_argument("--prompt", default="It is", help='text to continue (default "It is")')
+    p.add_argument("--tokens", type=int, default=500, help="characters to generate (default 500)")
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
+    p.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")
+    p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
+    p.set_defaults(func=_cmd_sample)
     return parser
 
 
@@ -237,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (FwbenchError, VariantError) as exc:
+    except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ import os
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,8 @@ class LaunchOptions:
         ray_address: Ray cluster address; ``None`` uses ``RAY_ADDRESS`` or starts a local instance.
         cpus_per_run, gpus_per_run: Ray resources reserved for each run.
         ray_num_cpus: CPUs of a local Ray instance started here (``None``: all of this machine's).
+        checkpoint_dir: where runs whose config asks for checkpoints keep ``<run_id>.pt``
+            (set by :func:`runner.run_grid` to ``<results_dir>/checkpoints``).
     """
 
     launcher: str = "local"
@@ -45,6 +48,10 @@ class LaunchOptions:
     cpus_per_run: float = 1.0
     gpus_per_run: float = 0.0
     ray_num_cpus: int | None = None
+    checkpoint_dir: str | None = None
+
+    def checkpoint_for(self, spec: RunSpec) -> Path | None:
+        return None if self.checkpoint_dir is None else Path(self.checkpoint_dir) / f"{spec.run_id}.pt"
 
 
 def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
@@ -57,14 +64,14 @@ def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
     }
 
 
-def execute_in_worker(spec: RunSpec, device: str, threads: int) -> dict:
+def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path | None = None) -> dict:
     """Run one spec where it lands (a Ray worker or this process) and return its record."""
     from .environment import resolve_device
     from .runner import execute
 
     torch.set_num_threads(threads)
     try:
-        return execute(spec, resolve_device(device))
+        return execute(spec, resolve_device(device), checkpoint=checkpoint)
     except Exception as exc:  # a broken run must not take the grid down with it
         return failed_record(spec, exc)
 
@@ -79,7 +86,7 @@ def launch_local(specs: list[RunSpec], options: LaunchOptions,
     torch.set_num_threads(options.threads)
     for spec in specs:
         try:
-            yield execute(spec, device, on_progress(spec))
+            yield execute(spec, device, on_progress(spec), options.checkpoint_for(spec))
         except (KeyboardInterrupt, FwbenchError):
             raise
         except Exception as exc:
@@ -119,7 +126,7 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
         execute_in_worker
     )
-    pending = {remote.remote(spec, device, options.threads): spec for spec in specs}
+    pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec)): spec for spec in specs}
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import resource
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -21,6 +23,9 @@ from .grid import RunSpec
 from .launchers import LaunchOptions, launch
 from .store import ResultsStore
 from .training import fit
+
+#: Subdirectory of the results directory that holds run checkpoints (git-ignored).
+CHECKPOINT_DIR = "checkpoints"
 
 
 def _now() -> str:
@@ -34,14 +39,22 @@ def _peak_memory_bytes(device: torch.device) -> dict[str, int]:
     return {"max_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
 
 
-def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
-    """Train one run and build its record (see DESIGN.md, "A run record")."""
+def checkpoint_path(store: ResultsStore, spec: RunSpec) -> Path:
+    """Where a run's checkpoint lives: ``<results_dir>/checkpoints/<run_id>.pt``."""
+    return store.directory / CHECKPOINT_DIR / f"{spec.run_id}.pt"
+
+
+def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: Path | None = None) -> dict:
+    """Train one run and build its record (see DESIGN.md, "A run record").
+
+    ``checkpoint``: file to resume from and save to, for configs with ``checkpoint_every``.
+    """
     config = spec.task_config()
     variant = parse_spec(spec.variant)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = _now()
-    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress)
+    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint)
     sequence_length = getattr(config, "sequence_length", 0)
     tokens = result.steps * config.batch_size * sequence_length
     metrics = {
@@ -50,7 +63,10 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
         "best_step": result.best_step,
         **{f"best_eval_{k}": v for k, v in result.best_eval.items() if k != "loss"},
         **{f"final_eval_{k}": v for k, v in result.final_eval.items() if k != "loss"},
+        "parameters": result.parameters,
     }
+    final_evaluation = dict(result.final_evaluation)
+    metrics.update(final_evaluation.pop("metrics", {}))
     return {
         "run_id": spec.run_id,
         "grid": spec.grid,
@@ -71,6 +87,8 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
         "steps_per_s": round(result.steps / result.train_s, 2) if result.train_s else None,
         "tokens_per_s": round(tokens / result.train_s, 1) if result.train_s else None,
         **_peak_memory_bytes(device),
+        "resumed_at_step": result.resumed_at,
+        **({"final_evaluation": final_evaluation} if final_evaluation else {}),
         "environment": describe_environment(device),
         "started_at": started,
         "ended_at": _now(),
@@ -91,7 +109,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     Raises:
         FwbenchError: the store cannot be written (checked before any training).
     """
-    options = options or LaunchOptions()
+    options = replace(options or LaunchOptions(), checkpoint_dir=str(store.directory / CHECKPOINT_DIR))
     store.check_writable()
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]

@@ -5,6 +5,12 @@ without a new best (plateau), ``max_steps`` (budget), or divergence: a non-finit
 gradient or evaluation loss, or (with ``check_finite``, on by default) a NaN/inf reaching an
 attention layer. A diverged run is recorded with the step it happened at and the reason, never
 dropped; the optimiser never applies a non-finite gradient.
+
+Optional config fields extend the loop without changing runs whose configs lack them:
+``schedule`` / ``warmup_steps`` / ``grad_clip`` (see :mod:`fwbench.optimization`) and
+``checkpoint_every`` (save a resumable checkpoint every that many steps, given a path; see
+:mod:`fwbench.checkpoint`). A task may define ``final_evaluation(model, config, device, seed)``,
+run once after training; its ``metrics`` join the run's metrics and the rest goes in the record.
 """
 
 from __future__ import annotations
@@ -12,13 +18,17 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
 from tasks import TASKS
 from tasks.base import to_device
 from variants import FeatureMap, NonFiniteError, set_check_finite
+
+from .checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from .optimization import build_optimizer, build_schedule, clip_gradients
 
 #: Generator seeds derived from the run seed; distinct streams for training and evaluation data.
 EVAL_SEED_OFFSET = 1_000_003
@@ -38,6 +48,9 @@ class FitResult:
     diverged_reason: str | None = None
     wall_s: float = 0.0
     train_s: float = 0.0
+    parameters: int = 0
+    resumed_at: int | None = None  # step of the checkpoint this run continued from, if any
+    final_evaluation: dict = field(default_factory=dict)
 
 
 def redraw_random_features(model: torch.nn.Module) -> None:
@@ -53,11 +66,15 @@ def _gradients_finite(model: torch.nn.Module) -> bool:
 
 
 def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
-        on_progress: Callable[[int, float], None] | None = None, check_finite: bool = True) -> FitResult:
+        on_progress: Callable[[int, float], None] | None = None,
+        checkpoint_path: str | Path | None = None, check_finite: bool = True) -> FitResult:
     """Train ``variant`` on a task from ``seed`` and return the curve and metrics.
 
     The same (task, variant, config, seed) on the same machine gives the same numbers: the model
     is built after ``torch.manual_seed(seed)`` and data come from generators seeded from ``seed``.
+    With ``checkpoint_path`` and a positive ``config.checkpoint_every``, the loop saves its whole
+    state there every ``checkpoint_every`` steps and at the end, and starts from that file when it
+    exists, so a killed run resumes where it stopped and ends with the same metrics.
 
     ``check_finite`` (default on) switches on the NaN/inf check of every attention module of the
     model (:func:`variants.set_check_finite`): a non-finite tensor reaching attention ends the run
@@ -67,19 +84,57 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     torch.manual_seed(seed)
     model = task.build_model(config, variant).to(device)
     set_check_finite(model, check_finite)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = build_optimizer(model, config)
+    schedule = build_schedule(optimizer, config)
     train_data = torch.Generator().manual_seed(seed)
     eval_data = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
+    generators = {"train": train_data, "eval": eval_data}
+    checkpoint_every = getattr(config, "checkpoint_every", 0) if checkpoint_path is not None else 0
 
     start = time.perf_counter()
-    train_time = 0.0
+    train_time, previous_wall = 0.0, 0.0
     curve: list[dict[str, float]] = []
     best_eval: dict[str, float] = {"loss": math.inf}
     best_step, since_best, step = 0, 0, 0
     status = "max_steps"
     diverged_at = diverged_reason = None
     last_eval: dict[str, float] = {}
-    while step < config.max_steps:
+    finished, resumed_at = False, None
+
+    def save(final: bool = False) -> None:
+        loop = {"step": step, "curve": curve, "best_eval": best_eval, "best_step": best_step,
+                "since_best": since_best, "status": status, "diverged_at": diverged_at,
+                "diverged_reason": diverged_reason, "last_eval": last_eval,
+                "train_s": train_time, "wall_s": previous_wall + time.perf_counter() - start, "finished": final}
+        save_checkpoint(checkpoint_path, {
+            "task": task_name, "variant": variant, "seed": seed, "config": asdict(config), "loop": loop,
+            "model": model.state_dict(),
+            # a finished run keeps only what sampling and a re-evaluation need
+            "optimizer": None if final else optimizer.state_dict(),
+            "schedule": None if final or schedule is None else schedule.state_dict(),
+            "rng": rng_states(generators, device),
+        })
+
+    saved = load_checkpoint(checkpoint_path, device) if checkpoint_every else None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        if saved["optimizer"] is not None:
+            optimizer.load_state_dict(saved["optimizer"])
+        if schedule is not None and saved["schedule"] is not None:
+            schedule.load_state_dict(saved["schedule"])
+        restore_rng_states(saved["rng"], generators, device)
+        loop = saved["loop"]
+        step, curve, best_eval, best_step = loop["step"], loop["curve"], loop["best_eval"], loop["best_step"]
+        since_best, status, diverged_at = loop["since_best"], loop["status"], loop["diverged_at"]
+        diverged_reason = loop.get("diverged_reason")
+        last_eval = loop["last_eval"]
+        train_time, previous_wall, finished, resumed_at = loop["train_s"], loop["wall_s"], loop["finished"], step
+
+    def save_if_due() -> None:
+        if checkpoint_every and step % checkpoint_every == 0:
+            save()
+
+    while not finished and step < config.max_steps:
         model.train()
         redraw_random_features(model)
         t0 = time.perf_counter()
@@ -99,11 +154,15 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         if not _gradients_finite(model):
             status, diverged_at, diverged_reason = "diverged", step, "non-finite gradient (not applied)"
             break
+        clip_gradients(model, config)
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         train_time += time.perf_counter() - t0
         if on_progress is not None:
             on_progress(step, loss_value)
         if step % config.eval_every:
+            save_if_due()
             continue
         model.eval()
         try:
@@ -125,13 +184,21 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         if since_best >= config.patience:
             status = "plateau"
             break
+        save_if_due()
     if not last_eval and status != "diverged":
         model.eval()
         last_eval = task.evaluate(model, config, eval_data, device)
         curve.append({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
         best_eval, best_step = dict(last_eval), step
+    if checkpoint_every and not finished:
+        save(final=True)
+    final_evaluation = {}
+    if hasattr(task, "final_evaluation") and status != "diverged":
+        model.eval()
+        final_evaluation = task.final_evaluation(model, config, device, seed)
     return FitResult(
         status=status, steps=step, best_eval=best_eval, final_eval=last_eval, best_step=best_step,
-        curve=curve, diverged_at=diverged_at, diverged_reason=diverged_reason,
-        wall_s=time.perf_counter() - start, train_s=train_time,
+        curve=curve, diverged_at=diverged_at, diverged_reason=diverged_reason, wall_s=previous_wall + time.perf_counter() - start,
+        train_s=train_time, parameters=sum(p.numel() for p in model.parameters()), resumed_at=resumed_at,
+        final_evaluation=final_evaluation,
     )

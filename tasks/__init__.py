@@ -3,7 +3,11 @@
 
 from .mqar import MQARConfig, MQARModel, MQARTask
 from .retrieval import RetrievalConfig, RetrievalModel, RetrievalTask
+from .shakespeare import ShakespeareConfig, ShakespeareTask
 
-TASKS = {"retrieval": RetrievalTask(), "mqar": MQARTask()}
+TASKS = {"retrieval": RetrievalTask(), "mqar": MQARTask(), "shakespeare": ShakespeareTask()}
 
-__all__ = ["TASKS", "MQARConfig", "MQARModel", "MQARTask", "RetrievalConfig", "RetrievalModel", "RetrievalTask"]
+__all__ = [
+    "TASKS", "MQARConfig", "MQARModel", "MQARTask", "RetrievalConfig", "RetrievalModel", "RetrievalTask",
+    "ShakespeareConfig", "ShakespeareTask",
+]

@@ -20,12 +20,17 @@ from fwbench.report import render_report
 from fwbench.runner import execute, run_grid
 from fwbench.store import ResultsStore
 from tasks import TASKS
+from tasks.corpus import CorpusError
 
 #: A few steps of each task. A task without an entry gets GENERIC, restricted to its config's
 #: fields, so a new task is covered from the day it is registered (add an entry if its defaults
 #: are too big for a test).
 TINY = {
     "retrieval": {"S": 4, "d_key": 8, "batch_size": 4, "eval_every": 2, "eval_sequences": 2, "max_steps": 4},
+    # the final evaluation reads the whole validation split: a wide batch keeps it to a few calls
+    "shakespeare": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "context": 32, "batch_size": 256,
+                    "warmup_steps": 1, "eval_every": 2, "max_steps": 4, "eval_segments": 2, "checkpoint_every": 0,
+                    "stream_eval": False, "sample_tokens": 8},
 }
 GENERIC = {"batch_size": 2, "eval_every": 2, "max_steps": 4, "eval_sequences": 2, "eval_batches": 1}
 #: Random features redrawn every step (FAVOR+), the delta rule's β, and a KV cache.
@@ -51,7 +56,11 @@ def outcome(record: dict) -> str:
 @pytest.mark.parametrize("task_name", sorted(TASKS))
 def test_same_config_and_seed_give_bit_identical_records(task_name, variant):
     spec = tiny_spec(task_name, variant)
-    first, second = execute(spec, CPU), execute(spec, CPU)
+    try:
+        first = execute(spec, CPU)
+    except CorpusError as exc:  # a task whose data is not on this machine (set FWBENCH_DATA_DIR)
+        pytest.skip(f"{task_name}: {str(exc)[:120]}")
+    second = execute(spec, CPU)
     assert len(first["curve"]) >= 2
     assert outcome(first) == outcome(second)
     assert outcome(execute(tiny_spec(task_name, variant, seed=4), CPU)) != outcome(first)  # the seed matters

@@ -1,0 +1,155 @@
+"""Locate, download and verify the Tiny Shakespeare corpus (Karpathy's char-rnn data).
+
+Search order (the first verified copy wins):
+
+1. the data directory given by the caller (``fwbench run --data-dir DIR``) or, failing that, the
+   environment variable ``FWBENCH_DATA_DIR``: ``DIR/tinyshakespeare/input.txt`` or ``DIR/input.txt``;
+2. the user cache: ``<cache>/tinyshakespeare/input.txt``, where ``<cache>`` is
+   ``FWBENCH_CACHE_DIR`` if set, else the platform's user cache directory for fwbench
+   (``~/.cache/fwbench`` on Linux);
+3. a download from :data:`CORPUS_URL` into the cache.
+
+Every copy is checked against :data:`CORPUS_SHA256` before use. A download goes to a temporary
+file beside its destination and is renamed into place only after its checksum matches, so an
+interrupted or corrupted download never sits in the cache as ``input.txt``; a wrong file already in
+the cache (say, truncated by another tool) is ignored and replaced. When no verified copy can be
+found or fetched, :class:`CorpusError` says where it looked, why each place failed, and how to
+provide the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+
+CORPUS_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+CORPUS_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+CORPUS_CHARACTERS = 1_115_394
+CORPUS_DIR = "tinyshakespeare"
+CORPUS_FILE = "input.txt"
+DATA_DIR_ENV = "FWBENCH_DATA_DIR"
+CACHE_DIR_ENV = "FWBENCH_CACHE_DIR"
+DOWNLOAD_TIMEOUT_S = 30.0
+
+#: ``fetch(url, destination)`` writes the body of ``url`` to the file ``destination`` or raises.
+Fetch = Callable[[str, Path], None]
+
+
+class CorpusError(ValueError):
+    """The corpus is missing, unreachable or fails its checksum; the message says how to fix it."""
+
+
+def sha256_of(path: Path) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def cache_dir() -> Path:
+    """fwbench's user cache directory: ``FWBENCH_CACHE_DIR`` if set, else the platform default."""
+    override = os.environ.get(CACHE_DIR_ENV)
+    return Path(override) if override else Path(platformdirs.user_cache_dir("fwbench"))
+
+
+def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:
+    """Files that may hold the corpus under ``data_dir`` (or ``FWBENCH_DATA_DIR``), in order."""
+    root = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
+    if not root:
+        return []
+    root = Path(root).expanduser()
+    return [root / CORPUS_DIR / CORPUS_FILE, root / CORPUS_FILE]
+
+
+def urllib_fetch(url: str, destination: Path) -> None:
+    """Default :data:`Fetch`: stream ``url`` (http(s) or file://) into ``destination``."""
+    with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response, open(destination, "wb") as out:
+        shutil.copyfileobj(response, out)
+
+
+def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch = urllib_fetch) -> None:
+    """Fetch ``url`` to a temporary file beside ``destination``; rename it there only if it matches.
+
+    Raises:
+        CorpusError: the fetch failed (offline, HTTP error) or the body's checksum differs; the
+            temporary file is removed either way, so nothing partial is left behind.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".part", dir=destination.parent)
+    os.close(handle)
+    temporary = Path(temporary)
+    try:
+        try:
+            fetch(url, temporary)
+        except Exception as exc:  # any transport failure means "not available"; the caller explains
+            raise CorpusError(f"download from {url} failed: {type(exc).__name__}: {exc}") from exc
+        got = sha256_of(temporary)
+        if got != sha256:
+            raise CorpusError(f"download from {url} has sha256 {got}, expected {sha256} (truncated or altered)")
+        os.replace(temporary, destination)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,
+                  fetch: Fetch = urllib_fetch, download: bool = True) -> Path:
+    """Path of a verified copy of the corpus, downloading it into the cache if needed.
+
+    Args:
+        data_dir: directory to search first; ``None`` reads ``FWBENCH_DATA_DIR``.
+        sha256: expected checksum (tests pass the checksum of a small fake corpus).
+        url: where to download from when no local copy verifies.
+        fetch: how to download (tests pass a fake; the default uses urllib).
+        download: ``False`` never touches the network.
+
+    Raises:
+        CorpusError: a copy in the data directory fails its checksum (it is never replaced), or
+            no copy verifies and the download fails or is disabled. The message lists every place
+            searched, the ``--data-dir`` flag, the ``FWBENCH_DATA_DIR`` variable and the URL.
+    """
+    looked: list[str] = []
+    for candidate in data_dir_candidates(data_dir):
+        if candidate.is_file():
+            got = sha256_of(candidate)
+            if got != sha256:
+                raise CorpusError(
+                    f"{candidate} has sha256 {got}, expected {sha256}: not the Tiny Shakespeare corpus or an "
+                    f"incomplete copy; replace it with the file from {url}"
+                )
+            return candidate
+        looked.append(f"{candidate} (absent)")
+    cached = cache_dir() / CORPUS_DIR / CORPUS_FILE
+    if cached.is_file():
+        if sha256_of(cached) == sha256:
+            return cached
+        looked.append(f"{cached} (checksum mismatch, ignored and replaced on download)")
+    else:
+        looked.append(f"{cached} (absent)")
+    reason = "downloads disabled"
+    if download:
+        try:
+            download_verified(url, cached, sha256, fetch)
+            return cached
+        except (CorpusError, OSError) as exc:
+            reason = str(exc)
+    if not data_dir_candidates(data_dir):
+        looked.insert(0, f"no data directory given (--data-dir or {DATA_DIR_ENV})")
+    raise CorpusError(
+        f"Tiny Shakespeare corpus not found. Looked in: {'; '.join(looked)}. Download: {reason}. "
+        f"Provide it with `fwbench run --data-dir DIR` or {DATA_DIR_ENV}=DIR, where DIR/{CORPUS_DIR}/{CORPUS_FILE} "
+        f"or DIR/{CORPUS_FILE} is the file from {url} (sha256 {sha256})."
+    )
+
+
+def read_corpus(data_dir: str | Path | None = None, **locate_options) -> str:
+    """The corpus text (UTF-8) from :func:`locate_corpus`."""
+    return locate_corpus(data_dir, **locate_options).read_text(encoding="utf-8")

@@ -1,0 +1,283 @@
+"""A small decoder-only Transformer language model whose attention is any variant spec.
+
+nanoGPT-sized and plain: token embedding (+ optional learned position embedding) → N pre-norm blocks
+(x + Attn(LN(x)), then x + FFN(LN(x))) → final LayerNorm → output layer (tied to the embedding or not).
+
+Positions (``positional``): ``"none"`` adds nothing, as the seed implementation and the paper's
+carried-state language models do (``--no_pos`` in the official code): causal attention and the
+fast-weight recurrence order the tokens by themselves (Irie et al. 2019). ``"learned"`` adds a learned
+embedding of the position inside the segment, as the paper's limited-context models (Table 2) add
+positional encodings; at a CPU budget it trains much faster.
+
+Segments: the model reads any token stream in segments of ``context`` tokens aligned to the stream's
+start (the carried state counts the tokens). Positions restart at every segment. Fast-weight
+variants carry their state (W, and z for the sum rule) from segment to segment with no limit;
+variants without a fixed-size memory (softmax, whose state is a KV cache that grows with every
+token) start each segment with an empty cache: their window is their segment, the length they were
+trained on. So, for a stream split anywhere,
+
+    logits_a, states = model(tokens[:, :t])
+    logits_b, states = model(tokens[:, t:], states)
+
+equals one call on the whole stream (up to rounding), whichever ``form`` each call uses; generation
+one token at a time is the special case t = 1, 2, ….
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from variants import AttentionLayer, VariantSpec, parse_spec
+from variants.errors import bad_value
+
+POSITIONAL = ("none", "learned")
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Shape of a :class:`DecoderLM`.
+
+    Attributes:
+        vocab_size: number of token ids (65 characters for Tiny Shakespeare).
+        d_model: residual stream width; n_heads: attention heads (d_key = d_model / n_heads).
+        n_layers: number of blocks; d_ff: hidden size of each block's feed-forward network.
+        context: training segment length in tokens (also softmax's key window).
+        dropout: dropout on the embedding and on each residual branch (training only).
+        tied_output: output layer shares the token embedding matrix (Press & Wolf 2017).
+        positional: ``"none"`` or ``"learned"`` (an embedding of the position inside the segment).
+    """
+
+    vocab_size: int
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 512
+    context: int = 128
+    dropout: float = 0.0
+    tied_output: bool = True
+    positional: str = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad_value(name, value, "a positive integer (>= 1)")
+        if self.d_model % self.n_heads:
+            raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise bad_value("dropout", self.dropout, "a probability in [0, 1)")
+        if self.positional not in POSITIONAL:
+            raise bad_value("positional", self.positional, f"one of {', '.join(POSITIONAL)}")
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(d_model → d_ff), GELU, Linear(d_ff → d_model)."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class DecoderBlock(nn.Module):
+    """Pre-norm block: x + Attn(LN(x)), then x + FFN(LN(x)); (B, T, d_model) → same."""
+
+    def __init__(self, variant: VariantSpec, config: DecoderConfig):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(config.d_model)
+        self.attention = AttentionLayer(variant, config.d_model, config.n_heads)
+        self.ffn_norm = nn.LayerNorm(config.d_model)
+        self.ffn = FeedForward(config.d_model, config.d_ff)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: Tensor, state=None, form: str = "auto", chunk_size: int | None = None):
+        y, state = self.attention(self.attention_norm(x), state=state, form=form, chunk_size=chunk_size)
+        x = x + self.dropout(y)
+        x = x + self.dropout(self.ffn(self.ffn_norm(x)))
+        return x, state
+
+
+class DecoderLM(nn.Module):
+    """Decoder-only Transformer LM around any attention variant.
+
+    Args:
+        variant: attention spec (``"dpfp-delta:nu=1"``, ``"softmax"``, …).
+        config: :class:`DecoderConfig`.
+        vocabulary: optional string of the ``vocab_size`` symbols, in id order; stored with the
+            weights (a buffer of code points) so that a checkpoint can be sampled without the corpus.
+
+    Raises:
+        VariantError: bad spec or sizes (see :class:`variants.AttentionLayer`).
+    """
+
+    def __init__(self, variant: str | VariantSpec, config: DecoderConfig, vocabulary: str | None = None):
+        super().__init__()
+        self.config = config
+        self.spec = parse_spec(variant)
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.position_embedding = (
+            nn.Embedding(config.context, config.d_model) if config.positional == "learned" else None
+        )
+        self.embedding_dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(DecoderBlock(self.spec, config) for _ in range(config.n_layers))
+        self.final_norm = nn.LayerNorm(config.d_model)
+        self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if vocabulary is not None and len(vocabulary) != config.vocab_size:
+            raise bad_value("vocabulary", f"{len(vocabulary)} symbols", f"{config.vocab_size} (vocab_size)")
+        codes = [ord(c) for c in vocabulary] if vocabulary is not None else [-1] * config.vocab_size
+        self.register_buffer("vocabulary_codes", torch.tensor(codes, dtype=torch.int64))
+        self._init_weights()
+        if config.tied_output:
+            self.output.weight = self.embedding.weight
+
+    def _init_weights(self) -> None:
+        # GPT-2's scheme: N(0, 0.02) everywhere, residual output projections scaled by 1/√(2·n_layers)
+        # so that the residual stream's variance does not grow with depth.
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=0.02)
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layers)
+        for block in self.blocks:
+            nn.init.normal_(block.attention.out_proj.weight, std=residual_std)
+            nn.init.normal_(block.ffn.down.weight, std=residual_std)
+
+    @property
+    def vocabulary(self) -> str | None:
+        """The symbols in id order, or ``None`` if the model was built without them."""
+        codes = self.vocabulary_codes.tolist()
+        return None if any(c < 0 for c in codes) else "".join(chr(c) for c in codes)
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, a tied output layer counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether the attention keeps a fixed-size memory across segments (fast weights) rather
+        than a KV cache emptied at every segment boundary (softmax)."""
+        return self.blocks[0].attention.d_dot is not None
+
+    def forward(self, tokens: Tensor, states: list | None = None, form: str = "auto",
+                chunk_size: int | None = None) -> tuple[Tensor, list]:
+        """Next-token logits for every position.
+
+        Args:
+            tokens: (B, T) int64 ids in [0, vocab_size), continuing the stream that ``states``
+                summarises (``None``: a new stream).
+            states: per-layer states returned by the previous call.
+            form: attention form, ``auto`` | ``parallel`` | ``chunk`` | ``recurrent``.
+
+        Returns:
+            logits (B, T, vocab_size) (unnormalised; log-softmax gives nats) and the list of
+            per-layer states after the last token.
+        """
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
+            got = (tuple(tokens.shape), tokens.dtype) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise bad_value("tokens", got, "an int64 tensor of shape (B, T)")
+        if states is not None and len(states) != len(self.blocks):
+            raise bad_value("states", f"{len(states)} states", f"one per layer ({len(self.blocks)})")
+        context = self.config.context
+        offset = 0 if states is None else states[0].position
+        pieces, start = [], 0
+        while start < tokens.shape[1]:
+            # cut at the next segment boundary of the stream
+            stop = min(tokens.shape[1], start + context - (offset + start) % context)
+            if (offset + start) % context == 0 and states is not None and not self.carries_state:
+                states = None  # a KV cache does not cross a segment boundary
+            logits, states = self._segment(tokens[:, start:stop], (offset + start) % context, states, form, chunk_size)
+            pieces.append(logits)
+            start = stop
+        if not pieces:
+            return self.output.weight.new_zeros(tokens.shape[0], 0, self.config.vocab_size), states or []
+        return torch.cat(pieces, dim=1), states
+
+    def _segment(self, tokens: Tensor, first_position: int, states: list | None, form: str,
+                 chunk_size: int | None) -> tuple[Tensor, list]:
+        """Tokens inside one segment, the first at position ``first_position`` of it."""
+        x = self.embedding(tokens)
+        if self.position_embedding is not None:
+            x = x + self.position_embedding.weight[first_position : first_position + tokens.shape[1]]
+        x = self.embedding_dropout(x)
+        new_states = []
+        for index, block in enumerate(self.blocks):
+            x, state = block(x, None if states is None else states[index], form=form, chunk_size=chunk_size)
+            new_states.append(state)
+        return self.output(self.final_norm(x)), new_states
+
+    @torch.no_grad()
+    def generate(self, prompt: Tensor, n_tokens: int, temperature: float = 1.0,
+                 generator: torch.Generator | None = None, top_k: int | None = None,
+                 states: list | None = None) -> tuple[Tensor, list]:
+        """Sample ``n_tokens`` continuations of ``prompt`` one token at a time.
+
+        The prompt is read in one call (chunk form), then every new token goes through the
+        recurrent form with the carried state: O(1) memory per token for fast-weight variants
+        (the state is W and z), a KV cache of at most ``context`` tokens for softmax (emptied at
+        every segment boundary; see the module docstring).
+
+        Args:
+            prompt: (B, P) int64 ids, P ≥ 1.
+            n_tokens: tokens to sample (≥ 0).
+            temperature: logits are divided by it before sampling; 0 means greedy (argmax).
+            generator: RNG for sampling (seeded by the caller for reproducible text).
+            top_k: sample among the k most likely tokens only (``None``: all).
+
+        Returns:
+            (B, n_tokens) sampled ids and the per-layer states after the last one.
+
+        Raises:
+            VariantError: empty prompt, negative ``n_tokens`` or ``temperature``, bad ``top_k``.
+        """
+        if prompt.dim() != 2 or prompt.shape[1] < 1:
+            raise bad_value("prompt", tuple(prompt.shape), "ids of shape (B, P) with P >= 1")
+        if n_tokens < 0:
+            raise bad_value("n_tokens", n_tokens, "an integer >= 0")
+        if temperature < 0 or not math.isfinite(temperature):
+            raise bad_value("temperature", temperature, "a finite number >= 0 (0 = greedy)")
+        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+            raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")
+        was_training = self.training
+        self.eval()
+        logits, states = self(prompt, states)
+        next_logits = logits[:, -1]
+        sampled = []
+        for _ in range(n_tokens):
+            token = sample_next(next_logits, temperature, generator, top_k)
+            sampled.append(token)
+            logits, states = self(token, states, form="recurrent")
+            next_logits = logits[:, -1]
+        self.train(was_training)
+        out = torch.cat(sampled, dim=1) if sampled else prompt.new_zeros(prompt.shape[0], 0)
+        return out, states
+
+
+def sample_next(logits: Tensor, temperature: float, generator: torch.Generator | None = None,
+                top_k: int | None = None) -> Tensor:
+    """One token id per row of ``logits`` (B, V) → (B, 1): greedy at temperature 0, else sampled
+    from softmax(logits / temperature), restricted to the ``top_k`` largest logits if given."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    scaled = logits.float() / temperature
+    if top_k is not None:
+        threshold = scaled.topk(top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < threshold, -math.inf)
+    probabilities = torch.softmax(scaled, dim=-1)
+    # multinomial draws from a CPU generator; sample on CPU, then return on the logits' device
+    return torch.multinomial(probabilities.cpu(), 1, generator=generator).to(logits.device)
+
+
+def states_nbytes(states: list) -> int:
+    """Bytes held by a list of per-layer carried states (W and z, or a KV cache)."""
+    return sum(state.nbytes for state in states)

@@ -1,0 +1,287 @@
+"""Character-level language modelling on Tiny Shakespeare (the paper's LM claims, Tables 2, 4, 5, at a
+scale a CPU can train; the WikiText-103 numbers are the qualitative target).
+
+Data: the corpus (1,115,394 characters, located and verified by :mod:`tasks.corpus`), a character
+vocabulary built from the whole text (65 symbols), the first 90 % for training and the last 10 % for
+validation. Training batches are random windows of ``context + 1`` characters; the loss is the mean
+next-character cross-entropy in nats.
+
+Model: :class:`tasks.lm_model.DecoderLM` with the run's attention variant.
+
+Evaluation during training scores ``eval_segments`` evenly spaced validation segments (all of them
+when 0), each from an empty memory. After training, :meth:`ShakespeareTask.final_evaluation`
+scores the whole validation split that way (``val_loss``, ``val_ppl``, ``val_bpc``), then again as one
+stream with the state carried across segments (:func:`tasks.lm_evaluation.long_context_evaluation`),
+computes the unigram baseline, and samples ``sample_tokens`` characters after ``prompt``.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from variants import parse_spec
+
+from .corpus import CORPUS_SHA256, CORPUS_URL, CorpusError, locate_corpus
+from .lm_evaluation import (
+    bits_per_character,
+    language_model_metrics,
+    long_context_evaluation,
+    token_losses,
+    unigram_loss,
+)
+from .lm_model import POSITIONAL, DecoderConfig, DecoderLM
+
+SCHEDULES = ("constant", "noam")
+FORMS = ("auto", "parallel", "chunk", "recurrent")
+
+
+@dataclass(frozen=True)
+class ShakespeareConfig:
+    """Hyper-parameters of one Tiny Shakespeare run (defaults: a CPU-sized model).
+
+    Attributes:
+        d_model, n_heads, n_layers, d_ff, dropout, tied_output, positional: the model (see
+            :class:`tasks.lm_model.DecoderConfig`); d_key = d_model / n_heads.
+        context: training segment length in characters (and softmax's key window).
+        batch_size: segments per training step.
+        lr: peak learning rate of Adam; schedule: ``noam`` (linear warm-up over ``warmup_steps``,
+            then ∝ 1/√step) or ``constant``; grad_clip: global gradient-norm clip (0 = off).
+        max_steps: training steps; eval_every: steps between evaluations; eval_segments:
+            validation segments scored per evaluation (0 = the whole split).
+        patience, target_loss: early stopping (off by default: LM runs use their whole budget).
+        checkpoint_every: save a resumable checkpoint every this many steps (0 = never).
+        form, chunk_size: attention form for training and evaluation.
+        stream_eval: run the long-context evaluation after training, on the first
+            ``stream_characters`` characters of the validation split (0 = all of it).
+        prompt, sample_tokens, temperature: the text sample stored in the record.
+        train_fraction: leading share of the corpus used for training (the rest validates).
+    """
+
+    d_model: int = 128
+    n_heads: int = 4
+    n_layers: int = 2
+    d_ff: int = 512
+    dropout: float = 0.0
+    tied_output: bool = True
+    positional: str = "none"
+    context: int = 128
+    batch_size: int = 32
+    lr: float = 2e-3
+    schedule: str = "noam"
+    warmup_steps: int = 100
+    grad_clip: float = 1.0
+    max_steps: int = 1000
+    eval_every: int = 100
+    eval_segments: int = 64
+    patience: int = 1_000_000
+    target_loss: float = 0.0
+    checkpoint_every: int = 100
+    form: str = "auto"
+    chunk_size: int = 64
+    stream_eval: bool = True
+    stream_characters: int = 0
+    prompt: str = "It is"
+    sample_tokens: int = 500
+    temperature: float = 0.8
+    train_fraction: float = 0.9
+
+    @property
+    def sequence_length(self) -> int:
+        """Tokens per training sequence (the harness's tokens/s uses it)."""
+        return self.context
+
+    def decoder_config(self, vocab_size: int) -> DecoderConfig:
+        return DecoderConfig(
+            vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers,
+            d_ff=self.d_ff, context=self.context, dropout=self.dropout, tied_output=self.tied_output,
+            positional=self.positional,
+        )
+
+
+@dataclass(frozen=True)
+class CharCorpus:
+    """A text as character ids with its train / validation split.
+
+    Attributes:
+        vocabulary: the distinct characters, sorted (id i is ``vocabulary[i]``).
+        train, valid: 1-D int64 ids; ``train`` is the first ``train_fraction`` of the text.
+    """
+
+    vocabulary: str
+    train: Tensor
+    valid: Tensor
+
+    @classmethod
+    def from_text(cls, text: str, train_fraction: float = 0.9) -> CharCorpus:
+        if len(text) < 4:
+            raise CorpusError(f"corpus: got {len(text)} characters; expected a text of at least 4")
+        vocabulary = "".join(sorted(set(text)))
+        index = {c: i for i, c in enumerate(vocabulary)}
+        ids = torch.tensor([index[c] for c in text], dtype=torch.int64)
+        split = int(train_fraction * len(text))
+        return cls(vocabulary, ids[:split], ids[split:])
+
+    def encode(self, text: str) -> Tensor:
+        """Ids of ``text`` (1-D int64). Raises :class:`CorpusError` naming a character outside the vocabulary."""
+        return encode(text, self.vocabulary)
+
+
+def encode(text: str, vocabulary: str) -> Tensor:
+    """Ids of ``text`` under ``vocabulary`` (1-D int64).
+
+    Raises:
+        CorpusError: a character of ``text`` is not in the vocabulary (the message names it).
+    """
+    index = {c: i for i, c in enumerate(vocabulary)}
+    missing = sorted({c for c in text if c not in index})
+    if missing:
+        raise CorpusError(f"text: characters {missing!r} are not in the {len(vocabulary)}-symbol vocabulary")
+    return torch.tensor([index[c] for c in text], dtype=torch.int64)
+
+
+def decode(ids: Tensor | list[int], vocabulary: str) -> str:
+    """Text of a sequence of ids."""
+    return "".join(vocabulary[i] for i in (ids.tolist() if isinstance(ids, Tensor) else ids))
+
+
+@functools.lru_cache(maxsize=4)
+def _corpus_at(path: str, train_fraction: float) -> CharCorpus:
+    return CharCorpus.from_text(Path(path).read_text(encoding="utf-8"), train_fraction)
+
+
+class ShakespeareTask:
+    """Character-level LM on Tiny Shakespeare, driven by ``fwbench.training.fit``.
+
+    Args:
+        data_dir: where to look for the corpus first (``None``: ``FWBENCH_DATA_DIR``, which
+            ``fwbench run --data-dir`` sets); then the user cache, then a download.
+        sha256, url, fetch: passed to :func:`tasks.corpus.locate_corpus` (tests use a small
+            fake corpus with its own checksum).
+    """
+
+    name: ClassVar[str] = "shakespeare"
+    config_class: ClassVar[type] = ShakespeareConfig
+
+    def __init__(self, data_dir: str | Path | None = None, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,
+                 fetch=None):
+        self.data_dir, self.sha256, self.url, self.fetch = data_dir, sha256, url, fetch
+
+    def corpus(self, train_fraction: float = 0.9) -> CharCorpus:
+        """The located, verified corpus as ids (cached per file).
+
+        Raises:
+            CorpusError: not found and not downloadable, or a checksum mismatch.
+        """
+        options = {"sha256": self.sha256, "url": self.url}
+        if self.fetch is not None:
+            options["fetch"] = self.fetch
+        return _corpus_at(str(locate_corpus(self.data_dir, **options)), train_fraction)
+
+    def validate(self, config: ShakespeareConfig) -> None:
+        """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "context", "batch_size", "max_steps",
+                     "eval_every", "patience", "chunk_size"):
+            value = getattr(config, name)
+            if value < 1:
+                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+        for name in ("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens", "stream_characters"):
+            if getattr(config, name) < 0:
+                raise ValueError(f"{name}: got {getattr(config, name)!r}; expected an integer >= 0")
+        if config.d_model % config.n_heads:
+            raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
+        if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
+            raise ValueError(f"lr, grad_clip, temperature: got {config.lr}, {config.grad_clip}, {config.temperature}; "
+                             "expected lr > 0, grad_clip >= 0, temperature >= 0")
+        if not 0.0 <= config.dropout < 1.0:
+            raise ValueError(f"dropout: got {config.dropout}; expected a probability in [0, 1)")
+        if not 0.0 < config.train_fraction < 1.0:
+            raise ValueError(f"train_fraction: got {config.train_fraction}; expected a fraction in (0, 1)")
+        if config.schedule not in SCHEDULES:
+            raise ValueError(f"schedule: got {config.schedule!r}; expected one of {', '.join(SCHEDULES)}")
+        if config.positional not in POSITIONAL:
+            raise ValueError(f"positional: got {config.positional!r}; expected one of {', '.join(POSITIONAL)}")
+        if config.form not in FORMS:
+            raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
+        if not config.prompt:
+            raise ValueError("prompt: got ''; expected at least one character")
+
+    def build_model(self, config: ShakespeareConfig, variant: str) -> DecoderLM:
+        parse_spec(variant)
+        corpus = self.corpus(config.train_fraction)
+        encode(config.prompt, corpus.vocabulary)  # fail before training, not after it
+        return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
+
+    def train_batch(self, config: ShakespeareConfig, generator: torch.Generator) -> Tensor:
+        """(batch_size, context + 1) ids: random windows of the training split."""
+        train = self.corpus(config.train_fraction).train
+        if train.numel() < config.context + 2:
+            raise CorpusError(f"context: got {config.context}; the training split has only {train.numel()} characters")
+        starts = torch.randint(0, train.numel() - config.context - 1, (config.batch_size,), generator=generator)
+        return train[starts[:, None] + torch.arange(config.context + 1)]
+
+    def loss(self, model: DecoderLM, batch: Tensor, config: ShakespeareConfig) -> Tensor:
+        """Mean next-character cross-entropy (nats) over the batch."""
+        logits, _ = model(batch[:, :-1], form=config.form, chunk_size=config.chunk_size)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(self, model: DecoderLM, config: ShakespeareConfig, generator: torch.Generator,
+                 device: torch.device) -> dict[str, float]:
+        """``loss`` (nats/char), ``ppl`` and ``bpc`` on ``eval_segments`` validation segments
+        (deterministic: the same segments every time; ``generator`` is unused)."""
+        valid = self.corpus(config.train_fraction).valid
+        losses = token_losses(model, valid, config.context, device, carry=False, batch_size=config.batch_size,
+                              max_segments=config.eval_segments, form=config.form, chunk_size=config.chunk_size)
+        return language_model_metrics(losses.double().mean().item())
+
+    @torch.no_grad()
+    def final_evaluation(self, model: DecoderLM, config: ShakespeareConfig, device: torch.device,
+                         seed: int) -> dict:
+        """Whole-split validation metrics, the unigram baseline, the long-context evaluation and a sample.
+
+        Returns ``{"metrics": {val_loss, val_ppl, val_bpc, unigram_bpc, [stream_ppl, stream_bpc,
+        stream_reset_ppl]},
+        "long_context": {...} (if ``stream_eval``), "sample": {prompt, temperature, seed, text}}``.
+        """
+        corpus = self.corpus(config.train_fraction)
+        options = {"form": config.form, "chunk_size": config.chunk_size}
+        out: dict = {}
+        val_loss = token_losses(model, corpus.valid, config.context, device, carry=False,
+                                batch_size=config.batch_size, **options).double().mean().item()
+        val = language_model_metrics(val_loss)
+        metrics = {"val_loss": val["loss"], "val_ppl": val["ppl"], "val_bpc": val["bpc"],
+                   "unigram_bpc": bits_per_character(unigram_loss(corpus.train, corpus.valid, len(corpus.vocabulary)))}
+        if config.stream_eval:
+            stream = corpus.valid[: config.stream_characters] if config.stream_characters else corpus.valid
+            out["long_context"] = long_context_evaluation(model, stream, config.context, device,
+                                                          batch_size=config.batch_size, **options)
+            metrics["stream_ppl"] = out["long_context"]["carried_ppl_all"]
+            metrics["stream_bpc"] = bits_per_character(out["long_context"]["carried_loss"])
+            metrics["stream_reset_ppl"] = out["long_context"]["reset_ppl_all"]
+        out["metrics"] = metrics
+        out["sample"] = sample_text(model, corpus.vocabulary, config.prompt, config.sample_tokens,
+                                    config.temperature, seed, device)
+        return out
+
+
+def sample_text(model: DecoderLM, vocabulary: str, prompt: str, n_tokens: int, temperature: float, seed: int,
+                device: torch.device, top_k: int | None = None) -> dict:
+    """Generate ``n_tokens`` characters after ``prompt`` (recurrent form, carried state).
+
+    Returns ``{prompt, temperature, seed, tokens, text}``; ``text`` includes the prompt.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    prompt_ids = encode(prompt, vocabulary)[None].to(device)
+    ids, _ = model.generate(prompt_ids, n_tokens, temperature, generator, top_k=top_k)
+    return {"prompt": prompt, "temperature": temperature, "seed": seed, "tokens": n_tokens,
+            "text": prompt + decode(ids[0], vocabulary)}
+
+
+__all__ = ["CharCorpus", "ShakespeareConfig", "ShakespeareTask", "decode", "encode", "sample_text"]
