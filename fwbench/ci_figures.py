@@ -93,8 +93,9 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
     """Capacity against d_dot (log-log) with the line capacity = d_dot.
 
     ``table``: rows of :func:`fwbench.capacity.capacity_intervals`. Filled markers: this run's seed
-    mean with its 95 % t-interval; a triangle up (down) marks a lower (upper) bound where the S grid
-    did not bracket the capacity. Hollow grey markers: the official seed-1 runs (d_key 64).
+    mean with its 95 % t-interval (solid bar), or with one seed the S-grid bracket (dotted bar); a
+    triangle up (down) marks a lower (upper) bound where the S grid did not bracket the capacity.
+    Hollow grey markers: the official seed-1 runs (d_key 64).
     """
     fig, ax = plt.subplots(figsize=(7.5, 5.5))
     shown = table[table["capacity_mean"].notna()]
@@ -103,11 +104,15 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
         colour = colours[index % len(colours)]
         row = group.iloc[0]
         marker = {"≥": "^", "<": "v"}.get(row["bound"], "o")
-        yerr = None
-        if not math.isnan(row["ci_low"]):
-            yerr = [[max(row["capacity_mean"] - row["ci_low"], 0)], [max(row["ci_high"] - row["capacity_mean"], 0)]]
-        ax.errorbar([row["d_dot"]], [row["capacity_mean"]], yerr=yerr, fmt=marker, color=colour, ms=7, capsize=3,
-                    label=f"{variant} (d_key {int(d_key)}) {row['bound']}".strip())
+        yerr, low, high, style = None, row.get("ci_low", math.nan), row.get("ci_high", math.nan), "-"
+        if math.isnan(low) and not row["bound"] and math.isfinite(row.get("grid_high", math.nan)):
+            low, high, style = row["grid_low"], row["grid_high"], ":"  # one seed: the S-grid bracket instead
+        if not math.isnan(low):
+            yerr = [[max(row["capacity_mean"] - low, 0)], [max(high - row["capacity_mean"], 0)]]
+        bars = ax.errorbar([row["d_dot"]], [row["capacity_mean"]], yerr=yerr, fmt=marker, color=colour, ms=7,
+                           capsize=3, label=f"{variant} (d_key {int(d_key)}) {row['bound']}".strip())
+        if yerr is not None:
+            bars[2][0].set_linestyle(style)
     if official is not None and not official.empty:
         ref = official[official["capacity"].notna()]
         for bound, marker, note in (("", "o", ""), ("≥", "^", ", lower bound"), ("<", "v", ", upper bound")):
@@ -128,7 +133,8 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
     ax.set_yscale("log", base=2)
     ax.set_xlabel("d_dot (size of φ: columns of the fast weight)")
     ax.set_ylabel(f"capacity: largest S with best loss ≤ {CAPACITY_THRESHOLD}")
-    ax.set_title("Setting 1: capacity vs d_dot (mean over seeds, 95 % t-interval)")
+    ax.set_title("Setting 1: capacity vs d_dot (seed mean; bars: 95 % t-interval, dotted: S-grid bracket)",
+                 fontsize=10)
     ax.legend(fontsize=6, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)

@@ -47,7 +47,9 @@ def _mean_loss_by_S(frame: pd.DataFrame, variant: str) -> pd.Series:
     if frame.empty:  # also an empty store, whose frame has no columns at all
         return pd.Series(dtype=float)
     rows = frame[frame["variant"] == variant]
-    return rows.groupby("S")["best_eval_loss"].mean().sort_index()
+    curve = rows.groupby("S")["best_eval_loss"].mean().sort_index()
+    curve.index = curve.index.astype(int)  # S is float in a frame that also holds MQAR runs
+    return curve
 
 
 def capacity_of(frame: pd.DataFrame, variant: str, threshold: float = CAPACITY_THRESHOLD) -> Capacity:

@@ -156,7 +156,8 @@ def section_capacity_vs_d_dot(frame: pd.DataFrame, out_dir: Path) -> str:
         f"Capacity = the largest S whose best evaluation loss stays ≤ {CAPACITY_THRESHOLD}, interpolated in "
         "log-loss between grid points. It is estimated on each seed's own curve; the table gives the mean "
         f"over seeds and a {CONFIDENCE:.0%} Student-t interval (needs ≥ 2 seeds). `≥` marks a lower bound "
-        "(every S of the grid retrieved), `<` an upper bound (even the smallest S failed). The dashed line is "
+        "(every S of the grid retrieved), `<` an upper bound (even the smallest S failed); with one seed the "
+        "grid bracket (last S that retrieved – first S that failed) is given instead. The dashed line is "
         "capacity = d_dot; hollow grey markers are the official seed-1 runs (d_key 64). "
         f"CSV: `{csv.name}`.", "",
         f"![capacity vs d_dot]({figure.name})", "",

@@ -104,6 +104,18 @@ def test_capacity_censoring_and_divergence_count_as_bounds_and_failures():
     # a diverged run fails with an infinite loss: the crossing is the last S that passed
     assert table.loc["favor:m=64", "bound"] == "" and table.loc["favor:m=64", "capacity_mean"] == 20
     assert describe(table.loc["dpfp:nu=2"]) == "≥ 80 (1 seed)"
+    assert describe(table.loc["favor:m=64"]) == "≈ 20 (1 seed; grid 20–40)"
+    assert (table.loc["dpfp:nu=2", "grid_low"], table.loc["dpfp:nu=2", "grid_high"]) == (80, math.inf)
+    assert (table.loc["linear", "grid_low"], table.loc["linear", "grid_high"]) == (0, 20)
+
+
+def test_grid_bracket_is_the_widest_pair_of_grid_points_around_the_crossing_over_seeds():
+    frame = retrieval_rows([
+        ("dpfp:nu=1", 128, 40, 1, 1e-3), ("dpfp:nu=1", 128, 60, 1, 1e-1), ("dpfp:nu=1", 128, 80, 1, 0.2),
+        ("dpfp:nu=1", 128, 20, 2, 1e-3), ("dpfp:nu=1", 128, 40, 2, 1e-1),
+    ])
+    row = capacity_intervals(frame).iloc[0]
+    assert (row["grid_low"], row["grid_high"]) == (20, 60)
 
 
 # --------------------------------------------------------------------------------------------
