@@ -119,18 +119,30 @@ class RetrievalModel(nn.Module):
         nn.init.uniform_(self.W_k.weight, -bound, bound)
         nn.init.uniform_(self.W_q.weight, -bound, bound)
 
+    def _token_projection(self, linear: nn.Linear, keys: Tensor, values: Tensor) -> Tensor:
+        """``linear([onehot(v); e(k)])`` for ids (B, L), computed as two table lookups.
+
+        Exact: the one-hot half of a token selects a column of the weight, and the embedding half
+        depends on the key id only, so both halves are rows of small (S, out) tables. This skips
+        a (B·L, S + int(2.2·S)) matmul and its backward, which cost more than the attention.
+        """
+        value_table = linear.weight[:, : self.S].T                                  # (S, out)
+        key_table = self.key_embedding.weight @ linear.weight[:, self.S :].T       # (S, out)
+        return value_table[values] + key_table[keys] + linear.bias
+
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
-        value_codes = self.value_codes[values]
-        tokens = torch.cat([value_codes, self.key_embedding(keys)], dim=-1)
-        k = self.W_k(tokens)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(self.W_beta(tokens)).squeeze(-1)[:, None]
-        if form in ("auto", "chunk"):
-            state = self.attention.write(k, value_codes[:, None], beta=beta, chunk_size=chunk_size)
-        else:
-            _, state = self.attention(k, k, value_codes[:, None], beta=beta, form=form, chunk_size=chunk_size)
+        value_codes = self.value_codes[values][:, None]                       # (B, 1, L, S): one head
+        k = self._token_projection(self.W_k, keys, values)[:, None]           # (B, 1, L, d_key)
+        beta = torch.sigmoid(self._token_projection(self.W_beta, keys, values)).squeeze(-1)[:, None]
         q = self.W_q(self.key_embedding(queries))[:, None]
+        if form == "auto":  # the fastest: read the memory without forming it
+            return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
+        if form == "chunk":
+            state = self.attention.write(k, value_codes, beta=beta, chunk_size=chunk_size)
+        else:
+            _, state = self.attention(k, k, value_codes, beta=beta, form=form, chunk_size=chunk_size)
         return self.attention.read(q, state)[:, 0].float()
 
 
