@@ -5,6 +5,7 @@
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, then the report
+    fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
+from .bench_command import add_bench_parser
 from .environment import DEVICE_CHOICES, resolve_device
 from .errors import FwbenchError
 
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.add_argument("--out", default="reports", help="report directory (default reports)")
     p.set_defaults(func=_cmd_reproduce)
+
+    add_bench_parser(sub)
     return parser
 
 

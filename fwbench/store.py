@@ -31,15 +31,19 @@ class LoadedRecords:
 
 
 class ResultsStore:
-    """Append-only JSONL store of run records, keyed by ``run_id``.
+    """Append-only JSONL store of run records, keyed by ``run_id`` (``records_file`` in ``directory``;
+    ``fwbench bench`` keeps its records in ``bench.jsonl`` beside the runs).
 
     Raises:
         FwbenchError: the directory cannot be created or written.
     """
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
         self.directory = Path(directory)
-        self.path = self.directory / RECORDS_FILE
+        self.path = self.directory / records_file
+        # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
+        lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
+        self.lock_path = self.directory / lock
 
     def _ensure_writable(self) -> None:
         try:
@@ -52,7 +56,7 @@ class ResultsStore:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self._ensure_writable()
-        with open(self.directory / LOCK_FILE, "a") as lock:
+        with open(self.lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield
