@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`.
+"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s bench` (performance regressions).
 
 Every session runs in the current Python environment (no virtualenv), so a CPU build of torch
 installed once is reused rather than replaced by a multi-GB CUDA download. Each session first
@@ -28,3 +28,25 @@ def reproduce(session: nox.Session) -> None:
     """Run every paper grid and render reports/REPORT.md (`-- --profile quick|full`, `--device cuda`)."""
     install_project(session)
     session.run("fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Performance regression check: benchmarks/ (pytest-benchmark) against results/baselines/.
+
+    `-- --short`: the CI subset (< 3 min), failing only on gross regressions;
+    `-- --update-baseline`: rewrite results/baselines/perf_baseline.json from this machine.
+    """
+    install_project(session)
+    session.run(
+        "python", "-m", "pytest", "benchmarks", "-q",
+        "--benchmark-json=.benchmarks/latest.json", "--benchmark-columns=min,median,max,rounds",
+        *session.posargs,
+    )
+
+
+@nox.session(venv_backend="none", name="bench-ci")
+def bench_ci(session: nox.Session) -> None:
+    """The short performance check CI can afford: `nox -s bench -- --short`."""
+    install_project(session)
+    session.run("python", "-m", "pytest", "benchmarks", "-q", "--short", *session.posargs)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .analysis import CAPACITY_THRESHOLD, records_frame
+from .bench_report import section_bench
 from .claims import evaluate_claims
 from .errors import FwbenchError
 from .figures import capacity_figure
@@ -67,6 +68,7 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
 
 
 SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [section_capacity]
+SECTIONS.append(section_bench)
 
 
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
@@ -89,6 +91,7 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         raise FwbenchError(f"--out: cannot create {str(out_dir)!r}: {exc.strerror}") from None
     loaded = ResultsStore(results_dir).load()
     frame = records_frame(loaded.records)
+    frame.attrs["results_dir"] = str(results_dir)  # sections with their own records file (bench.jsonl) read it
     claims = evaluate_claims(frame)
     claims_table = pd.DataFrame(
         [{"claim": c.claim, "paper": c.paper, "this run": c.measured, "verdict": f"**{c.verdict}**"} for c in claims]

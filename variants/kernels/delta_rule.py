@@ -151,11 +151,23 @@ def delta_rule_write_read(
 def delta_rule_parallel(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The masked quadratic form: the UT transform over the whole sequence as one chunk.
+    """The masked quadratic form: the whole sequence as one chunk, solved directly.
 
-    O(T²) memory and an O(T²·d) triangular solve; for short sequences and tests.
+        U' = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β) (V − K S_0)       (= U − W_c S_0)
+        Y  = Q S_0 + tril(Q Kᵀ) U',   S_T = S_0 + Kᵀ U'
+
+    O(T²) memory and an O(T²·(d_dot + d_v)) triangular solve; for short sequences and tests.
     """
-    return delta_rule_chunk(q, k, v, beta, W0, chunk_size=max(k.shape[2], 1))
+    W = _initial_state(k, v, W0)
+    if k.shape[2] == 0:
+        return v.new_zeros(v.shape), W
+    q32, k32, v32, b32 = q.float(), k.float(), v.float(), beta.float()[..., None]
+    S0 = W.mT
+    corrections = torch.linalg.solve_triangular(
+        gram(k32) * b32, b32 * (v32 - k32 @ S0), upper=False, unitriangular=True
+    )
+    y = q32 @ S0 + (q32 @ k32.mT).tril() @ corrections
+    return y.to(v.dtype), (S0 + k32.mT @ corrections).mT
 
 
 def delta_rule_read(q: Tensor, W: Tensor) -> Tensor:
