@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s bench` (performance regressions).
+"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`, `nox -s bench`.
 
 Every session runs in the current Python environment (no virtualenv), so a CPU build of torch
 installed once is reused rather than replaced by a multi-GB CUDA download. Each session first
@@ -28,6 +28,14 @@ def reproduce(session: nox.Session) -> None:
     """Run every paper grid and render reports/REPORT.md (`-- --profile quick|full`, `--device cuda`)."""
     install_project(session)
     session.run("fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))
+
+
+@nox.session(venv_backend="none")
+def capacity(session: nox.Session) -> None:
+    """Capacity vs ν: run the capacity_nu grid, write reports/capacity_nu.png and a CSV of capacities with
+    95 % intervals (`-- --profile full`, `--device cuda`)."""
+    install_project(session)
+    session.run("fwbench", "capacity", *(session.posargs or ["--profile", "quick"]))
 
 
 @nox.session(venv_backend="none")

@@ -3,8 +3,11 @@
     fwbench variants [--d-key 64]                 list the attention variants and their d_dot
     fwbench grids                                 list the bundled grids and their profiles
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
+                     [--launcher local|ray] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
-    fwbench reproduce [--profile quick]           every paper grid, then the report
+    fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
+    fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
+    fwbench probe [--out reports]                 training-free capacity probe (seconds)
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
@@ -21,21 +24,27 @@ from pathlib import Path
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
 from .bench_command import add_bench_parser
-from .environment import DEVICE_CHOICES, resolve_device
+from .environment import DEVICE_CHOICES, check_device_name, resolve_device
 from .errors import FwbenchError
+from .launchers import LAUNCHERS, LaunchOptions
 
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims.
-PAPER_GRIDS = ["capacity"]
+PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar"]
+#: The grid ``fwbench capacity`` runs.
+CAPACITY_GRID = "capacity_nu"
 EXIT_USAGE = 2
 
 
 def _cmd_variants(args: argparse.Namespace) -> int:
-    print(f"{'variant':<18} {'rule':<8} {'d_dot (d_key=' + str(args.d_key) + ')':<18} parameters (defaults)  description")
+    if args.d_key < 1:
+        raise FwbenchError(f"--d-key: got {args.d_key}; expected a positive integer")
+    d_dot_header = f"d_dot (d_key={args.d_key})"
+    print(f"{'variant':<20} {'rule':<8} {d_dot_header:<18} parameters (defaults)  description")
     for info in list_variants():
         spec = parse_spec(info.name)
         d_dot = d_dot_of(spec, args.d_key)
         params = ", ".join(f"{k}={v}" for k, v in info.params.items()) or "-"
-        print(f"{info.name:<18} {info.rule:<8} {str(d_dot if d_dot else '-'):<18} {params:<22} {info.description}")
+        print(f"{info.name:<20} {info.rule:<8} {str(d_dot if d_dot else '-'):<18} {params:<22} {info.description}")
     return 0
 
 
@@ -49,7 +58,7 @@ def _cmd_grids(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_grids(args: argparse.Namespace, names: list[str]) -> None:
+def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     import torch
 
     from .grid import expand, load_grid
@@ -60,18 +69,29 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> None:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
-    device = resolve_device(args.device)
+    launcher = getattr(args, "launcher", "local")
+    # Fail on a bad --device before any run starts; Ray workers check availability where they run.
+    device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
+    options = LaunchOptions(
+        launcher=launcher, device=str(device), threads=args.threads,
+        ray_address=getattr(args, "ray_address", None), cpus_per_run=getattr(args, "cpus_per_run", 1.0),
+        gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
+    )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
+    for problem in store.load().problems:
+        print(f"fwbench: warning: {problem}", file=sys.stderr)
     plans = [(grid, expand(grid, profile, seeds)) for grid in grids]
     for grid, specs in plans:
         started = time.perf_counter()
-        summary = run_grid(specs, store, device, quiet=quiet)
+        summary = run_grid(specs, store, options, quiet=quiet)
         print(
-            f"grid {grid.name} [{profile}] on {device}: {summary['ran']} run, {summary['skipped']} already in "
-            f"{store.path}, {summary['diverged']} diverged ({time.perf_counter() - started:.0f} s)",
+            f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} run, {summary['skipped']} "
+            f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
+            f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
+    return [spec for _, specs in plans for spec in specs]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -82,6 +102,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from .report import render_report
 
+    if not Path(args.results_dir).is_dir():
+        raise FwbenchError(
+            f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
+            "that fwbench run wrote to"
+        )
     path = render_report(args.results_dir, args.out)
     print(f"report written to {path}")
     return 0
@@ -91,8 +116,57 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from .report import render_report
 
     _run_grids(args, PAPER_GRIDS)
+    _write_probe(Path(args.out))
     path = render_report(args.results_dir, args.out)
     print(f"report written to {path}")
+    return 0
+
+
+def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> None:
+    from .probe import write_probe
+
+    try:
+        csv, figure, seconds = write_probe(out, d_key=d_key, trials=trials, seed=seed)
+    except OSError as exc:
+        raise FwbenchError(f"--out: cannot write the probe into {str(out)!r}: {exc}") from None
+    print(f"probe written to {csv} and {figure} ({seconds:.1f} s)", flush=True)
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    import torch
+
+    if args.d_key < 1 or args.trials < 1:
+        raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
+    torch.set_num_threads(1)
+    _write_probe(Path(args.out), args.d_key, args.trials, args.seed)
+    return 0
+
+
+def _cmd_capacity(args: argparse.Namespace) -> int:
+    from .analysis import records_frame
+    from .capacity import capacity_intervals, describe, write_capacity_csv
+    from .ci_figures import capacity_vs_d_dot_figure, official_capacities
+    from .grid import load_grid
+    from .store import ResultsStore
+
+    if not args.threshold > 0:
+        raise FwbenchError(f"--threshold: got {args.threshold}; expected a loss > 0")
+    name = load_grid(args.grid).name
+    specs = _run_grids(args, [args.grid])
+    wanted = {spec.run_id for spec in specs}
+    frame = records_frame([r for r in ResultsStore(args.results_dir).records() if r["run_id"] in wanted])
+    rows = frame[frame["d_dot"].notna()] if not frame.empty else frame
+    if rows.empty:
+        raise FwbenchError(f"grid {name}: no fast-weight runs to estimate a capacity from")
+    table = capacity_intervals(rows, threshold=args.threshold)
+    table.insert(0, "setting", int(rows["setting"].iloc[0]))
+    out = Path(args.out)
+    csv = write_capacity_csv(table, out / f"{name}.csv")
+    figure = capacity_vs_d_dot_figure(table, out / f"{name}.png", official_capacities(args.threshold))
+    for _, row in table.iterrows():
+        print(f"{row['variant']:<18} d_key {int(row['d_key']):<4} d_dot {int(row['d_dot']):<5} "
+              f"capacity {describe(row)}")
+    print(f"capacities written to {csv}, figure to {figure}")
     return 0
 
 
@@ -124,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run a grid (skipping runs already in the store)")
     p.add_argument("grid", help="bundled grid name or path to a .toml grid file")
     add_run_options(p)
+    p.add_argument("--launcher", default="local", choices=LAUNCHERS,
+                   help="local: runs in this process (default); ray: one Ray task per run")
+    p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
+    p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")
+    p.add_argument("--ray-num-cpus", type=int, help="CPUs of a local Ray instance started here (default: all)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("report", help="render REPORT.md and figures from the store")
@@ -135,6 +215,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.add_argument("--out", default="reports", help="report directory (default reports)")
     p.set_defaults(func=_cmd_reproduce)
+
+    p = sub.add_parser("capacity", help="run the capacity-vs-ν grid; write its figure and a CSV with 95%% CIs")
+    add_run_options(p)
+    p.add_argument("--grid", default=CAPACITY_GRID, help=f"grid to run (default {CAPACITY_GRID})")
+    p.add_argument("--threshold", type=float, default=0.01,
+                   help="best eval loss at or below which a memory retrieves (default 0.01)")
+    p.add_argument("--out", default="reports", help="output directory (default reports)")
+    p.set_defaults(func=_cmd_capacity)
+
+    p = sub.add_parser("probe", help="training-free capacity probe (random keys, every φ and rule; seconds)")
+    p.add_argument("--out", default="reports", help="output directory for probe.csv and probe.png (default reports)")
+    p.add_argument("--d-key", type=int, default=64, help="key size (default 64)")
+    p.add_argument("--trials", type=int, default=4, help="random memories per point (default 4)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random keys and values (default 0)")
+    p.set_defaults(func=_cmd_probe)
 
     add_bench_parser(sub)
     return parser

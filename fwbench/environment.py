@@ -14,6 +14,18 @@ from .errors import FwbenchError
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
+def check_device_name(device: str) -> str:
+    """Validate a device name without needing the device here (Ray workers resolve it remotely).
+
+    Raises:
+        FwbenchError: not one of auto, cpu, cuda, cuda:N.
+    """
+    index = device.partition(":")[2] if device.startswith("cuda:") else ""
+    if device in DEVICE_CHOICES or (device.startswith("cuda:") and index.isdigit()):
+        return device
+    raise FwbenchError(f"--device: got {device!r}; expected one of auto, cpu, cuda, cuda:N")
+
+
 def resolve_device(device: str) -> torch.device:
     """``auto`` → cuda when available, else cpu; ``cpu``; ``cuda`` or ``cuda:N``.
 
@@ -56,7 +68,9 @@ def describe_environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine(),
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+        ),
         "threads": torch.get_num_threads(),
         "git_commit": git_commit(),
         "argv": sys.argv[1:],

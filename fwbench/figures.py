@@ -11,10 +11,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .reference import official_synthetic  # noqa: E402
+from .statistics import mean_ci  # noqa: E402
 
 
 def capacity_figure(ours: pd.DataFrame, setting: int, path: Path, title: str) -> Path:
-    """Best eval loss vs S, one line per variant (seed mean, min–max band), official seed 1 dashed.
+    """Best eval loss vs S, one line per variant (seed mean, 95 % t-band), official seed 1 dashed.
 
     ``ours`` holds the retrieval rows of one setting (see :func:`analysis.records_frame`).
     """
@@ -24,10 +25,10 @@ def capacity_figure(ours: pd.DataFrame, setting: int, path: Path, title: str) ->
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (variant, rows) in enumerate(sorted(ours.groupby("variant"), key=lambda kv: kv[0])):
         colour = colours[index % len(colours)]
-        stats = rows.groupby("S")["best_eval_loss"].agg(["mean", "min", "max"]).sort_index()
+        stats = mean_ci(rows, ["S"], "best_eval_loss").set_index("S").sort_index()
         ax.plot(stats.index, stats["mean"], "o-", color=colour, label=f"{variant} (fwbench)")
-        if rows["seed"].nunique() > 1:
-            ax.fill_between(stats.index, stats["min"], stats["max"], color=colour, alpha=0.2)
+        if rows["seed"].nunique() > 1:  # 95 % Student-t band over seeds
+            ax.fill_between(stats.index, stats["ci_low"].clip(lower=1e-6), stats["ci_high"], color=colour, alpha=0.2)
         ref = official[official["variant"] == variant].sort_values("S")
         if not ref.empty:
             ax.plot(ref["S"], ref["min_eval_loss"], "--", color=colour, alpha=0.6, label=f"{variant} (official, seed 1)")

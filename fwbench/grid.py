@@ -15,6 +15,10 @@ Example (``fwbench/grids/capacity.toml``)::
     S = [20, 40, 80]
     seed = [1]
 
+A profile may also be an array of tables (``[[profiles.quick]]`` blocks): its runs are the union of
+the blocks' products (each block over ``defaults``), so a profile can pick targeted cells, e.g. many
+variants at a small S and a few variants at a large S, without running the full product.
+
 A grid is named by a bundled name (``capacity``) or a path to a ``.toml`` file.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -133,6 +138,16 @@ def load_grid(name_or_path: str | Path) -> Grid:
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
         raise FwbenchError(f"grid {path}: [defaults] must be a table")
+    for profile, table in profiles.items():
+        blocks = table if isinstance(table, list) and table else [table]
+        if not all(isinstance(block, dict) for block in blocks):
+            raise FwbenchError(
+                f"grid {path}: profiles.{profile}: got {table!r} ({type(table).__name__}); expected a table "
+                f"[profiles.{profile}] of keys (or an array of tables [[profiles.{profile}]])"
+            )
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
     grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path)
     for profile in profiles:
         expand(grid, profile)  # validates every profile up front
@@ -145,11 +160,16 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         return float(value)
     if not ok:
         raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
+    if expected is float and not math.isfinite(value):
+        raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
+    if key == "seed" and value < 0:
+        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer")
     return value
 
 
 def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[RunSpec]:
-    """Every run of ``profile``: the product of its list-valued keys over ``defaults``.
+    """Every run of ``profile``: the product of its list-valued keys over ``defaults`` (for a
+    profile made of blocks, the union of the blocks' products, duplicates dropped, in order).
 
     ``seeds`` replaces the profile's seed axis when given.
 
@@ -159,13 +179,30 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
     """
     if profile not in grid.profiles:
         raise FwbenchError(f"--profile: got {profile!r}; grid {grid.name} has {', '.join(grid.profiles)}")
-    entries = {**grid.defaults, **grid.profiles[profile]}
+    if seeds is not None and not seeds:
+        raise FwbenchError("--seeds: got an empty list; expected one or more integers")
+    blocks = grid.profiles[profile]
+    if isinstance(blocks, dict):
+        return _expand_block(grid, profile, blocks, seeds, f"grid {grid.name} profile {profile}")
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
+        raise FwbenchError(f"grid {grid.name} profile {profile}: expected a table or a non-empty array of tables")
+    specs: dict[str, RunSpec] = {}
+    for index, block in enumerate(blocks, start=1):
+        where = f"grid {grid.name} profile {profile} block {index}"
+        for spec in _expand_block(grid, profile, block, seeds, where):
+            specs.setdefault(spec.run_id, spec)
+    return list(specs.values())
+
+
+def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[int] | None,
+                  where: str) -> list[RunSpec]:
+    """The product of one profile table's list-valued keys over ``defaults``."""
+    entries = {**grid.defaults, **block}
     if seeds is not None:
         entries["seed"] = list(seeds)
     task = TASKS[grid.task]
     types = config_field_types(task.config_class)
     allowed = sorted(RUN_KEYS | set(types))
-    where = f"grid {grid.name} profile {profile}"
     for key in entries:
         if key not in types and key not in RUN_KEYS:
             raise FwbenchError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
@@ -193,6 +230,14 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         except ValueError as exc:
             raise FwbenchError(f"{where}: {exc}") from None
         specs.append(RunSpec(grid.name, grid.task, variant, seed, asdict(config)))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.run_id in seen:
+            raise FwbenchError(
+                f"{where}: the run {spec.label} appears twice (two axis values name the same run, as "
+                "'dpfp' and 'dpfp:nu=1' do); list each value once"
+            )
+        seen.add(spec.run_id)
     return specs
 
 

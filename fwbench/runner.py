@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import resource
 import sys
+from contextlib import ExitStack
 from datetime import datetime, timezone
 
 import torch
@@ -17,6 +18,7 @@ from variants import d_dot_of, parse_spec
 
 from .environment import describe_environment
 from .grid import RunSpec
+from .launchers import LaunchOptions, launch
 from .store import ResultsStore
 from .training import fit
 
@@ -61,6 +63,7 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
         "config": spec.config,
         "status": result.status,
         "diverged_at": result.diverged_at,
+        "diverged_reason": result.diverged_reason,
         "metrics": metrics,
         "curve": result.curve,
         "steps": result.steps,
@@ -74,23 +77,76 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None) -> dict:
     }
 
 
-def run_grid(specs: list[RunSpec], store: ResultsStore, device: torch.device, quiet: bool = False) -> dict:
-    """Run every spec whose run_id is not in ``store``; returns counts of run and skipped cells."""
+def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
+             quiet: bool = False) -> dict:
+    """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
+
+    Safe to run in several processes on one store: each run is claimed while it trains
+    (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited for
+    and skipped if that process stored it (or run here if it died first). With the Ray launcher this
+    process claims every run it submits and stays the only writer of their records.
+    Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
+    ``diverged``, ``failed``.
+
+    Raises:
+        FwbenchError: the store cannot be written (checked before any training).
+    """
+    options = options or LaunchOptions()
+    store.check_writable()
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
-    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0}
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
         return summary
-    cells = tqdm(todo, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
-    for spec in cells:
-        cells.set_description(spec.label)
+    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+
+    def progress_for(spec: RunSpec):
+        if quiet:
+            return None
+        bar.set_description(spec.label)
 
         def progress(step: int, loss: float) -> None:
             if step % 50 == 0:
-                cells.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+                bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
 
-        record = execute(spec, device, None if quiet else progress)
+        return progress
+
+    def store_record(record: dict) -> None:
         store.append(record)
         summary["ran"] += 1
         summary["diverged"] += record["status"] == "diverged"
+        summary["failed"] += record["status"] == "failed"
+        if record["status"] == "failed":
+            bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
+        bar.update(1)
+
+    def run_claimed(spec: RunSpec) -> None:
+        if spec.run_id in store.finished_ids():  # stored by another process since we looked
+            summary["skipped"] += 1
+            bar.update(1)
+            return
+        for record in launch([spec], options, progress_for):
+            store_record(record)
+
+    try:
+        if options.launcher == "local":
+            held_elsewhere = []
+            for spec in todo:
+                with store.claim(spec.run_id, wait=False) as claimed:
+                    if claimed:
+                        run_claimed(spec)
+                    else:
+                        held_elsewhere.append(spec)
+            for spec in held_elsewhere:
+                with store.claim(spec.run_id, wait=True):
+                    run_claimed(spec)
+        else:
+            with ExitStack() as claims:
+                mine = [spec for spec in todo if claims.enter_context(store.claim(spec.run_id, wait=False))]
+                summary["skipped"] += len(todo) - len(mine)  # another process is training those
+                for record in launch(mine, options, progress_for):
+                    store_record(record)
+    finally:
+        bar.close()
+        store.close()
     return summary

@@ -1,8 +1,10 @@
 """The generic training loop: seeded, evaluation every ``eval_every`` steps, early stopping.
 
 Stops at the first of: evaluation loss ≤ ``target_loss`` (converged), ``patience`` evaluations
-without a new best (plateau), ``max_steps`` (budget), or a non-finite training loss (diverged:
-recorded with the step it happened at, never dropped).
+without a new best (plateau), ``max_steps`` (budget), or divergence: a non-finite training loss,
+gradient or evaluation loss, or (with ``check_finite``, on by default) a NaN/inf reaching an
+attention layer. A diverged run is recorded with the step it happened at and the reason, never
+dropped; the optimiser never applies a non-finite gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 
 from tasks import TASKS
 from tasks.base import to_device
-from variants import FeatureMap
+from variants import FeatureMap, NonFiniteError, set_check_finite
 
 #: Generator seeds derived from the run seed; distinct streams for training and evaluation data.
 EVAL_SEED_OFFSET = 1_000_003
@@ -33,6 +35,7 @@ class FitResult:
     best_step: int
     curve: list[dict[str, float]] = field(default_factory=list)
     diverged_at: int | None = None
+    diverged_reason: str | None = None
     wall_s: float = 0.0
     train_s: float = 0.0
 
@@ -44,16 +47,26 @@ def redraw_random_features(model: torch.nn.Module) -> None:
             module.redraw_features()
 
 
+def _gradients_finite(model: torch.nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
 def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
-        on_progress: Callable[[int, float], None] | None = None) -> FitResult:
+        on_progress: Callable[[int, float], None] | None = None, check_finite: bool = True) -> FitResult:
     """Train ``variant`` on a task from ``seed`` and return the curve and metrics.
 
     The same (task, variant, config, seed) on the same machine gives the same numbers: the model
     is built after ``torch.manual_seed(seed)`` and data come from generators seeded from ``seed``.
+
+    ``check_finite`` (default on) switches on the NaN/inf check of every attention module of the
+    model (:func:`variants.set_check_finite`): a non-finite tensor reaching attention ends the run
+    as diverged, with the step and the tensor named in ``diverged_reason``.
     """
     task = TASKS[task_name]
     torch.manual_seed(seed)
     model = task.build_model(config, variant).to(device)
+    set_check_finite(model, check_finite)
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     train_data = torch.Generator().manual_seed(seed)
     eval_data = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
@@ -64,21 +77,28 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     best_eval: dict[str, float] = {"loss": math.inf}
     best_step, since_best, step = 0, 0, 0
     status = "max_steps"
-    diverged_at = None
+    diverged_at = diverged_reason = None
     last_eval: dict[str, float] = {}
     while step < config.max_steps:
         model.train()
         redraw_random_features(model)
         t0 = time.perf_counter()
         batch = to_device(task.train_batch(config, train_data), device)
-        loss = task.loss(model, batch, config)
-        loss_value = loss.item()
         step += 1
+        try:
+            loss = task.loss(model, batch, config)
+        except NonFiniteError as exc:
+            status, diverged_at, diverged_reason = "diverged", step, f"training: {exc}"
+            break
+        loss_value = loss.item()
         if not math.isfinite(loss_value):
-            status, diverged_at = "diverged", step
+            status, diverged_at, diverged_reason = "diverged", step, f"training loss is {loss_value}"
             break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if not _gradients_finite(model):
+            status, diverged_at, diverged_reason = "diverged", step, "non-finite gradient (not applied)"
+            break
         optimizer.step()
         train_time += time.perf_counter() - t0
         if on_progress is not None:
@@ -86,10 +106,14 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         if step % config.eval_every:
             continue
         model.eval()
-        last_eval = task.evaluate(model, config, eval_data, device)
+        try:
+            last_eval = task.evaluate(model, config, eval_data, device)
+        except NonFiniteError as exc:
+            status, diverged_at, diverged_reason = "diverged", step, f"evaluation: {exc}"
+            break
         curve.append({"step": step, "train_loss": loss_value, **{f"eval_{k}": v for k, v in last_eval.items()}})
         if not math.isfinite(last_eval["loss"]):
-            status, diverged_at = "diverged", step
+            status, diverged_at, diverged_reason = "diverged", step, f"evaluation loss is {last_eval['loss']}"
             break
         if last_eval["loss"] < best_eval["loss"]:
             best_eval, best_step, since_best = dict(last_eval), step, 0
@@ -108,5 +132,6 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         best_eval, best_step = dict(last_eval), step
     return FitResult(
         status=status, steps=step, best_eval=best_eval, final_eval=last_eval, best_step=best_step,
-        curve=curve, diverged_at=diverged_at, wall_s=time.perf_counter() - start, train_s=train_time,
+        curve=curve, diverged_at=diverged_at, diverged_reason=diverged_reason,
+        wall_s=time.perf_counter() - start, train_s=train_time,
     )

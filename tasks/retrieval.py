@@ -119,24 +119,30 @@ class RetrievalModel(nn.Module):
         nn.init.uniform_(self.W_k.weight, -bound, bound)
         nn.init.uniform_(self.W_q.weight, -bound, bound)
 
-    def _token_projection(self, linear: nn.Linear, keys: Tensor, values: Tensor) -> Tensor:
-        """``linear([onehot(v); e(k)])`` for ids (B, L), computed as two table lookups.
+    def token_projections(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """W_k x, W_β x and W_q e(k) as lookup tables over key and value ids.
 
-        Exact: the one-hot half of a token selects a column of the weight, and the embedding half
-        depends on the key id only, so both halves are rows of small (S, out) tables. This skips
-        a (B·L, S + int(2.2·S)) matmul and its backward, which cost more than the attention.
+        A token is [onehot(v); e(k)], so W x = W[:, :S] onehot(v) + (W[:, S:] E)[k]: two row
+        lookups replace a (B·L × (S + e)) matmul. The function and its gradients are the same as
+        the official model's; only the cost changes, from O(B·L·S) to O(S²) per step.
+        Returns key_by_value (S, d_key), key_by_key (S, d_key), beta_by_value (S,), beta_by_key (S,).
         """
-        value_table = linear.weight[:, : self.S].T                                  # (S, out)
-        key_table = self.key_embedding.weight @ linear.weight[:, self.S :].T       # (S, out)
-        return value_table[values] + key_table[keys] + linear.bias
+        S = self.S
+        embedding = self.key_embedding.weight
+        key_by_value = self.W_k.weight[:, :S].T
+        key_by_key = embedding @ self.W_k.weight[:, S:].T + self.W_k.bias
+        beta_by_value = self.W_beta.weight[0, :S]
+        beta_by_key = embedding @ self.W_beta.weight[0, S:] + self.W_beta.bias
+        return key_by_value, key_by_key, beta_by_value, beta_by_key
 
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
-        value_codes = self.value_codes[values][:, None]                       # (B, 1, L, S): one head
-        k = self._token_projection(self.W_k, keys, values)[:, None]           # (B, 1, L, d_key)
-        beta = torch.sigmoid(self._token_projection(self.W_beta, keys, values)).squeeze(-1)[:, None]
-        q = self.W_q(self.key_embedding(queries))[:, None]
+        key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
+        k = (key_by_value[values] + key_by_key[keys])[:, None]  # (B, 1, L, d_key): one head
+        beta = torch.sigmoid(beta_by_value[values] + beta_by_key[keys])[:, None]
+        value_codes = self.value_codes[values][:, None]
+        q = self.W_q(self.key_embedding.weight)[queries][:, None]
         if form == "auto":  # the fastest: read the memory without forming it
             return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
         if form == "chunk":

@@ -3,7 +3,7 @@ runs single-threaded (the shapes are tiny; with more threads, OpenMP spin-waits 
 2-core machine up to 100x slower on the token-by-token recurrent forms).
 
 The tolerance helper lives in ``tests/helpers.py`` (:func:`helpers.assert_close`), imported by
-the test modules; this file only holds fixtures.
+the test modules; this file holds only hooks and fixtures.
 """
 
 from __future__ import annotations

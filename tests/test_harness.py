@@ -176,8 +176,10 @@ def test_console_command_lists_variants_with_d_dot():
     out = subprocess.run([sys.executable, "-m", "fwbench", "variants", "--d-key", "32"],
                          capture_output=True, text=True, check=True).stdout
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
-    assert set(rows) == {"softmax", "linear", "linear-delta", "favor", "favor-delta", "dpfp", "dpfp-delta"}
+    rules = ("", "-delta", "-delta-unnorm", "-fwm")
+    assert set(rows) == {"softmax", "tanh-fwm"} | {f"{m}{r}" for m in ("linear", "favor", "dpfp") for r in rules}
     assert rows["dpfp"][2] == "64" and rows["favor"][2] == "128" and rows["linear"][2] == "32"
+    assert rows["tanh-fwm"][2] == "32" and rows["dpfp-fwm"][1] == "fwm"
 
 
 def test_console_command_grid_error_exits_2_without_traceback(tmp_path):

@@ -5,7 +5,8 @@ Schlag, Irie & Schmidhuber, "Linear Transformers Are Secretly Fast Weight Progra
 """
 
 from .attention import DEFAULT_CHUNK_SIZE, FORMS, Attention, FastWeightAttention, SoftmaxAttention
-from .errors import VariantError
+from .checks import set_check_finite
+from .errors import NonFiniteError, VariantError
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize
 from .layer import AttentionLayer
 from .registry import REGISTRY, VariantSpec, build_attention, d_dot_of, list_variants, parse_spec
@@ -13,7 +14,8 @@ from .state import FastWeightState, KVCacheState
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "FORMS", "REGISTRY", "DPFP", "Attention", "AttentionLayer", "EluPlusOne",
-    "FastWeightAttention", "FastWeightState", "Favor", "FeatureMap", "KVCacheState", "SoftmaxAttention",
+    "FastWeightAttention", "FastWeightState", "Favor", "FeatureMap", "KVCacheState", "NonFiniteError",
+    "SoftmaxAttention",
     "Tanh", "VariantError", "VariantSpec", "build_attention", "d_dot_of", "list_variants", "parse_spec",
-    "sum_normalize",
+    "set_check_finite", "sum_normalize",
 ]

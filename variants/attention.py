@@ -11,6 +11,13 @@ next call continues the sequence: two calls on a split sequence equal one call o
 ``write(k, v, beta, state)`` stores tokens without reading and ``read(q, state)`` queries the memory
 without writing: the paper's view of a linear Transformer as a fast-weight programmer (Section 3),
 used by the retrieval tasks, which write a sequence and then ask one query.
+
+An empty sequence (T = 0) is not an error: it returns an empty output (B, H, 0, d_v) and the state
+unchanged. Bad calls raise :class:`VariantError` naming the argument: wrong rank, mismatched
+B/H/T/D, dtypes or devices between q, k, v, β and the carried state; a state from another variant,
+dtype or device. With ``check_finite`` on (``attention.check_finite = True``, or
+:func:`variants.set_check_finite` on a whole model, as the harness does) a NaN or ±inf in q, k, v, β
+or the state raises :class:`~variants.errors.NonFiniteError`.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import delta_rule as delta_kernels
+from .kernels import fwm_rule as fwm_kernels
 from .kernels import softmax as softmax_kernels
 from .kernels import sum_rule as sum_kernels
 from .state import FastWeightState, KVCacheState
@@ -71,6 +80,8 @@ class Attention(nn.Module):
 
     #: whether ``forward`` and ``write`` need β (the delta rule)
     uses_beta = False
+    #: raise NonFiniteError on NaN/inf in q, k, v, β or the state (one pass over them; off by default)
+    check_finite = False
 
     def __init__(self, d_key: int):
         super().__init__()
@@ -93,26 +104,52 @@ class Attention(nn.Module):
         after storing every (k_t, v_t). Variants override it with a cheaper fused computation."""
         return self.read(q, self.write(k, v, beta, state))
 
+    def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
+        """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
+        check_dtype_and_device(q, k, v, beta)
+        check_key_size("q", q, self.d_key)
+        check_key_size("k", k, self.d_key)
+
+    def _check_query(self, q: Tensor) -> None:
+        """Queries of :meth:`read`: a floating (B, H, T_q, d_key) tensor."""
+        if not isinstance(q, Tensor) or q.dim() != 4:
+            shape = tuple(q.shape) if hasattr(q, "shape") else type(q).__name__
+            raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
+        if not q.is_floating_point():
+            raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
+        check_key_size("q", q, self.d_key)
+
 
 class FastWeightAttention(Attention):
     """Linear attention as a fast-weight programmer: feature map φ plus an update rule.
 
     ``rule="sum"``: W += v φ(k)ᵀ with the attention normaliser (paper Eq. 16–18).
     ``rule="delta"``: sum-normalised φ, W += β (v − W φ(k)) φ(k)ᵀ, y = W φ(q) (Eq. 23–26).
+    ``rule="fwm"``: the FWM of Schlag et al. 2021 (ICLR): the delta-rule write on φ that is not
+    sum-normalised, W rescaled by max(1, ‖W‖_F) after each write, y = LayerNorm(W φ(q)); it has
+    only the recurrent form (``form="auto"`` picks it; ``"parallel"`` and ``"chunk"`` raise), see
+    :mod:`variants.kernels.fwm_rule`.
+
+    ``sum_normalize`` overrides whether φ(k), φ(q) are divided by their sum (default: only for the
+    delta rule). ``rule="delta", sum_normalize=False`` is the ablation of paper Section 4.2: the
+    write W += β (v − W φ(k)) φ(k)ᵀ is then only stable while β ‖φ(k)‖² < 2.
 
     Raises:
         VariantError: for an unknown rule, or for bad shapes, form, chunk size or state at call time.
     """
 
-    RULES = ("sum", "delta")
+    RULES = ("sum", "delta", "fwm")
+    #: rules whose only kernel is the recurrent one
+    RECURRENT_ONLY = ("fwm",)
 
-    def __init__(self, feature_map: FeatureMap, rule: str = "sum"):
+    def __init__(self, feature_map: FeatureMap, rule: str = "sum", sum_normalize: bool | None = None):
         super().__init__(feature_map.d_key)
         if rule not in self.RULES:
             raise bad_value("rule", rule, f"one of {', '.join(self.RULES)}")
         self.feature_map = feature_map
         self.rule = rule
-        self.uses_beta = rule == "delta"
+        self.sum_normalize = (rule == "delta") if sum_normalize is None else bool(sum_normalize)
+        self.uses_beta = rule in ("delta", "fwm")
 
     @property
     def d_dot(self) -> int:
@@ -122,22 +159,32 @@ class FastWeightAttention(Attention):
         self.feature_map.redraw_features()
 
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
-        z = 0 if self.rule == "delta" else self.d_dot
+        z = self.d_dot if self.rule == "sum" else 0
         return 4 * batch * n_heads * (d_v * self.d_dot + z)
 
     def phi(self, x: Tensor) -> Tensor:
-        """φ applied to keys or queries, sum-normalised for the delta rule."""
-        return self.feature_map.normalized(x) if self.rule == "delta" else self.feature_map(x)
+        """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule)."""
+        return self.feature_map.normalized(x) if self.sum_normalize else self.feature_map(x)
 
-    def _check_state(self, state, B: int, H: int, d_v: int) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
         if state is None:
             return
-        if not isinstance(state, FastWeightState) or (state.z is None) != (self.rule == "delta"):
-            kind = "FastWeightState without z" if self.rule == "delta" else "FastWeightState with z"
-            raise bad_value("state", type(state).__name__, f"a {kind} from a {self.rule}-rule variant")
+        if not isinstance(state, FastWeightState):
+            raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
+        if (state.z is None) == (self.rule == "sum"):  # only the sum rule keeps a normaliser z
+            other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
+            raise VariantError(
+                f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
+                f"expected one from a {self.rule}-rule variant"
+            )
         expected = (B, H, d_v, self.d_dot)
+        check_state_tensor("state.W", state.W, device, torch.float32, "fast-weight states are kept in fp32")
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
+        if state.z is not None:
+            check_state_tensor("state.z", state.z, device, torch.float32, "fast-weight states are kept in fp32")
+            if tuple(state.z.shape) != (B, H, self.d_dot):
+                raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
@@ -146,8 +193,18 @@ class FastWeightAttention(Attention):
         """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring."""
         check_qkv(q, k, v, beta, self.uses_beta)
         check_form(form, chunk_size)
+        self._check_inputs(q, k, v, beta)
+        if self.rule in self.RECURRENT_ONLY and form not in ("auto", "recurrent"):
+            raise bad_value(
+                "form", form,
+                f"'recurrent' or 'auto' for the {self.rule} rule: its rescaling by max(1, ‖W‖_F) after each write "
+                "is not associative, so it has no parallel or chunk form",
+            )
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1])
+        self._check_state(state, B, H, v.shape[-1], q.device)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
         chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
         pq, pk = self.phi(q), self.phi(k)
         W0 = None if state is None else state.W
@@ -161,6 +218,9 @@ class FastWeightAttention(Attention):
             else:
                 y, W, z = sum_kernels.sum_rule_chunk(pq, pk, v, W0, z0, chunk_size=chunk_size)
             return y, FastWeightState(W, z, position)
+        if self.rule == "fwm":
+            y, W = fwm_kernels.fwm_rule_recurrent(pq, pk, v, beta, W0)
+            return y, FastWeightState(W, None, position)
         if form == "parallel":
             y, W = delta_kernels.delta_rule_parallel(pq, pk, v, beta, W0)
         elif form == "recurrent":
@@ -175,14 +235,21 @@ class FastWeightAttention(Attention):
     ) -> FastWeightState:
         """Store every (k_t, v_t) in the fast weight without computing outputs."""
         check_qkv(k, k, v, beta, self.uses_beta)
+        check_form("auto", chunk_size)
+        self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1])
+        self._check_state(state, B, H, v.shape[-1], k.device)
+        if self.check_finite:
+            check_finite(k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
         pk = self.phi(k)
         W0 = None if state is None else state.W
         position = (0 if state is None else state.position) + T
         if self.rule == "sum":
             W, z = sum_kernels.sum_rule_write(pk, v, W0, None if state is None else state.z)
             return FastWeightState(W, z, position)
+        if self.rule == "fwm":
+            return FastWeightState(fwm_kernels.fwm_rule_write(pk, v, beta, W0), None, position)
         _, W = delta_kernels.delta_rule_chunk(None, pk, v, beta, W0, chunk_size or DEFAULT_CHUNK_SIZE)
         return FastWeightState(W, None, position)
 
@@ -195,9 +262,16 @@ class FastWeightAttention(Attention):
         (d_dot × d_v) state is formed: the fastest path for tasks that write a sequence and then
         ask a few queries (the retrieval tasks). Returns (B, H, T_q, d_v) fp32.
         """
+        if self.rule in self.RECURRENT_ONLY:
+            return super().write_read(k, v, q, beta, state)
         check_qkv(k, k, v, beta, self.uses_beta)
+        self._check_inputs(k, k, v, beta)
+        self._check_query(q)
         check_queries(q, k)
-        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1])
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
         pq, pk = self.phi(q), self.phi(k)
         W0 = None if state is None else state.W
         if self.rule == "sum":
@@ -208,14 +282,20 @@ class FastWeightAttention(Attention):
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
-        self._check_state(state, q.shape[0], q.shape[1], state.W.shape[2])
+        self._check_query(q)
+        d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
+        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device)
+        if self.check_finite:
+            check_finite(q=q, state_W=state.W, state_z=state.z)
         pq = self.phi(q)
         if self.rule == "sum":
             return sum_kernels.sum_rule_read(pq, state.W, state.z)
+        if self.rule == "fwm":
+            return fwm_kernels.fwm_rule_read(pq, state.W)
         return delta_kernels.delta_rule_read(pq, state.W)
 
     def extra_repr(self) -> str:
-        return f"rule={self.rule}"
+        return f"rule={self.rule}, sum_normalize={self.sum_normalize}"
 
 
 class SoftmaxAttention(Attention):
@@ -238,6 +318,9 @@ class SoftmaxAttention(Attention):
             return
         if not isinstance(state, KVCacheState):
             raise bad_value("state", type(state).__name__, "a KVCacheState from a softmax variant")
+        why = "a KV cache continues a sequence of the same dtype"
+        check_state_tensor("state.k", state.k, q.device, q.dtype, why)
+        check_state_tensor("state.v", state.v, q.device, q.dtype, why)
         if state.k.shape[:2] != q.shape[:2] or state.k.shape[-1] != q.shape[-1] or state.v.shape[-1] != v.shape[-1]:
             raise VariantError(
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "
@@ -250,7 +333,11 @@ class SoftmaxAttention(Attention):
     ) -> tuple[Tensor, KVCacheState]:
         check_qkv(q, k, v, None, False)
         check_form(form, chunk_size)
+        self._check_inputs(q, k, v, None)
         self._check_state(state, q, v)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, state_k=None if state is None else state.k,
+                         state_v=None if state is None else state.v)
         k_cache = None if state is None else state.k
         v_cache = None if state is None else state.v
         kernel = softmax_kernels.softmax_recurrent if form == "recurrent" else softmax_kernels.softmax_parallel
@@ -262,7 +349,12 @@ class SoftmaxAttention(Attention):
               chunk_size: int | None = None) -> KVCacheState:
         """Append keys and values to the cache (trimmed to the window, if any)."""
         check_qkv(k, k, v, None, False)
+        check_form("auto", chunk_size)
+        self._check_inputs(k, k, v, None)
         self._check_state(state, k, v)
+        if self.check_finite:
+            check_finite(k=k, v=v, state_k=None if state is None else state.k,
+                         state_v=None if state is None else state.v)
         if state is not None:
             k, v = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
         position = (0 if state is None else state.position) + k.shape[2] - (0 if state is None else state.k.shape[2])
@@ -274,6 +366,10 @@ class SoftmaxAttention(Attention):
         """Every query attends to every cached key; nothing is written."""
         if state is None:
             raise bad_value("state", None, "the KVCacheState returned by write() or forward()")
+        self._check_query(q)
+        self._check_state(state, q, getattr(state, "v", q))
+        if self.check_finite:
+            check_finite(q=q, state_k=state.k, state_v=state.v)
         return softmax_kernels.softmax_read(q, state.k, state.v)
 
     def extra_repr(self) -> str:

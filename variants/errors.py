@@ -18,3 +18,8 @@ class VariantError(ValueError):
 def bad_value(argument: str, received: object, allowed: str) -> VariantError:
     """Build the one-line error for ``argument``: what was received and what is allowed."""
     return VariantError(f"{argument}: got {received!r}; expected {allowed}")
+
+
+class NonFiniteError(VariantError):
+    """A NaN or ±inf in the inputs or carried state of an attention call made with
+    ``check_finite=True`` (on in the harness). The training loop records it as a divergence."""

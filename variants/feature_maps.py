@@ -14,6 +14,7 @@ entries, so that φ(q)·φ(k) is a valid (unnormalised) attention weight.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -32,16 +33,20 @@ def sum_normalize(phi: Tensor, eps: float = SUM_NORM_EPS) -> Tensor:
     The delta rule needs this: with Σφ = 1 a key written twice with β = 1 is overwritten
     exactly, and the fast weight W stays bounded.
     """
+    denominator = phi.sum(dim=-1, keepdim=True) + eps
+    if phi.dtype in (torch.float16, torch.bfloat16):
+        return phi / denominator  # 1 / eps overflows fp16: φ(0) · (1 / eps) would be 0 · inf
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
     # three full-size temporaries more, which dominate the delta rule's cost on CPU.
-    return phi * (phi.sum(dim=-1, keepdim=True) + eps).reciprocal()
+    return phi * denominator.reciprocal()
 
 
 def positive_int(argument: str, value: object) -> int:
-    """Return ``value`` if it is an int ≥ 1, else raise :class:`VariantError` naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """Return ``value`` as an int if it is an integer ≥ 1 (Python or NumPy), else raise
+    :class:`VariantError` naming ``argument``. Floats (even 2.0) and bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise bad_value(argument, value, "a positive integer (>= 1)")
-    return value
+    return int(value)
 
 
 class FeatureMap(nn.Module):
@@ -144,6 +149,11 @@ def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = 
     return torch.cat(blocks, dim=1)
 
 
+#: Largest exponent a FAVOR+ feature may reach: features ≤ e^30 keep φ(q)·φ(k) ≤ 2m·e^60 and its sum
+#: over 10^6 tokens below fp32's largest value (e^88.7) for m up to 512.
+FAVOR_MAX_EXPONENT = 30.0
+
+
 class Favor(FeatureMap):
     """FAVOR+ positive orthogonal random features (Choromanski et al. 2021), d_dot = 2m.
 
@@ -153,6 +163,8 @@ class Favor(FeatureMap):
 
     Stabilisation is per token only: a shift computed over the whole sequence (as some Performer
     code does for keys) would let a key's features depend on later tokens and leak the future.
+    Besides the ‖x‖²/2 of the estimator itself, a token whose largest exponent would exceed
+    ``FAVOR_MAX_EXPONENT`` is scaled down as a whole (see :meth:`forward`), so φ never overflows.
     """
 
     name = "favor"
@@ -174,7 +186,14 @@ class Favor(FeatureMap):
         x32 = x.float()
         projection = x32 @ self.omega
         offset = 0.5 * x32.pow(2).sum(dim=-1, keepdim=True) + 0.5 * math.log(2 * self.m)
-        return torch.cat([torch.exp(projection - offset), torch.exp(-projection - offset)], dim=-1)
+        exponent = torch.cat([projection - offset, -projection - offset], dim=-1)
+        # Overflow guard, per token (so causal): ωᵀx − ‖x‖²/2 reaches ‖ω‖²/2 ≈ d_key/2 for x along a
+        # column of Ω, and exp of that overflows fp32 (e^88) from d_key ≈ 170 on, or the product
+        # φ(q)·φ(k) does from d_key ≈ 128 on. A token whose largest exponent exceeds FAVOR_MAX_EXPONENT
+        # is scaled down as a whole; every other token is computed exactly as before. The scale
+        # cancels in the delta rule's sum normalisation and for queries in the sum rule's normaliser.
+        excess = (exponent.amax(dim=-1, keepdim=True) - FAVOR_MAX_EXPONENT).clamp(min=0).detach()
+        return torch.exp(exponent - excess)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, m={self.m}, d_dot={self.d_dot}"

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import Attention
+from .checks import check_finite
 from .errors import VariantError, bad_value
 from .feature_maps import positive_int
 from .registry import VariantSpec, build_attention, parse_spec
@@ -27,13 +28,16 @@ class AttentionLayer(nn.Module):
         n_heads: number of heads H.
         d_key: per-head key size (default d_model / n_heads).
         d_value: per-head value size (default d_key).
+        check_finite: raise :class:`~variants.errors.NonFiniteError` on NaN/inf in ``x`` or in
+            the attention's inputs and state (default off; the harness switches it on).
 
     Raises:
         VariantError: bad spec, non-positive sizes, or d_model not divisible by n_heads.
     """
 
     def __init__(self, variant: str | VariantSpec, d_model: int, n_heads: int,
-                 d_key: int | None = None, d_value: int | None = None, bias: bool = False):
+                 d_key: int | None = None, d_value: int | None = None, bias: bool = False,
+                 check_finite: bool = False):
         super().__init__()
         self.spec = parse_spec(variant)
         self.d_model = positive_int("d_model", d_model)
@@ -47,7 +51,7 @@ class AttentionLayer(nn.Module):
             d_key = d_model // n_heads
         self.d_key = positive_int("d_key", d_key)
         self.d_value = positive_int("d_value", d_value if d_value is not None else self.d_key)
-        self.attention: Attention = build_attention(self.spec, self.d_key)
+        self.attention: Attention = build_attention(self.spec, self.d_key, check_finite=check_finite)
         H = self.n_heads
         self.q_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
         self.k_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
@@ -68,6 +72,10 @@ class AttentionLayer(nn.Module):
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
+        if not x.is_floating_point():
+            raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
+        if self.attention.check_finite:
+            check_finite(x=x)
         q = self._heads(self.q_proj(x), self.d_key)
         k = self._heads(self.k_proj(x), self.d_key)
         v = self._heads(self.v_proj(x), self.d_value)

@@ -1,0 +1,219 @@
+"""Multi-query associative recall (MQAR), following the generator of Zoology (Arora, Eyuboglu et al.
+2023, "Zoology: Measuring and Improving Recall in Efficient Language Models", Section 3).
+
+A sequence of ``seq_len`` tokens opens with ``num_kv_pairs`` key-value pairs ``k₁ v₁ k₂ v₂ …``:
+keys are distinct tokens from the lower half of the vocabulary (``[1, V/2)``), values distinct tokens
+from the upper half (``[V/2, V)``). Each key is then asked once more, later in the sequence, at a
+position drawn without replacement from a power law over the ``(seq_len − 2·num_kv_pairs) / 2`` even
+query slots, p(gap = i) ∝ i^(a − 1) for i = 1, 2, … (``power_a`` = a = 0.01: most queries come soon
+after the context, a few much later). The model must predict, at each query position, the value
+paired with the key there; only those positions are scored (label ``IGNORE`` = −100 elsewhere). Every
+other position holds a token drawn uniformly from the whole vocabulary (Zoology's
+``random_non_queries``; with ``random_non_queries=False`` they are 0).
+
+Model (small, one attention variant per run): token embedding of size d_model, then ``n_layers``
+pre-norm residual blocks, each a token-shift mixer (a linear map of [x_t; x_{t−1}], the causal
+short-convolution that Zoology's models use so that a value token can see the key before it)
+followed by :class:`variants.AttentionLayer`; a final layer norm and a linear read-out to the
+vocabulary. Loss: cross-entropy (nats) at the scored positions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from variants import AttentionLayer, parse_spec
+
+#: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class MQARConfig:
+    """Hyper-parameters of one MQAR run.
+
+    Attributes:
+        vocab_size: V; keys come from [1, V/2), values from [V/2, V).
+        seq_len: tokens per sequence (even).
+        num_kv_pairs: key-value pairs per sequence, each queried once.
+        power_a: exponent a of the query-gap power law p(i) ∝ i^(a−1) (1.0 = uniform).
+        random_non_queries: fill unscored positions with random tokens (else 0).
+        d_model, n_heads, n_layers: model size; d_key = d_model / n_heads.
+        batch_size, lr: Adam with this learning rate on batches of this many sequences.
+        eval_every, eval_sequences: evaluation cadence (steps) and fresh sequences per evaluation.
+        target_loss, patience, max_steps: early stopping (see :mod:`fwbench.training`).
+        form, chunk_size: attention form (``auto`` picks the fastest the variant has).
+    """
+
+    vocab_size: int = 512
+    seq_len: int = 64
+    num_kv_pairs: int = 8
+    power_a: float = 0.01
+    random_non_queries: bool = True
+    d_model: int = 64
+    n_heads: int = 1
+    n_layers: int = 2
+    batch_size: int = 64
+    lr: float = 1e-3
+    eval_every: int = 100
+    eval_sequences: int = 256
+    target_loss: float = 0.01
+    patience: int = 5
+    max_steps: int = 5000
+    form: str = "auto"
+    chunk_size: int = 32
+
+    @property
+    def sequence_length(self) -> int:
+        return self.seq_len
+
+    @property
+    def d_key(self) -> int:
+        """Per-head key size d_model / n_heads (what φ's d_dot is computed from)."""
+        return self.d_model // self.n_heads
+
+
+def power_law_probabilities(space: int, power_a: float) -> Tensor:
+    """p(i) ∝ a · i^(a−1) for i = 1..space, normalised (Zoology's query-gap distribution), (space,)."""
+    i = torch.arange(1, space + 1, dtype=torch.float64)
+    p = power_a * i ** (power_a - 1)
+    return p / p.sum()
+
+
+def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float,
+                  generator: torch.Generator, random_non_queries: bool = True) -> tuple[Tensor, Tensor]:
+    """MQAR inputs and labels, each (batch, seq_len) int64; labels are ``IGNORE`` except at queries.
+
+    Raises:
+        ValueError: seq_len odd, vocabulary too small for distinct keys and values, or more pairs
+            than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len).
+    """
+    if seq_len % 2:
+        raise ValueError(f"seq_len: got {seq_len}; expected an even number")
+    if 4 * num_kv_pairs > seq_len:
+        raise ValueError(f"num_kv_pairs: got {num_kv_pairs}; expected at most seq_len / 4 = {seq_len // 4}")
+    half = vocab_size // 2
+    if half - 1 < num_kv_pairs:
+        raise ValueError(f"vocab_size: got {vocab_size}; expected at least 2·(num_kv_pairs + 1) = "
+                         f"{2 * (num_kv_pairs + 1)} for distinct keys and values")
+    context = 2 * num_kv_pairs
+    # distinct keys in [1, V/2) and distinct values in [V/2, V) per sequence: the first n of a permutation
+    keys = torch.rand(batch, half - 1, generator=generator).argsort(dim=-1)[:, :num_kv_pairs] + 1
+    values = torch.rand(batch, vocab_size - half, generator=generator).argsort(dim=-1)[:, :num_kv_pairs] + half
+    space = (seq_len - context) // 2
+    p = power_law_probabilities(space, power_a).float().expand(batch, space)
+    gaps = torch.multinomial(p, num_kv_pairs, replacement=False, generator=generator)  # (batch, n) in [0, space)
+
+    inputs = torch.zeros(batch, seq_len, dtype=torch.long)
+    inputs[:, 0:context:2] = keys
+    inputs[:, 1:context:2] = values
+    query_positions = context + 2 * gaps
+    inputs.scatter_(1, query_positions, keys)
+    labels = torch.full((batch, seq_len), IGNORE, dtype=torch.long)
+    labels.scatter_(1, query_positions, values)
+    if random_non_queries:
+        filler = torch.randint(0, vocab_size, (batch, seq_len), generator=generator)
+        is_filler = torch.ones(batch, seq_len, dtype=torch.bool)
+        is_filler[:, :context] = False
+        is_filler.scatter_(1, query_positions, False)
+        inputs = torch.where(is_filler, filler, inputs)
+    return inputs, labels
+
+
+class TokenShift(nn.Module):
+    """y_t = W [x_t; x_{t−1}] (x_{−1} = 0): a causal convolution of width 2 over tokens."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.mix = nn.Linear(2 * d_model, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        previous = F.pad(x, (0, 0, 1, 0))[:, :-1]
+        return self.mix(torch.cat([x, previous], dim=-1))
+
+
+class MQARModel(nn.Module):
+    """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out."""
+
+    def __init__(self, variant: str, vocab_size: int, d_model: int, n_heads: int = 1, n_layers: int = 2):
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model)
+        self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
+        self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))
+        self.attention_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
+        self.attentions = nn.ModuleList(AttentionLayer(variant, d_model, n_heads) for _ in range(n_layers))
+        self.final_norm = nn.LayerNorm(d_model)
+        self.read_out = nn.Linear(d_model, vocab_size)
+
+    def hidden(self, tokens: Tensor, form: str = "auto", chunk_size: int | None = None) -> Tensor:
+        """(B, T) token ids → (B, T, d_model) final hidden states."""
+        x = self.embedding(tokens)
+        for shift_norm, shift, attention_norm, attention in zip(
+            self.shift_norms, self.shifts, self.attention_norms, self.attentions, strict=True
+        ):
+            x = x + shift(shift_norm(x))
+            y, _ = attention(attention_norm(x), form=form, chunk_size=chunk_size)
+            x = x + y
+        return self.final_norm(x)
+
+    def forward(self, tokens: Tensor, labels: Tensor, form: str = "auto",
+                chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+        """Logits (N, V) at the N scored positions (row-major order) and their labels (N,)."""
+        h = self.hidden(tokens, form, chunk_size)
+        scored = labels != IGNORE
+        return self.read_out(h[scored]), labels[scored]
+
+
+class MQARTask:
+    """MQAR driven by ``fwbench.training.fit``: cross-entropy and accuracy at query positions."""
+
+    name: ClassVar[str] = "mqar"
+    config_class: ClassVar[type] = MQARConfig
+
+    def validate(self, config: MQARConfig) -> None:
+        """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
+        for name in ("vocab_size", "seq_len", "num_kv_pairs", "d_model", "n_heads", "n_layers", "batch_size",
+                     "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
+            value = getattr(config, name)
+            if value < 1:
+                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+        if config.lr <= 0 or config.power_a <= 0:
+            raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
+        if config.d_model % config.n_heads:
+            raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
+        if config.form not in ("auto", "parallel", "chunk", "recurrent"):
+            raise ValueError(f"form: got {config.form!r}; expected one of auto, parallel, chunk, recurrent")
+        generate_mqar(1, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
+                      torch.Generator().manual_seed(0), config.random_non_queries)
+
+    def build_model(self, config: MQARConfig, variant: str) -> MQARModel:
+        parse_spec(variant)
+        return MQARModel(variant, config.vocab_size, config.d_model, config.n_heads, config.n_layers)
+
+    def _batch(self, config: MQARConfig, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
+        inputs, labels = generate_mqar(batch, config.vocab_size, config.seq_len, config.num_kv_pairs,
+                                       config.power_a, generator, config.random_non_queries)
+        return {"inputs": inputs, "labels": labels}
+
+    def train_batch(self, config: MQARConfig, generator: torch.Generator) -> dict[str, Tensor]:
+        return self._batch(config, config.batch_size, generator)
+
+    def loss(self, model: MQARModel, batch: dict[str, Tensor], config: MQARConfig) -> Tensor:
+        logits, labels = model(batch["inputs"], batch["labels"], config.form, config.chunk_size)
+        return F.cross_entropy(logits.float(), labels)
+
+    @torch.no_grad()
+    def evaluate(self, model: MQARModel, config: MQARConfig, generator: torch.Generator,
+                 device: torch.device) -> dict[str, float]:
+        """Cross-entropy (nats) and accuracy over the query positions of fresh sequences."""
+        batch = self._batch(config, config.eval_sequences, generator)
+        logits, labels = model(batch["inputs"].to(device), batch["labels"].to(device), config.form,
+                               config.chunk_size)
+        loss = F.cross_entropy(logits.float(), labels)
+        accuracy = (logits.argmax(-1) == labels).float().mean()
+        return {"loss": loss.item(), "accuracy": accuracy.item()}

@@ -1,0 +1,723 @@
+"""Every row of the bad-input table in ``docs/bad_input.md``, checked against the exact answer the
+table states.
+
+Each row id (``L07``, ``C03``, ``G11``, …) has one function here that provokes the bad input and
+returns what the user sees: ``ExceptionType: message`` for the library, ``exit N: stderr`` for the
+command line, or a one-line account of the outcome where the right answer is not an error (an empty
+sequence, a corrupt results line). ``test_bad_input[ROW]`` runs the function and matches its answer
+against the table, where ``…`` stands for text that varies (temporary paths, the torch version), so
+the table cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from torch import nn
+
+import tasks
+import variants
+from fwbench.cli import main
+from fwbench.errors import FwbenchError
+from fwbench.grid import RunSpec, load_grid
+from fwbench.launchers import LaunchOptions
+from fwbench.runner import run_grid
+from fwbench.store import TORN_FILE, ResultsStore
+from variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
+
+TABLE = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
+B, H, T, D_KEY, D_V = 2, 2, 4, 8, 6
+SPECS = ["softmax", "linear", "favor:m=4", "dpfp:nu=2", "linear-delta", "favor-delta:m=4", "dpfp-delta:nu=2"]
+FORMS = ("auto", "parallel", "chunk", "recurrent")
+
+GRID_HEAD = 'task = "retrieval"\n[profiles.quick]\n'
+TINY_GRID = """\
+name = "one"
+task = "retrieval"
+[defaults]
+eval_every = 2
+eval_sequences = 2
+batch_size = 2
+max_steps = 2
+d_key = 4
+[profiles.quick]
+variant = "linear"
+S = 3
+seed = 1
+"""
+
+
+@dataclass
+class Context:
+    tmp_path: Path
+    capsys: pytest.CaptureFixture
+    monkeypatch: pytest.MonkeyPatch
+
+
+ROWS: dict[str, Callable[[Context], str]] = {}
+
+
+def row(row_id: str):
+    def register(fn: Callable[[Context], str]) -> Callable[[Context], str]:
+        assert row_id not in ROWS, row_id
+        ROWS[row_id] = fn
+        return fn
+
+    return register
+
+
+# ------------------------------------------------------------------------------------------------
+# What a user sees.
+# ------------------------------------------------------------------------------------------------
+
+
+def raised(expected: type[Exception], fn: Callable, *args, **kwargs) -> str:
+    """``Type: message`` of the exception ``fn(*args, **kwargs)`` raises (which must be ``expected``)."""
+    with pytest.raises(expected) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message, "an error is one line"
+    return f"{type(info.value).__name__}: {message}"
+
+
+def cli(ctx: Context, *argv: str) -> str:
+    """``exit N: <last stderr line>`` of the command line run in-process.
+
+    An uncaught exception would escape this call and fail the test: no traceback ever reaches a user.
+    Errors of our own are exactly one line; argparse's usage errors print the usage first.
+    """
+    ctx.capsys.readouterr()
+    try:
+        status = main(list(argv))
+    except SystemExit as exc:  # argparse
+        status = exc.code
+        err = ctx.capsys.readouterr().err.strip()
+        assert err.startswith("usage:"), err
+    else:
+        err = ctx.capsys.readouterr().err.strip()
+        assert "\n" not in err, err
+    assert "Traceback" not in err
+    return f"exit {status}: {err.splitlines()[-1] if err else ''}"
+
+
+def attention(spec: str, **kwargs) -> variants.Attention:
+    return variants.build_attention(spec, d_key=D_KEY, **kwargs).eval()
+
+
+def qkvb(T: int = T, dtype=torch.float32) -> dict:
+    return {
+        "q": torch.randn(B, H, T, D_KEY, dtype=dtype),
+        "k": torch.randn(B, H, T, D_KEY, dtype=dtype),
+        "v": torch.randn(B, H, T, D_V, dtype=dtype),
+        "beta": torch.rand(B, H, T, dtype=dtype),
+    }
+
+
+def grid_file(ctx: Context, text: str) -> Path:
+    path = ctx.tmp_path / "grid.toml"
+    path.write_text(text)
+    return path
+
+
+def grid_error(ctx: Context, text: str) -> str:
+    return raised(FwbenchError, load_grid, grid_file(ctx, text))
+
+
+# ------------------------------------------------------------------------------------------------
+# L: the library (variants): specs, construction, calls, carried states, values.
+# ------------------------------------------------------------------------------------------------
+
+
+@row("L01")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "lineer", d_key=D_KEY)
+
+
+@row("L02")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "favor:nu=2", d_key=D_KEY)
+
+
+@row("L03")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "dpfp:nu=1.5", d_key=D_KEY)
+
+
+@row("L04")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "dpfp-delta:nu=0", d_key=D_KEY)
+
+
+@row("L05")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "favor:m=-4", d_key=D_KEY)
+
+
+@row("L06")
+def _(ctx):
+    return raised(VariantError, Favor, D_KEY, m=2.5)
+
+
+@row("L07")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "dpfp:nu=16", d_key=D_KEY)
+
+
+@row("L08")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "linear", d_key=0)
+
+
+@row("L09")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, None, d_key=D_KEY)
+
+
+@row("L10")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "favor:m", d_key=D_KEY)
+
+
+@row("L11")
+def _(ctx):
+    return raised(VariantError, AttentionLayer, "linear", d_model=32, n_heads=0)
+
+
+@row("L12")
+def _(ctx):
+    return raised(VariantError, AttentionLayer, "linear", d_model=32, n_heads=2.0)
+
+
+@row("L13")
+def _(ctx):
+    return raised(VariantError, AttentionLayer, "linear", d_model=30, n_heads=4)
+
+
+@row("L14")
+def _(ctx):
+    layer = AttentionLayer("linear", d_model=32, n_heads=2)
+    return raised(VariantError, layer, torch.randn(2, 5, 16))
+
+
+@row("L15")
+def _(ctx):
+    inputs = qkvb()
+    inputs["q"] = inputs["q"][0]
+    return raised(VariantError, attention("linear"), **inputs)
+
+
+@row("L16")
+def _(ctx):
+    inputs = qkvb()
+    inputs["k"] = torch.ones(B, H, T, D_KEY, dtype=torch.int64)
+    return raised(VariantError, attention("linear"), **inputs)
+
+
+@row("L17")
+def _(ctx):
+    inputs = qkvb()
+    inputs["k"] = torch.randn(B + 1, H, T, D_KEY)
+    return raised(VariantError, attention("softmax"), **inputs)
+
+
+@row("L18")
+def _(ctx):
+    inputs = qkvb()
+    inputs["v"] = torch.randn(B, H + 1, T, D_V)
+    return raised(VariantError, attention("linear-delta"), **inputs)
+
+
+@row("L19")
+def _(ctx):
+    inputs = qkvb()
+    inputs["v"] = torch.randn(B, H, T + 1, D_V)
+    return raised(VariantError, attention("dpfp:nu=2"), **inputs)
+
+
+@row("L20")
+def _(ctx):
+    inputs = qkvb()
+    inputs["k"] = torch.randn(B, H, T, 5)
+    return raised(VariantError, attention("favor:m=4"), **inputs)
+
+
+@row("L21")
+def _(ctx):
+    inputs = qkvb()
+    inputs["q"], inputs["k"] = torch.randn(B, H, T, 16), torch.randn(B, H, T, 16)
+    return raised(VariantError, attention("dpfp-delta:nu=2"), **inputs)
+
+
+@row("L22")
+def _(ctx):
+    inputs = qkvb()
+    inputs["v"] = inputs["v"].half()
+    return raised(VariantError, attention("softmax"), **inputs)
+
+
+@row("L23")
+def _(ctx):
+    inputs = qkvb()
+    inputs["k"] = inputs["k"].to("meta")
+    return raised(VariantError, attention("linear"), **inputs)
+
+
+@row("L24")
+def _(ctx):
+    inputs = qkvb()
+    inputs["beta"] = None
+    return raised(VariantError, attention("linear-delta"), **inputs)
+
+
+@row("L25")
+def _(ctx):
+    inputs = qkvb()
+    inputs["beta"] = inputs["beta"][..., None]
+    return raised(VariantError, attention("dpfp-delta:nu=2"), **inputs)
+
+
+@row("L26")
+def _(ctx):
+    return raised(VariantError, attention("linear"), **qkvb(), form="fast")
+
+
+@row("L27")
+def _(ctx):
+    return raised(VariantError, attention("linear-delta"), **qkvb(), form="chunk", chunk_size=0)
+
+
+@row("L28")
+def _(ctx):
+    return raised(VariantError, attention("linear"), **qkvb(), form="chunk", chunk_size=2.5)
+
+
+@row("L29")
+def _(ctx):
+    _, cache = attention("softmax")(**qkvb())
+    return raised(VariantError, attention("linear"), **qkvb(), state=cache)
+
+
+@row("L30")
+def _(ctx):
+    _, sum_state = attention("dpfp:nu=2")(**qkvb())
+    return raised(VariantError, attention("dpfp-delta:nu=2"), **qkvb(), state=sum_state)
+
+
+@row("L31")
+def _(ctx):
+    _, state = attention("dpfp-delta:nu=1")(**qkvb())
+    return raised(VariantError, attention("dpfp-delta:nu=2"), **qkvb(), state=state)
+
+
+@row("L32")
+def _(ctx):
+    _, cache = attention("softmax")(**qkvb())
+    smaller = {name: x[:1] for name, x in qkvb().items()}
+    return raised(VariantError, attention("softmax"), **smaller, state=cache)
+
+
+@row("L33")
+def _(ctx):
+    _, state = attention("linear")(**qkvb())
+    state = FastWeightState(state.W.half(), state.z, state.position)
+    return raised(VariantError, attention("linear"), **qkvb(), state=state)
+
+
+@row("L34")
+def _(ctx):
+    _, cache = attention("softmax")(**qkvb())
+    return raised(VariantError, attention("softmax"), **qkvb(dtype=torch.bfloat16), state=cache)
+
+
+@row("L35")
+def _(ctx):
+    _, state = attention("linear-delta")(**qkvb())
+    state = FastWeightState(state.W.to("meta"), None, state.position)
+    return raised(VariantError, attention("linear-delta"), **qkvb(), state=state)
+
+
+@row("L36")
+def _(ctx):
+    return raised(VariantError, attention("linear").read, torch.randn(B, H, 1, D_KEY), None)
+
+
+@row("L37")
+def _(ctx):
+    inputs = qkvb()
+    inputs["q"][0, 1, 2, 3] = float("nan")
+    return raised(NonFiniteError, attention("favor:m=4", check_finite=True), **inputs)
+
+
+@row("L38")
+def _(ctx):
+    inputs = qkvb()
+    inputs["beta"][1, 0, 3] = float("inf")
+    return raised(NonFiniteError, attention("linear-delta", check_finite=True), **inputs)
+
+
+@row("L39")
+def _(ctx):
+    module = attention("dpfp:nu=2", check_finite=True)
+    _, state = module(**qkvb())
+    state.W[0, 0, 0, 0] = -float("inf")
+    return raised(NonFiniteError, module, **qkvb(), state=state)
+
+
+@row("L40")
+def _(ctx):
+    layer = AttentionLayer("softmax", d_model=16, n_heads=2, check_finite=True)
+    x = torch.randn(2, 5, 16)
+    x[1, 4, 0] = float("nan")
+    return raised(NonFiniteError, layer, x)
+
+
+@row("L41")
+def _(ctx):
+    """Not an error: an empty sequence returns an empty output and leaves the state as it was."""
+    for dtype in (torch.float32, torch.bfloat16):
+        for spec in SPECS:
+            module = attention(spec)
+            _, state = module(**qkvb(dtype=dtype))
+            for form in FORMS:
+                y, after = module(**qkvb(T=0, dtype=dtype), state=state, form=form)
+                assert y.shape == (B, H, 0, D_V) and y.dtype == dtype, (spec, form, y.shape, y.dtype)
+                assert after.position == state.position
+                for name in ("W", "z", "k", "v"):
+                    if getattr(state, name, None) is not None:
+                        assert torch.equal(getattr(after, name), getattr(state, name)), (spec, form, name)
+            written = module.write(qkvb(T=0, dtype=dtype)["k"], qkvb(T=0, dtype=dtype)["v"],
+                                   beta=qkvb(T=0, dtype=dtype)["beta"], state=state)
+            assert written.position == state.position
+            assert module.read(torch.randn(B, H, 0, D_KEY, dtype=dtype), state).shape[2] == 0
+    layer_out, _ = AttentionLayer("dpfp-delta:nu=1", d_model=16, n_heads=2)(torch.randn(2, 0, 16))
+    return (f"no error: y {tuple(y.shape)}; state unchanged (every variant and form; "
+            f"layer output {tuple(layer_out.shape)})")
+
+
+# ------------------------------------------------------------------------------------------------
+# H: the harness (training loop, results store).
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoisonConfig:
+    """A task whose attention inputs turn NaN from training step ``nan_at`` on."""
+
+    nan_at: int = 3
+    batch_size: int = 2
+    lr: float = 0.01
+    eval_every: int = 2
+    patience: int = 10
+    target_loss: float = 0.0
+    max_steps: int = 6
+
+
+class PoisonTask:
+    name: ClassVar[str] = "poison"
+    config_class: ClassVar[type] = PoisonConfig
+
+    def validate(self, config):
+        pass
+
+    def build_model(self, config, variant):
+        model = nn.Module()
+        model.proj = nn.Linear(D_KEY, D_KEY)
+        model.attention = variants.build_attention(variant, D_KEY)
+        model.steps = 0
+        return model
+
+    def train_batch(self, config, generator):
+        return torch.randn(config.batch_size, 1, 5, D_KEY, generator=generator)
+
+    def loss(self, model, x, config):
+        model.steps += 1
+        q = model.proj(x) * (float("nan") if model.steps >= config.nan_at else 1.0)
+        y, _ = model.attention(q, q, x, beta=torch.full(x.shape[:3], 0.5), form="chunk")
+        return y.pow(2).mean()
+
+    def evaluate(self, model, config, generator, device):
+        return {"loss": 1.0}
+
+
+@row("H01")
+def _(ctx):
+    ctx.monkeypatch.setitem(tasks.TASKS, "poison", PoisonTask())
+    cells = [RunSpec("poison", "poison", "linear", 1, asdict(PoisonConfig(nan_at=n))) for n in (3, 100)]
+    store = ResultsStore(ctx.tmp_path / "results")
+    summary = run_grid(cells, store, LaunchOptions(device="cpu"), quiet=True)
+    first, second = (next(r for r in store.records() if r["run_id"] == c.run_id) for c in cells)
+    assert summary["ran"] == 2 and summary["diverged"] == 1
+    return (f"record status {first['status']!r}, diverged_at {first['diverged_at']}, diverged_reason "
+            f"{first['diverged_reason']!r}; the next cell still runs ({second['status']!r})")
+
+
+@row("H02")
+def _(ctx):
+    store = ResultsStore(ctx.tmp_path)
+    store.append({"run_id": "a"})
+    with open(store.path, "a") as handle:
+        handle.write('{"run_id": "b", "metrics": {"loss"\n')
+    store.append({"run_id": "c"})
+    loaded = store.load()
+    return f"problems {loaded.problems}; records {[r['run_id'] for r in loaded.records]} still read"
+
+
+@row("H03")
+def _(ctx):
+    store = ResultsStore(ctx.tmp_path)
+    store.append({"run_id": "a"})
+    with open(store.path, "a") as handle:
+        handle.write('{"run_id": "b", "metr')  # what kill -9 in the middle of a write can leave
+    before = store.load().problems
+    store.append({"run_id": "c"})
+    after = store.load()
+    torn = (ctx.tmp_path / TORN_FILE).read_text()
+    return (f"problems {before}; the next append moves it to {TORN_FILE} ({torn.strip()}); then problems "
+            f"{after.problems}, records {[r['run_id'] for r in after.records]}")
+
+
+@row("H04")
+def _(ctx):
+    blocker = ctx.tmp_path / "results"
+    blocker.write_text("a file, not a directory")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(blocker), "--quiet")
+
+
+@row("H05")
+def _(ctx):
+    (ctx.tmp_path / "file").write_text("")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "file" / "results"),
+                 "--quiet")
+    return answer
+
+
+@row("H06")
+def _(ctx):
+    results = ctx.tmp_path / "results"
+    results.mkdir()
+    (results / "runs.jsonl").write_text('{"run_id": \n')
+    ctx.capsys.readouterr()
+    status = main(["run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet"])
+    err = ctx.capsys.readouterr().err.strip()
+    assert len(ResultsStore(results).records()) == 1
+    return f"exit {status}, warning: {err}"
+
+
+# ------------------------------------------------------------------------------------------------
+# C: the command line.
+# ------------------------------------------------------------------------------------------------
+
+
+@row("C01")
+def _(ctx):
+    return cli(ctx, "run", "no-such-grid", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C02")
+def _(ctx):
+    return cli(ctx, "run", str(ctx.tmp_path / "missing.toml"), "--results-dir", str(ctx.tmp_path))
+
+
+@row("C03")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--profile", "huge", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C04")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--device", "tpu", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C05")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return cli(ctx, "run", "capacity", "--device", "cuda", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C06")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ctx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    return cli(ctx, "run", "capacity", "--device", "cuda:3", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C07")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--threads", "0", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C08")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--threads", "two")
+
+
+@row("C09")
+def _(ctx):
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--seeds", "-1", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C10")
+def _(ctx):
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--seeds", "1", "1", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C11")
+def _(ctx):
+    return cli(ctx, "variants", "--d-key", "0")
+
+
+@row("C12")
+def _(ctx):
+    return cli(ctx, "report", "--results-dir", str(ctx.tmp_path / "resutls"), "--out", str(ctx.tmp_path / "out"))
+
+
+@row("C13")
+def _(ctx):
+    (ctx.tmp_path / "out").write_text("")
+    return cli(ctx, "report", "--results-dir", str(ctx.tmp_path), "--out", str(ctx.tmp_path / "out"))
+
+
+@row("C14")
+def _(ctx):
+    return cli(ctx, "rn", "capacity")
+
+
+# ------------------------------------------------------------------------------------------------
+# G: grid files (config).
+# ------------------------------------------------------------------------------------------------
+
+
+@row("G01")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nSS = 4\n')
+
+
+@row("G02")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nS = "four"\n')
+
+
+@row("G03")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nS = 4.5\n')
+
+
+@row("G04")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nS = []\n')
+
+
+@row("G05")
+def _(ctx):
+    return grid_error(ctx, 'task = "sorting"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n')
+
+
+@row("G06")
+def _(ctx):
+    return grid_error(ctx, '[profiles.quick]\nvariant = "linear"\nseed = 1\n')
+
+
+@row("G07")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\n[profiles.quick\n')
+
+
+@row("G08")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\n')
+
+
+@row("G09")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "dpfp:nu=1.5"\nseed = 1\n')
+
+
+@row("G10")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "lineer"\nseed = 1\n')
+
+
+@row("G11")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nsetting = 3\n')
+
+
+@row("G12")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = 1\nlr = nan\n')
+
+
+@row("G13")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\n[profile.quick]\nvariant = "linear"\nseed = 1\n')
+
+
+@row("G14")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\n')
+
+
+@row("G15")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\n[profiles]\nquick = 3\n')
+
+
+@row("G16")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\ndefaults = 3\n[profiles.quick]\nvariant = "linear"\nseed = 1\n')
+
+
+@row("G17")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = ["dpfp", "dpfp:nu=1"]\nseed = 1\n')
+
+
+@row("G18")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = [1, -2]\n')
+
+
+# ------------------------------------------------------------------------------------------------
+# The table and the tests.
+# ------------------------------------------------------------------------------------------------
+
+ROW_LINE = re.compile(
+    r"^\| (?P<id>[A-Z]\d\d) \|(?P<where>[^|]*)\|(?P<input>.*)\| `(?P<answer>[^`]*)` \|(?P<test>[^|]*)\|$"
+)
+
+
+def table_rows() -> dict[str, str]:
+    """Row id → the answer the table promises (text inside the answer column's backticks)."""
+    rows = {}
+    for line in TABLE.read_text().splitlines():
+        match = ROW_LINE.match(line)
+        if match:
+            assert match["id"] not in rows, f"row {match['id']} appears twice in {TABLE.name}"
+            assert f"test_bad_input[{match['id']}]" in match["test"], line
+            rows[match["id"]] = match["answer"]
+    return rows
+
+
+def answer_pattern(answer: str) -> re.Pattern:
+    """The table's answer as a regex: literal text, with ``…`` matching anything."""
+    return re.compile(".*".join(re.escape(part) for part in answer.split("…")), re.DOTALL)
+
+
+def test_table_has_at_least_30_rows_and_every_row_has_a_test():
+    rows = table_rows()
+    assert len(rows) >= 30
+    assert set(rows) == set(ROWS), f"in the table only: {set(rows) - set(ROWS)}; here only: {set(ROWS) - set(rows)}"
+    assert {row_id[0] for row_id in rows} == {"L", "H", "C", "G"}  # library, harness, CLI, config
+
+
+@pytest.mark.parametrize("row_id", sorted(ROWS))
+def test_bad_input(row_id, tmp_path, capsys, monkeypatch):
+    promised = table_rows()[row_id]
+    answer = ROWS[row_id](Context(tmp_path, capsys, monkeypatch))
+    assert answer_pattern(promised).fullmatch(answer), f"\nthe table says: {promised}\nthe code says:  {answer}"

@@ -1,0 +1,89 @@
+"""Checks on what a caller hands an attention module, beyond shapes: dtype and device agreement,
+the key size the module was built for, carried states from another dtype or device, and
+(optionally) NaN/inf values.
+
+Every check raises :class:`~variants.errors.VariantError` naming the argument, the value received
+and what is allowed. The value check (:func:`check_finite`) reads every element, so it costs one
+pass over the inputs (and a device synchronisation on GPU); it is off by default in the library and
+switched on by the harness (``fwbench.training.fit``) with :func:`set_check_finite`, so that a run
+that goes non-finite is stopped at the first bad tensor, named, and recorded as diverged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .errors import NonFiniteError, VariantError, bad_value
+
+
+def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
+    """q, k and v must share one dtype; q, k, v and β must live on one device.
+
+    β may have another floating dtype (the kernels read it in fp32), but not another device.
+    """
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            raise VariantError(
+                f"{name}.dtype: got {x.dtype}; expected the dtype of q ({q.dtype}): q, k and v must share one dtype"
+            )
+    for name, x in (("k", k), ("v", v), ("beta", beta)):
+        if x is not None and x.device != q.device:
+            raise bad_value(f"{name}.device", str(x.device), f"the device of q ({q.device})")
+    if beta is not None and not beta.is_floating_point():
+        raise bad_value("beta.dtype", beta.dtype, "a floating-point dtype (write strengths in (0, 1))")
+
+
+def check_key_size(name: str, x: Tensor, d_key: int) -> None:
+    """The last axis of queries and keys must be the ``d_key`` the module was built for."""
+    if x.shape[-1] != d_key:
+        raise VariantError(
+            f"{name}: got d_key {x.shape[-1]} (last dimension of shape {tuple(x.shape)}); "
+            f"expected {d_key}, the d_key this attention was built for"
+        )
+
+
+def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.dtype, why: str) -> None:
+    """A carried state's tensor must be on the inputs' device and of the dtype the module keeps."""
+    if not isinstance(x, Tensor):
+        raise bad_value(name, type(x).__name__, "a tensor")
+    if x.device != device:
+        raise bad_value(f"{name}.device", str(x.device), f"the device of q ({device}); move the state with .to()")
+    if x.dtype != dtype:
+        raise VariantError(f"{name}.dtype: got {x.dtype}; expected {dtype} ({why})")
+
+
+def check_finite(**tensors: Tensor | None) -> None:
+    """Raise :class:`NonFiniteError` naming the first tensor with a NaN or ±inf and where it is.
+
+    Args:
+        tensors: name → tensor (``None`` entries are skipped), e.g. ``q=q, k=k, state_W=W``.
+    """
+    for name, x in tensors.items():
+        if x is None or x.numel() == 0:
+            continue
+        finite = torch.isfinite(x)
+        if bool(finite.all()):
+            continue
+        index = tuple(int(i) for i in (~finite).nonzero()[0])
+        value = x[index].item()
+        raise NonFiniteError(
+            f"{name.replace('_', '.')}: got {value} at index {index}; "
+            "expected finite values (NaN/inf check on: check_finite=True)"
+        )
+
+
+def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
+    """Switch the NaN/inf input check on (or off) in every attention module inside ``module``.
+
+    Returns the number of attention modules changed. The check makes each call raise
+    :class:`NonFiniteError` when q, k, v, β or the carried state holds a NaN or ±inf.
+    """
+    from .attention import Attention  # late import: attention.py imports this module
+
+    changed = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention):
+            sub.check_finite = enabled
+            changed += 1
+    return changed
