@@ -88,8 +88,9 @@ class ResultsStore:
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
-        """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared to read (readers skip it where they
-        cannot create the lock file, e.g. a read-only copy of a results directory)."""
+        """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
+        to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
+        results directory)."""
         if shared:
             try:
                 lock = open(self.lock_path, "a")
