@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`.
+"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`, `nox -s bench`.
 
 Every session runs in the current Python environment (no virtualenv), so a CPU build of torch
 installed once is reused rather than replaced by a multi-GB CUDA download. Each session first
@@ -37,3 +37,25 @@ def capacity(session: nox.Session) -> None:
     `reproduce --profile quick`, so after it only seeds 2 and 3 train."""
     install_project(session)
     session.run("fwbench", "capacity", *(session.posargs or ["--profile", "quick", "--seeds", "1", "2", "3"]))
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Performance regression check: benchmarks/ (pytest-benchmark) against results/baselines/.
+
+    `-- --short`: the CI subset (< 3 min), failing only on gross regressions;
+    `-- --update-baseline`: rewrite results/baselines/perf_baseline.json from this machine.
+    """
+    install_project(session)
+    session.run(
+        "python", "-m", "pytest", "benchmarks", "-q",
+        "--benchmark-json=.benchmarks/latest.json", "--benchmark-columns=min,median,max,rounds",
+        *session.posargs,
+    )
+
+
+@nox.session(venv_backend="none", name="bench-ci")
+def bench_ci(session: nox.Session) -> None:
+    """The short performance check CI can afford: `nox -s bench -- --short`."""
+    install_project(session)
+    session.run("python", "-m", "pytest", "benchmarks", "-q", "--short", *session.posargs)

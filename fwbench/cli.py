@@ -10,6 +10,7 @@
     fwbench probe [--out reports]                 training-free capacity probe (seconds)
     fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
                                                   text from a trained language model
+    fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
@@ -26,6 +27,7 @@ from pathlib import Path
 from tasks.corpus import DATA_DIR_ENV, CorpusError
 from variants import VariantError, d_dot_of, list_variants, parse_spec
 
+from .bench_command import add_bench_parser
 from .environment import DEVICE_CHOICES, check_device_name, resolve_device
 from .errors import FwbenchError
 from .launchers import LAUNCHERS, LaunchOptions
@@ -266,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="device to run on (default cpu)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     p.set_defaults(func=_cmd_sample)
+
+    add_bench_parser(sub)
     return parser
 
 

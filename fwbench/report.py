@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from .analysis import CAPACITY_THRESHOLD, records_frame
+from .bench_report import section_bench
 from .capacity import capacity_intervals, describe, retrieval_rows, write_capacity_csv
 from .ci_figures import capacity_vs_d_dot_figure, loss_vs_S_figure, mqar_figure, official_capacities
 from .claims import evaluate_claims, main_d_key
@@ -250,6 +251,7 @@ SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [
     section_probe,
     section_statistics,
 ]
+SECTIONS.append(section_bench)
 
 
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
@@ -272,6 +274,7 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         raise FwbenchError(f"--out: cannot create {str(out_dir)!r}: {exc.strerror}") from None
     loaded = ResultsStore(results_dir).load()
     frame = records_frame(loaded.records)
+    frame.attrs["results_dir"] = str(results_dir)  # sections with their own records file (bench.jsonl) read it
     claims = evaluate_claims(frame)
     claims_table = pd.DataFrame(
         [{"claim": c.claim, "paper": c.paper, "this run": c.measured, "verdict": f"**{c.verdict}**"} for c in claims]

@@ -47,15 +47,19 @@ class LoadedRecords:
 
 
 class ResultsStore:
-    """Append-only JSONL store of run records, keyed by ``run_id``.
+    """Append-only JSONL store of run records, keyed by ``run_id`` (``records_file`` in ``directory``;
+    ``fwbench bench`` keeps its records in ``bench.jsonl`` beside the runs).
 
     Raises:
         FwbenchError: the directory cannot be created or written.
     """
 
-    def __init__(self, directory: str | Path):
+    def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
         self.directory = Path(directory)
-        self.path = self.directory / RECORDS_FILE
+        self.path = self.directory / records_file
+        # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
+        lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
+        self.lock_path = self.directory / lock
         self._claims_fd: int | None = None
 
     def _ensure_writable(self) -> None:
@@ -84,21 +88,22 @@ class ResultsStore:
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
-        """Hold ``runs.lock``: exclusively to write, shared to read (readers skip it where they
-        cannot create the lock file, e.g. a read-only copy of a results directory)."""
+        """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
+        to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
+        results directory)."""
         if shared:
             try:
-                lock = open(self.directory / LOCK_FILE, "a")
+                lock = open(self.lock_path, "a")
             except OSError:
                 yield
                 return
         else:
             self._ensure_writable()
             try:
-                lock = open(self.directory / LOCK_FILE, "a")
+                lock = open(self.lock_path, "a")
             except OSError as exc:
                 raise FwbenchError(
-                    f"--results-dir: cannot open {str(self.directory / LOCK_FILE)!r}: {exc.strerror}"
+                    f"--results-dir: cannot open {str(self.lock_path)!r}: {exc.strerror}"
                 ) from None
         with lock:
             fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)

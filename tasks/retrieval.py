@@ -142,11 +142,13 @@ class RetrievalModel(nn.Module):
         k = (key_by_value[values] + key_by_key[keys])[:, None]  # (B, 1, L, d_key): one head
         beta = torch.sigmoid(beta_by_value[values] + beta_by_key[keys])[:, None]
         value_codes = self.value_codes[values][:, None]
-        if form in ("auto", "chunk"):
+        q = self.W_q(self.key_embedding.weight)[queries][:, None]
+        if form == "auto":  # the fastest: read the memory without forming it
+            return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
+        if form == "chunk":
             state = self.attention.write(k, value_codes, beta=beta, chunk_size=chunk_size)
         else:
             _, state = self.attention(k, k, value_codes, beta=beta, form=form, chunk_size=chunk_size)
-        q = self.W_q(self.key_embedding.weight)[queries][:, None]
         return self.attention.read(q, state)[:, 0].float()
 
 

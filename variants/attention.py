@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
 from .errors import VariantError, bad_value
-from .feature_maps import FeatureMap, positive_int, sum_normalize
+from .feature_maps import FeatureMap, positive_int
 from .kernels import delta_rule as delta_kernels
 from .kernels import fwm_rule as fwm_kernels
 from .kernels import softmax as softmax_kernels
@@ -60,6 +60,14 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
             raise bad_value("beta", tuple(beta.shape), f"shape (B, H, T) = {tuple(k.shape[:3])}")
 
 
+def check_queries(q: Tensor, k: Tensor) -> None:
+    """Raise :class:`VariantError` unless queries q (B, H, T_q, d_key) fit keys k (B, H, T, d_key)."""
+    if not isinstance(q, Tensor) or q.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
+        shape = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
+        expected = (*k.shape[:2], "T_q", k.shape[-1])
+        raise bad_value("q", shape, f"a tensor of shape (B, H, T_q, d_key) = {expected}")
+
+
 def check_form(form: str, chunk_size: int | None) -> None:
     if form not in FORMS:
         raise bad_value("form", form, f"one of {', '.join(FORMS)}")
@@ -90,6 +98,11 @@ class Attention(nn.Module):
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
         """Bytes of fp32 state after ``tokens`` tokens (constant for fast weights)."""
         raise NotImplementedError
+
+    def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None, state=None) -> Tensor:
+        """``read(q, write(k, v, beta, state))``: the memory's answer (B, H, T_q, d_v) to queries q
+        after storing every (k_t, v_t). Variants override it with a cheaper fused computation."""
+        return self.read(q, self.write(k, v, beta, state))
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
@@ -151,8 +164,7 @@ class FastWeightAttention(Attention):
 
     def phi(self, x: Tensor) -> Tensor:
         """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule)."""
-        features = self.feature_map(x)
-        return sum_normalize(features) if self.sum_normalize else features
+        return self.feature_map.normalized(x) if self.sum_normalize else self.feature_map(x)
 
     def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
         if state is None:
@@ -240,6 +252,31 @@ class FastWeightAttention(Attention):
             return FastWeightState(fwm_kernels.fwm_rule_write(pk, v, beta, W0), None, position)
         _, W = delta_kernels.delta_rule_chunk(None, pk, v, beta, W0, chunk_size or DEFAULT_CHUNK_SIZE)
         return FastWeightState(W, None, position)
+
+    def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
+                   state: FastWeightState | None = None) -> Tensor:
+        """Write every (k_t, v_t), then read with q, without forming the fast weight W.
+
+        Equal to ``read(q, write(k, v, beta, state))``. The delta rule carries the queries back
+        through the chunks instead of carrying W forward (:func:`delta_rule_write_read`), so no
+        (d_dot × d_v) state is formed: the fastest path for tasks that write a sequence and then
+        ask a few queries (the retrieval tasks). Returns (B, H, T_q, d_v) fp32.
+        """
+        if self.rule in self.RECURRENT_ONLY:
+            return super().write_read(k, v, q, beta, state)
+        check_qkv(k, k, v, beta, self.uses_beta)
+        self._check_inputs(k, k, v, beta)
+        self._check_query(q)
+        check_queries(q, k)
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device)
+        if self.check_finite:
+            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
+        pq, pk = self.phi(q), self.phi(k)
+        W0 = None if state is None else state.W
+        if self.rule == "sum":
+            return sum_kernels.sum_rule_write_read(pq, pk, v, W0, None if state is None else state.z)
+        return delta_kernels.delta_rule_write_read(pq, pk, v, beta, W0)
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .errors import bad_value
+from .kernels.dpfp import dpfp
 
 #: Added to Σφ before dividing, so that φ(0)/Σφ(0) is 0 rather than NaN (DPFP maps 0 to 0).
 SUM_NORM_EPS = 1e-6
@@ -32,7 +33,12 @@ def sum_normalize(phi: Tensor, eps: float = SUM_NORM_EPS) -> Tensor:
     The delta rule needs this: with Σφ = 1 a key written twice with β = 1 is overwritten
     exactly, and the fast weight W stays bounded.
     """
-    return phi / (phi.sum(dim=-1, keepdim=True) + eps)
+    denominator = phi.sum(dim=-1, keepdim=True) + eps
+    if phi.dtype in (torch.float16, torch.bfloat16):
+        return phi / denominator  # 1 / eps overflows fp16: φ(0) · (1 / eps) would be 0 · inf
+    # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
+    # three full-size temporaries more, which dominate the delta rule's cost on CPU.
+    return phi * denominator.reciprocal()
 
 
 def positive_int(argument: str, value: object) -> int:
@@ -60,6 +66,10 @@ class FeatureMap(nn.Module):
 
     def redraw_features(self) -> None:
         """Draw new random features; a no-op for deterministic maps (see :class:`Favor`)."""
+
+    def normalized(self, x: Tensor) -> Tensor:
+        """φ(x) / (Σφ(x) + eps), the sum-normalised features the delta rule reads and writes with."""
+        return sum_normalize(self(x))
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, d_dot={self.d_dot}"
@@ -113,9 +123,11 @@ class DPFP(FeatureMap):
         return 2 * self.d_key * self.nu
 
     def forward(self, x: Tensor) -> Tensor:
-        r = torch.cat([F.relu(x), F.relu(-x)], dim=-1)
-        rolled = torch.cat([r.roll(shifts=i, dims=-1) for i in range(1, self.nu + 1)], dim=-1)
-        return r.repeat(*([1] * (r.dim() - 1)), self.nu) * rolled
+        """(…, d_key) → (…, 2·d_key·ν) fp32 (one fused autograd op, :mod:`variants.kernels.dpfp`)."""
+        return dpfp(x, self.nu)
+
+    def normalized(self, x: Tensor) -> Tensor:
+        return dpfp(x, self.nu, normalize=True, eps=SUM_NORM_EPS)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, nu={self.nu}, d_dot={self.d_dot}"

@@ -7,22 +7,30 @@ Recurrence, for sum-normalised φ-mapped keys k_t and queries q_t, values v_t, w
     y_t = W_t q_t                                  (read after the write)
 
 Shapes: q, k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T); W (B, H, d_v, d_dot).
-Computed in fp32 whatever the input dtype; outputs come back in the dtype of ``v``; the state
-stays fp32. ``W0`` is the state before the first token (zeros when ``None``).
+Computed in fp32 whatever the input dtype (fp16 and bf16 inputs accumulate the state in fp32);
+outputs come back in the dtype of ``v``; the state stays fp32. ``W0`` is the state before the
+first token (zeros when ``None``).
 
 The chunkwise form uses the WY representation / UT transform of Yang et al. 2024
-(arXiv:2406.06484): inside a chunk with rows K, V, β and state S = Wᵀ before it, the corrected
-values U (row t is β_t (v_t − W_{t−1} k_t)) solve the unit lower-triangular system
+(arXiv:2406.06484, Section 3): inside a chunk with rows K, V, β and state S = Wᵀ (d_dot, d_v)
+before it,
 
-    (I + tril(diag(β) K Kᵀ, −1)) U = diag(β) (V − K S),
+    T_c = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β)      (a unit lower-triangular solve)
+    W_c = T_c K,  U = T_c V                            (the WY factors)
+    O   = Q S + tril(Q Kᵀ) (U − W_c S)
+    S  ← S + Kᵀ (U − W_c S).
 
-so that O = Q S + tril(Q Kᵀ) U and S ← S + Kᵀ U.
+T_c and the scores tril(Q Kᵀ) are computed for all chunks at once; the loop over chunks carries
+S with five small matmuls per chunk, using U − W_c S = T_c (V − K S).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .chunking import split_chunks
+from .gram import gram
 
 
 def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None) -> Tensor:
@@ -35,17 +43,21 @@ def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None) -> Tensor:
 def delta_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """One token at a time: O(1) memory per token; the reference. Returns (y, W_T)."""
+    """One token at a time: O(1) memory per token without autograd; the reference.
+
+    Returns (y (B, H, T, d_v), W_T (B, H, d_v, d_dot)).
+    """
     W = _initial_state(k, v, W0)
-    q32, k32, v32, b32 = q.float(), k.float(), v.float(), beta.float()
     outputs = []
-    for t in range(k.shape[2]):
-        k_t = k32[:, :, t]
-        v_bar = (W @ k_t[..., None]).squeeze(-1)
-        correction = b32[:, :, t, None] * (v32[:, :, t] - v_bar)
-        W = W + correction[..., None] * k_t[:, :, None, :]
-        outputs.append((W @ q32[:, :, t, :, None]).squeeze(-1))
-    y = torch.stack(outputs, dim=2) if outputs else v32.new_zeros(v.shape)
+    # unbind, not k[:, :, t]: the backward of unbind is one stack, while indexing would build a
+    # full-size zero gradient per token and make the backward quadratic in T.
+    steps = zip(q.float().unbind(2), k.float().unbind(2), v.float().unbind(2), beta.float().unbind(2), strict=True)
+    for q_t, k_t, v_t, b_t in steps:
+        v_bar = (W @ k_t[..., None]).squeeze(-1)                 # v̄_t = W_{t−1} k_t
+        correction = b_t[..., None] * (v_t - v_bar)              # β_t (v_t − v̄_t)
+        W = W + correction[..., None] * k_t[:, :, None, :]       # W_t
+        outputs.append((W @ q_t[..., None]).squeeze(-1))         # y_t = W_t q_t
+    y = torch.stack(outputs, dim=2) if outputs else v.float().new_zeros(v.shape)
     return y.to(v.dtype), W
 
 
@@ -53,59 +65,109 @@ def delta_rule_chunk(
     q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None,
     chunk_size: int = 64,
 ) -> tuple[Tensor | None, Tensor]:
-    """Chunkwise-parallel form via the UT transform (one triangular solve per chunk).
+    """Chunkwise-parallel form via the UT transform (triangular solves, then one loop over chunks).
 
-    A tail shorter than ``chunk_size`` is zero-padded with k = 0 and β = 0, which writes nothing,
-    so the padding is exact. With ``q=None`` only the final state is computed (a pure write).
-    Returns (y or None, W_T).
+    Args:
+        q, k: (B, H, T, d_dot) sum-normalised φ-mapped queries and keys (``q=None``: only the
+            final state is computed, a pure write).
+        v: (B, H, T, d_v); beta: (B, H, T) in [0, 1]; W0: (B, H, d_v, d_dot) or ``None``.
+        chunk_size: tokens per chunk C; any T works (C is capped at T; a shorter tail is
+            zero-padded with k = 0 and β = 0, which writes nothing, so the padding is exact).
+
+    Returns (y (B, H, T, d_v) in v's dtype, or ``None``; W_T (B, H, d_v, d_dot) fp32).
+    Cost O(T·C·d + T·d_dot·d_v) time; memory O(T·d) plus, with autograd, one state per chunk.
     """
     W = _initial_state(k, v, W0)
     B, H, T, d_dot = k.shape
     d_v = v.shape[-1]
     if T == 0:
         return (None if q is None else v.new_zeros(v.shape)), W
-    C = min(chunk_size, T)
-    n_chunks = -(-T // C)
-    pad = n_chunks * C - T
+    kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size)
+    n_chunks, C = kc.shape[2], kc.shape[3]
+    # T_c for every chunk: solve (I + tril(diag(β) K Kᵀ, −1)) T_c = diag(β). solve_triangular
+    # reads only the strict lower triangle (unitriangular), so the Gram matrix needs no tril, no + I.
+    lower = gram(kc) * bc                                                 # diag(β) K Kᵀ
+    T_c = torch.linalg.solve_triangular(lower, torch.diag_embed(bc.squeeze(-1)), upper=False, unitriangular=True)
+    S = W.mT.reshape(B * H, d_dot, d_v)  # Wᵀ, the orientation in which the chunk algebra reads naturally
 
-    def chunked(x: Tensor) -> Tensor:
-        x = torch.nn.functional.pad(x.float(), (0, 0, 0, pad))
-        return x.view(B, H, n_chunks, C, x.shape[-1])
+    def per_chunk(x: Tensor) -> tuple[Tensor, ...]:
+        return x.flatten(0, 1).unbind(1)  # n_chunks tensors of (B·H, C, ·): 3-D for baddbmm
 
-    kc, vc = chunked(k), chunked(v)
-    bc = chunked(beta[..., None])
-    # Solve (I + tril(diag(β) K Kᵀ, −1)) [W_y | U] = diag(β) [K | V] for all chunks at once.
-    lower = (bc * (kc @ kc.mT)).tril(-1) + torch.eye(C, device=k.device, dtype=torch.float32)
-    rhs = bc * torch.cat([kc, vc], dim=-1)
-    solved = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    w_y, u = solved[..., :d_dot], solved[..., d_dot:]
-
-    S = W.mT  # (B, H, d_dot, d_v): the orientation in which the chunk algebra reads naturally
+    # U − W_c S = T_c (V − K S): applying T_c inside the loop means the WY factors W_c = T_c K and
+    # U = T_c V are never materialised, saving two (B, H, T, ·) tensors and the 2·C²·d_dot FLOPs
+    # per chunk of W_c.
     if q is None:
-        for n in range(n_chunks):
-            S = S + kc[:, :, n].mT @ (u[:, :, n] - w_y[:, :, n] @ S)
-        return None, S.mT
+        for k_n, v_n, T_n in zip(per_chunk(kc), per_chunk(vc), per_chunk(T_c), strict=True):
+            correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)      # U − W_c S
+            S = torch.baddbmm(S, k_n.mT, correction)                      # S + Kᵀ (U − W_c S)
+        return None, S.view(B, H, d_dot, d_v).mT
 
-    qc = chunked(q)
-    scores = (qc @ kc.mT).tril()
+    (qc,) = split_chunks([q], chunk_size)
+    scores = (qc @ kc.mT).tril_()                                         # tril(Q Kᵀ)
     outputs = []
-    for n in range(n_chunks):
-        u_n = u[:, :, n] - w_y[:, :, n] @ S
-        outputs.append(qc[:, :, n] @ S + scores[:, :, n] @ u_n)
-        S = S + kc[:, :, n].mT @ u_n
-    y = torch.stack(outputs, dim=2).reshape(B, H, n_chunks * C, d_v)[:, :, :T]
-    return y.to(v.dtype), S.mT
+    for q_n, k_n, v_n, T_n, scores_n in zip(
+        per_chunk(qc), per_chunk(kc), per_chunk(vc), per_chunk(T_c), per_chunk(scores), strict=True
+    ):
+        correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)          # U − W_c S
+        outputs.append(torch.baddbmm(scores_n @ correction, q_n, S))     # Q S + tril(QKᵀ)(U − W_c S)
+        S = torch.baddbmm(S, k_n.mT, correction)                          # S + Kᵀ (U − W_c S)
+    y = torch.stack(outputs, dim=1).view(B, H, n_chunks * C, d_v)[:, :, :T]
+    return y.to(v.dtype), S.view(B, H, d_dot, d_v).mT
+
+
+def delta_rule_write_read(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None, chunk_size: int = 32,
+) -> Tensor:
+    """Read the memory with queries q after writing all of (k, v, β), without forming W.
+
+    Equal to ``delta_rule_read(q, W_T)`` with ``W_T`` from :func:`delta_rule_chunk`. Chunk n maps
+    the state as S_{n+1} = (I − K_nᵀ T_n K_n) S_n + K_nᵀ T_n V_n (S = Wᵀ, T_n the UT transform),
+    so the read qᵀ S_N unrolls backwards over the chunks with a query p instead of a state:
+
+        p_N = q;   x_n = T_nᵀ K_n p_{n+1};   y += V_nᵀ x_n;   p_n = p_{n+1} − K_nᵀ x_n;   y += S_0ᵀ p_0.
+
+    T_nᵀ x = diag(β) (I + tril(diag(β) K Kᵀ, −1))⁻ᵀ x is one triangular solve with T_q columns.
+    The cost is O(T·(C + T_q)·d_dot + T·T_q·d_v), linear in T and with no d_dot × d_v state: far
+    below a write when few queries follow a sequence, as in the retrieval tasks (Section 6.1).
+
+    Shapes: q (B, H, T_q, d_dot); k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T);
+    W0 (B, H, d_v, d_dot) or ``None``. Returns y (B, H, T_q, d_v) fp32.
+    """
+    p = q.float()
+    y = p.new_zeros(*q.shape[:3], v.shape[-1])
+    if k.shape[2]:
+        kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size)
+        lower = gram(kc) * bc                                               # diag(β) K Kᵀ per chunk
+        chunks = zip(kc.unbind(2), vc.unbind(2), bc.unbind(2), lower.unbind(2), strict=True)
+        for k_n, v_n, b_n, lower_n in reversed(list(chunks)):
+            x = torch.linalg.solve_triangular(lower_n.mT, k_n @ p.mT, upper=True, unitriangular=True) * b_n
+            y = y + x.mT @ v_n                                               # + V_nᵀ T_nᵀ K_n p
+            p = p - x.mT @ k_n                                               # (I − K_nᵀ T_n K_n)ᵀ p
+    if W0 is not None:
+        y = y + p @ W0.float().mT
+    return y
 
 
 def delta_rule_parallel(
     q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """The masked quadratic form: the UT transform over the whole sequence as one chunk.
+    """The masked quadratic form: the whole sequence as one chunk, solved directly.
 
-    O(T²) memory and an O(T²·d) triangular solve; for short sequences and tests.
+        U' = (I + tril(diag(β) K Kᵀ, −1))⁻¹ diag(β) (V − K S_0)       (= U − W_c S_0)
+        Y  = Q S_0 + tril(Q Kᵀ) U',   S_T = S_0 + Kᵀ U'
+
+    O(T²) memory and an O(T²·(d_dot + d_v)) triangular solve; for short sequences and tests.
     """
-    y, W = delta_rule_chunk(q, k, v, beta, W0, chunk_size=max(k.shape[2], 1))
-    return y, W
+    W = _initial_state(k, v, W0)
+    if k.shape[2] == 0:
+        return v.new_zeros(v.shape), W
+    q32, k32, v32, b32 = q.float(), k.float(), v.float(), beta.float()[..., None]
+    S0 = W.mT
+    corrections = torch.linalg.solve_triangular(
+        gram(k32) * b32, b32 * (v32 - k32 @ S0), upper=False, unitriangular=True
+    )
+    y = q32 @ S0 + (q32 @ k32.mT).tril() @ corrections
+    return y.to(v.dtype), (S0 + k32.mT @ corrections).mT
 
 
 def delta_rule_read(q: Tensor, W: Tensor) -> Tensor:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .chunking import split_chunks
+
 #: Added to the normaliser zᵀq, as in the paper's official code.
 NORMALIZER_EPS = 1e-6
 
@@ -29,12 +31,6 @@ def _initial_state(q: Tensor, v: Tensor, W0: Tensor | None, z0: Tensor | None):
     return W, z
 
 
-def _exclusive_cumsum(x: Tensor, start: Tensor) -> Tensor:
-    """``start`` + Σ_{m < n} x[:, :, m] for every chunk n of x (B, H, n_chunks, ...)."""
-    shifted = torch.cat([start[:, :, None], x[:, :, :-1]], dim=2)
-    return torch.cumsum(shifted, dim=2)
-
-
 def sum_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
     normalize: bool = True, eps: float = NORMALIZER_EPS,
@@ -44,16 +40,17 @@ def sum_rule_recurrent(
     Returns (y (B, H, T, d_v), W_T, z_T).
     """
     W, z = _initial_state(q, v, W0, z0)
-    q32, k32, v32 = q.float(), k.float(), v.float()
     outputs = []
-    for t in range(q.shape[2]):
-        W = W + v32[:, :, t, :, None] * k32[:, :, t, None, :]
-        z = z + k32[:, :, t]
-        y = (W @ q32[:, :, t, :, None]).squeeze(-1)
+    # unbind, not q[:, :, t]: its backward is one stack instead of a full-size zero gradient per
+    # token, which would make the backward quadratic in T.
+    for q_t, k_t, v_t in zip(q.float().unbind(2), k.float().unbind(2), v.float().unbind(2), strict=True):
+        W = W + v_t[..., None] * k_t[:, :, None, :]
+        z = z + k_t
+        y = (W @ q_t[..., None]).squeeze(-1)
         if normalize:
-            y = y / ((z * q32[:, :, t]).sum(-1, keepdim=True) + eps)
+            y = y / ((z * q_t).sum(-1, keepdim=True) + eps)
         outputs.append(y)
-    y = torch.stack(outputs, dim=2) if outputs else v32.new_zeros(v.shape)
+    y = torch.stack(outputs, dim=2) if outputs else v.float().new_zeros(v.shape)
     return y.to(v.dtype), W, z
 
 
@@ -81,43 +78,47 @@ def sum_rule_chunk(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
     normalize: bool = True, eps: float = NORMALIZER_EPS, chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Chunkwise-parallel form: masked matmuls inside each chunk, the state W carried across.
+    """Chunkwise-parallel form: masked matmuls inside each chunk, the state carried across.
 
-    For chunk n with rows Q_n, K_n, V_n and state (W, z) before it:
-    y_n = (tril(Q_n K_nᵀ) V_n + Q_n Wᵀ) / (tril(Q_n K_nᵀ) 1 + Q_n z + eps);
-    W ← W + V_nᵀ K_n, z ← z + Σ K_n. A tail shorter than ``chunk_size`` is zero-padded; zero
-    keys write nothing, so the padding is exact. Returns (y, W_T, z_T).
+    For chunk n with rows Q_n, K_n, V_n and state S = Wᵀ, z before it:
+
+        y_n = (tril(Q_n K_nᵀ) V_n + Q_n S) / (tril(Q_n K_nᵀ) 1 + Q_n z + eps)
+        S ← S + K_nᵀ V_n,   z ← z + K_nᵀ 1.
+
+    The intra-chunk scores are computed for all chunks at once; the loop over chunks carries
+    one state, so without autograd no per-chunk state is kept (memory O(T·d + d_dot·d_v)).
+    Each chunk's state is built from earlier chunks only, never as a cumulative sum minus its
+    own write (whose cancellation would let later tokens leak into earlier outputs).
+
+    Any T works: C is capped at T and a shorter tail is zero-padded (zero keys write nothing).
+    Shapes as in the module docstring; returns (y (B, H, T, d_v) in v's dtype, W_T, z_T) fp32.
     """
     W, z = _initial_state(q, v, W0, z0)
     B, H, T, d_dot = q.shape
-    d_v = v.shape[-1]
     if T == 0:
         return v.new_zeros(v.shape), W, z
-    C = chunk_size
-    n_chunks = -(-T // C)
-    pad = n_chunks * C - T
-    q32, k32, v32 = (torch.nn.functional.pad(x.float(), (0, 0, 0, pad)) for x in (q, k, v))
-    qc = q32.view(B, H, n_chunks, C, d_dot)
-    kc = k32.view(B, H, n_chunks, C, d_dot)
-    vc = v32.view(B, H, n_chunks, C, d_v)
+    d_v = v.shape[-1]
+    qc, kc, vc = split_chunks([q, k, v], chunk_size)
+    n_chunks, C = qc.shape[2], qc.shape[3]
+    scores = (qc @ kc.mT).tril_()                       # tril(QKᵀ) for every chunk at once
+    S = W.mT.reshape(B * H, d_dot, d_v)                 # Wᵀ
+    z = z.reshape(B * H, d_dot, 1)
 
-    # State before each chunk: exclusive prefix sum of the per-chunk writes Vₙᵀ Kₙ. Computed
-    # from the earlier chunks only (not as cumsum − own write, whose rounding and cancellation
-    # would let a chunk's later tokens leak into its earlier outputs).
-    writes = vc.mT @ kc
-    W_before = _exclusive_cumsum(writes, W)
-    scores = (qc @ kc.mT).tril()
-    y = scores @ vc + qc @ W_before.mT
-    if normalize:
-        key_sums = kc.sum(dim=3)
-        z_before = _exclusive_cumsum(key_sums, z)
-        y = y / (scores.sum(-1, keepdim=True) + qc @ z_before[..., None] + eps)
-        z = z_before[:, :, -1] + key_sums[:, :, -1]
-    else:
-        z = z + kc.sum(dim=(2, 3))
-    W = W_before[:, :, -1] + writes[:, :, -1]
-    y = y.reshape(B, H, n_chunks * C, d_v)[:, :, :T]
-    return y.to(v.dtype), W, z
+    def per_chunk(x: Tensor) -> tuple[Tensor, ...]:
+        return x.flatten(0, 1).unbind(1)  # n_chunks tensors of (B·H, C, ·): 3-D for baddbmm
+
+    outputs = []
+    chunks = zip(per_chunk(qc), per_chunk(kc), per_chunk(vc), per_chunk(scores), strict=True)
+    for q_n, k_n, v_n, scores_n in chunks:
+        y_n = torch.baddbmm(scores_n @ v_n, q_n, S)                     # tril(QKᵀ) V + Q Wᵀ
+        if normalize:
+            # divided chunk by chunk, while y_n is small and in cache
+            y_n = y_n / (torch.baddbmm(scores_n.sum(-1, keepdim=True), q_n, z) + eps)
+        outputs.append(y_n)
+        S = torch.baddbmm(S, k_n.mT, v_n)                               # Wᵀ + KᵀV
+        z = z + k_n.sum(1)[..., None]                                   # z + Kᵀ1
+    y = torch.stack(outputs, dim=1).view(B, H, n_chunks * C, d_v)[:, :, :T]
+    return y.to(v.dtype), S.view(B, H, d_dot, d_v).mT, z.view(B, H, d_dot)
 
 
 def sum_rule_write(
@@ -126,6 +127,28 @@ def sum_rule_write(
     """Write every (k_t, v_t) into the memory without reading: W ← W + Vᵀ K, z ← z + Σ K."""
     W, z = _initial_state(k, v, W0, z0)
     return W + v.float().mT @ k.float(), z + k.float().sum(dim=2)
+
+
+def sum_rule_write_read(
+    q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
+    normalize: bool = True, eps: float = NORMALIZER_EPS,
+) -> Tensor:
+    """Read with queries q after writing all of (k, v), without forming W: y = W_T q / (z_Tᵀ q).
+
+    W_T q = W_0 q + Vᵀ (K q) and z_Tᵀ q = z_0ᵀ q + 1ᵀ (K q): O(T·T_q·d) instead of the
+    O(T·d_dot·d_v) write. Shapes as :func:`sum_rule_read` plus k (B, H, T, d_dot), v (B, H, T, d_v).
+    """
+    q32 = q.float()
+    keys_q = k.float() @ q32.mT                                            # K q, (B, H, T, T_q)
+    y = keys_q.mT @ v.float()
+    if W0 is not None:
+        y = y + q32 @ W0.float().mT
+    if normalize:
+        denominator = keys_q.sum(dim=2)[..., None]
+        if z0 is not None:
+            denominator = denominator + q32 @ z0.float()[..., None]
+        y = y / (denominator + eps)
+    return y
 
 
 def sum_rule_read(

@@ -1,0 +1,62 @@
+"""The performance-regression suite (pytest-benchmark), run by ``nox -s bench``; not part of the
+default ``pytest`` run (``testpaths = ["tests"]``).
+
+Options: ``--short`` (the CI subset, failing only on gross regressions), ``--update-baseline``
+(write the measured ratios to ``results/baselines/perf_baseline.json`` instead of judging them),
+``--threshold X`` (override the slowdown factor that fails).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fwbench.environment import describe_environment
+from fwbench.perf_regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("fwbench performance regression")
+    group.addoption("--short", action="store_true", help="only the CI subset; fail only on gross regressions")
+    group.addoption("--update-baseline", action="store_true", help=f"write the measured ratios to {BASELINE_PATH}")
+    group.addoption("--threshold", type=float, default=None, help="slowdown factor over the baseline that fails")
+
+
+def pytest_configure(config):
+    torch.set_num_threads(1)
+    config._fwbench_ratios = {}
+    config._fwbench_seconds = {}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("--short"):
+        return
+    keep = [item for item in items if getattr(item, "callspec", None) and item.callspec.params["case"].short]
+    config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+    items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def threshold(pytestconfig) -> float:
+    chosen = pytestconfig.getoption("--threshold")
+    if chosen is not None:
+        return chosen
+    return GROSS_THRESHOLD if pytestconfig.getoption("--short") else FULL_THRESHOLD
+
+
+@pytest.fixture(scope="session")
+def baseline(pytestconfig) -> dict[str, float]:
+    return {} if pytestconfig.getoption("--update-baseline") else load_baseline()
+
+
+@pytest.fixture(scope="session")
+def measured(pytestconfig):
+    return pytestconfig._fwbench_ratios, pytestconfig._fwbench_seconds
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if config.getoption("--update-baseline") and config._fwbench_ratios:
+        path = write_baseline(config._fwbench_ratios, config._fwbench_seconds,
+                              describe_environment(torch.device("cpu")))
+        print(f"\nbaseline written: {path} ({len(config._fwbench_ratios)} benchmarks)")

@@ -1,0 +1,139 @@
+"""Measuring one call: wall time (median after warm-up), peak memory, FLOPs, and the matmul peak.
+
+Rules (DESIGN.md, "Measuring"):
+
+- Time: one warm-up call, then ``repeats`` timed calls, median (and min). A call whose warm-up
+  already took longer than ``long_call_s`` is not repeated: its one time is the measurement
+  (``repeats = 1`` in the record), so a 30-second recurrent backward does not cost two minutes.
+  On CUDA the device is synchronised before and after each call.
+- Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` minus what was allocated before the
+  call; on CPU the allocator's own accounting, read from ``torch.profiler`` memory events (every
+  tensor allocation and free, in order; the peak of their running sum). Both count tensor bytes
+  only (not the allocator's cache, not library workspaces); both are relative to the tensors
+  alive before the call (the inputs), so they measure what the call itself needs.
+- FLOPs: counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmul-type ops: mm, bmm,
+  baddbmm, scaled_dot_product_attention, and their backward), so achieved GFLOP/s = counted
+  FLOPs / median time. Triangular solves and elementwise work are not counted, so the figure is
+  a lower bound on the arithmetic actually done.
+- Matmul peak: the best of a few fp32 n×n matmuls in the same process, the yardstick that
+  achieved GFLOP/s is compared against.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+#: Calls at least this long (seconds, CPU) are timed once, without repeats.
+LONG_CALL_S = 3.0
+
+
+@dataclass
+class Timing:
+    """Wall-clock seconds of one call: median and min of ``repeats`` timed calls."""
+
+    median_s: float
+    min_s: float
+    repeats: int
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(fn: Callable[[], object], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 3,
+              long_call_s: float = LONG_CALL_S) -> Timing:
+    """Median wall time of ``fn()`` (seconds) after one warm-up call.
+
+    Raises whatever ``fn`` raises (out-of-memory included); the caller records it.
+    """
+    warm_up = _timed(fn, device)
+    if warm_up >= long_call_s or repeats < 1:
+        return Timing(warm_up, warm_up, 1)
+    times = [_timed(fn, device) for _ in range(repeats)]
+    return Timing(statistics.median(times), min(times), repeats)
+
+
+@contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    """Point file descriptor 2 at /dev/null: torch's profiler prints a line per start and stop
+    from C++ (no log level turns it off), which would interleave with the benchmark's table."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes of tensors allocated by ``fn()`` beyond those alive before it (see module doc)."""
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - before)
+    from torch.profiler import ProfilerActivity, profile
+
+    with _stderr_silenced(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return int(peak)
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    """Matmul-type FLOPs that ``fn()`` executes, forward and backward (see module doc)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak_gflops(device: torch.device, n: int | None = None, repeats: int = 5) -> float:
+    """Best GFLOP/s of an fp32 (n × n) @ (n × n) matmul on ``device`` (2n³ FLOPs per call).
+
+    n defaults to 2048 on CPU and 8192 on CUDA: large enough to reach the BLAS plateau.
+    """
+    n = n or (8192 if device.type == "cuda" else 2048)
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(device)
+    b = torch.randn(n, n, generator=generator).to(device)
+    _timed(lambda: a @ b, device)
+    best = min(_timed(lambda: a @ b, device) for _ in range(repeats))
+    return 2 * n**3 / best / 1e9
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure (CUDA OOM, or CPU ``MemoryError`` / alloc failure)."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "not enough memory" in text)

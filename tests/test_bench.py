@@ -1,0 +1,194 @@
+"""Specification of ``fwbench bench`` and of the performance-regression check.
+
+- The measuring primitives are exact where they can be: peak memory of a known allocation
+  pattern, FLOPs of a matmul.
+- A small bench run writes one record per (variant, form, mode, T) to ``bench.jsonl``, and the
+  acceptance ratios, tables, CLI and report section are built from them.
+- The regression comparison flags a ratio past the threshold, naming the benchmark and both
+  ratios; benchmarks without a baseline are not judged.
+- CI's short check: the short benchmarks measured now are within the gross threshold of the
+  committed baseline (a chunk form falling back to the token loop would fail it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fwbench.bench import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
+from fwbench.bench_measure import count_flops, peak_memory_bytes, time_call
+from fwbench.bench_report import section_bench
+from fwbench.bench_summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
+from fwbench.cli import main
+from fwbench.perf_regression import (
+    BASELINE_PATH,
+    GROSS_THRESHOLD,
+    PERF_CASES,
+    compare,
+    load_baseline,
+    measure_ratio,
+    write_baseline,
+)
+from fwbench.store import ResultsStore
+
+CPU = torch.device("cpu")
+
+
+def test_peak_memory_counts_tensor_bytes_alive_at_the_peak():
+    def allocate():
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a * 2  # 8 MB alive
+        del a
+        c = torch.ones(2000, 1000)  # 4 + 8 = 12 MB alive: the peak
+        return b.sum() + c.sum()
+
+    assert 12_000_000 <= peak_memory_bytes(allocate, CPU) <= 12_000_100
+
+
+def test_flop_count_of_a_matmul_and_its_backward():
+    a = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(16, 4)
+    assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+    assert count_flops(lambda: (a @ b).sum().backward()) == 2 * (2 * 8 * 16 * 4)
+
+
+def test_long_calls_are_timed_once():
+    timing = time_call(lambda: None, CPU, repeats=4, long_call_s=0.0)
+    assert timing.repeats == 1
+    assert time_call(lambda: None, CPU, repeats=4).repeats == 4
+
+
+TINY = BenchProfile(
+    "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
+                                                   "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
+    repeats=1, memory_max_recurrent=32, comparison_length=64, precision_length=64, chunk_sweep=(16, 32),
+    sweep_length=64, train_steps=3,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bench")
+    store = ResultsStore(directory, records_file=BENCH_RECORDS)
+    result = run_bench(TINY, CPU, store=store, variants=["softmax", "dpfp", "dpfp-delta"], quiet=True)
+    return directory, store, result
+
+
+def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
+    directory, store, result = tiny_run
+    stored = store.records()
+    assert len(stored) == len(result.records) and (directory / BENCH_RECORDS).exists()
+    assert not (directory / "runs.jsonl").exists(), "bench records go to their own file"
+    frame = bench_frame(stored)
+    main_cases = frame[frame["sweep"].isna() & (frame["form"] != "anchor")]
+    # softmax: parallel, recurrent; dpfp and dpfp-delta: chunk, parallel, recurrent; × 2 modes × 2 lengths
+    assert len(main_cases) == (2 + 3 + 3) * 2 * 2
+    skipped = main_cases[main_cases["status"] == "skipped"]
+    assert set(skipped["form"]) == {"recurrent"} and set(skipped["T"]) == {64}, "recurrent is capped at T=32"
+    ok = main_cases[main_cases["status"] == "ok"]
+    assert (ok["median_s"] > 0).all() and (ok["tokens_per_s"] > 0).all()
+    chunk = ok[ok["form"] == "chunk"]
+    assert (chunk["gflop"] > 0).all() and chunk["peak_mem_bytes"].notna().all()
+    delta_fb = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD_BACKWARD)]
+    delta_fwd = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD)]
+    assert delta_fb["gflop"].min() > delta_fwd["gflop"].max() / 2, "the backward's FLOPs are counted too"
+    assert {"sdpa (torch)", "fla delta_rule_chunkwise"} <= set(frame["variant"])
+    assert {"C=16 (ms)", "C=32 (ms)"}, set(frame[frame["sweep"] == "chunk_size"]["chunk_size"]) == {16, 32}
+
+
+def test_bench_ratios_cover_every_acceptance_figure(tiny_run):
+    _, _, result = tiny_run
+    ratios = acceptance_ratios(bench_frame(result.records), result.extras)
+    names = " | ".join(r.name for r in ratios)
+    for expected in ("speed-up over recurrent", "dpfp chunk time", "fla delta_rule_chunkwise", "GFLOP/s",
+                     "SDPA", "peak memory", "Setting 2 training", "fp16/bf16"):
+        assert expected in names
+    comparison = result.extras["fla_comparison"]
+    assert comparison["rel_rmse"] <= 1e-5, "ours and fla's chunkwise delta rule compute the same outputs"
+    assert all(row["finite"] for row in result.extras["precision"]["rows"])
+    assert result.extras["setting2_training"]["steps"] == 3
+    text = format_ratios(ratios)
+    assert "PASS" in text or "FAIL" in text
+    assert not math.isnan(ratios[0].value), "recurrent and chunk at T=32 give the speed-up"
+
+
+def test_time_table_has_one_row_per_variant_and_form(tiny_run):
+    _, _, result = tiny_run
+    table = time_table(bench_frame(result.records), FORWARD)
+    assert list(table.columns) == ["variant", "form", "T=32", "T=64"]
+    assert ("dpfp-delta:nu=1", "chunk") in set(zip(table["variant"], table["form"], strict=True))
+
+
+def test_report_section_draws_the_latest_session(tiny_run, tmp_path):
+    directory, store, result = tiny_run
+    ratios = acceptance_ratios(bench_frame(result.records), result.extras)
+    store.append(summary_record(result.session, result.extras, ratios, {}))
+    import pandas as pd
+
+    frame = pd.DataFrame()
+    frame.attrs["results_dir"] = str(directory)
+    markdown = section_bench(frame, tmp_path)
+    assert "## Speed and memory" in markdown and "Acceptance ratios" in markdown
+    assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
+    empty = pd.DataFrame()
+    empty.attrs["results_dir"] = str(tmp_path / "nothing")
+    assert "No benchmark records" in section_bench(empty, tmp_path)
+
+
+def test_bench_command_prints_tables_and_ratios(tmp_path, capsys):
+    code = main(["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                 "--results-dir", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "forward: median ms" in out and "acceptance ratios" in out and "T=32" in out
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / BENCH_RECORDS).read_text().splitlines()]
+    assert kinds.count("bench-summary") == 1 and kinds.count("bench") > 1
+
+
+@pytest.mark.parametrize("argv", [["--profile", "huge"], ["--variants", "nope"], ["--lengths", "0"]])
+def test_bench_command_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
+    code = main(["bench", *argv, "--results-dir", str(tmp_path), "--quiet", "--no-extras"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("fwbench: error:") and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Regression comparison.
+# --------------------------------------------------------------------------------------------
+
+
+def test_compare_flags_only_ratios_past_the_threshold_and_names_both():
+    baseline = {"fast": 1.0, "slow": 2.0}
+    regressions = compare({"fast": 1.49, "slow": 3.2, "new": 99.0}, baseline, threshold=1.5)
+    assert [r.name for r in regressions] == ["slow"]
+    message = regressions[0].message()
+    assert "slow" in message and "3.200" in message and "2.000" in message and "1.60×" in message
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.5])
+def test_compare_rejects_a_threshold_that_is_not_a_slowdown(threshold):
+    with pytest.raises(ValueError, match="threshold"):
+        compare({"a": 1.0}, {"a": 1.0}, threshold)
+
+
+def test_baseline_round_trip_keeps_benchmarks_not_measured_now(tmp_path):
+    path = tmp_path / "baseline.json"
+    write_baseline({"a": 1.5, "b": 2.0}, {"a": 0.1}, {"torch": "x"}, path)
+    write_baseline({"a": 1.25}, {}, {"torch": "y"}, path)
+    assert load_baseline(path) == {"a": 1.25, "b": 2.0}
+    assert load_baseline(tmp_path / "missing.json") == {}
+
+
+def test_committed_baseline_names_every_tracked_benchmark():
+    assert set(load_baseline(BASELINE_PATH)) == {case.name for case in PERF_CASES}
+
+
+def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
+    """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
+    torch.set_num_threads(1)
+    measured = {case.name: measure_ratio(case, repeats=3)[0] for case in PERF_CASES if case.short}
+    regressions = compare(measured, load_baseline(BASELINE_PATH), GROSS_THRESHOLD)
+    assert not regressions, "; ".join(r.message() for r in regressions)

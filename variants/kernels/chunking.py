@@ -1,0 +1,36 @@
+"""Splitting (B, H, T, D) tensors into chunks for the chunkwise-parallel kernels."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def chunk_length(T: int, chunk_size: int) -> int:
+    """Length C of the N = ⌈T / chunk_size⌉ chunks that cover T tokens as evenly as possible.
+
+    ``chunk_size`` is the longest chunk allowed; balancing the chunks (C = ⌈T / N⌉) keeps their
+    number and avoids padding where N divides T (T = 120 with chunk_size 32 gives 4 chunks of 30
+    rather than 4 of 32 with 8 padded tokens).
+    """
+    n_chunks = -(-T // chunk_size)
+    return -(-T // n_chunks)
+
+
+def split_chunks(tensors: list[Tensor], chunk_size: int) -> list[Tensor]:
+    """Each (B, H, T, D) tensor as fp32 (B, H, N, C, D), with C = :func:`chunk_length` (T ≥ 1).
+
+    The tail is zero-padded to a whole chunk; the kernels make zero keys write nothing, so the
+    padding changes no output and no state (the padded outputs are sliced off by the caller).
+    """
+    B, H, T = tensors[0].shape[:3]
+    C = chunk_length(T, chunk_size)
+    n_chunks = -(-T // C)
+    pad = n_chunks * C - T
+    out = []
+    for x in tensors:
+        x = x.float()
+        if pad:
+            x = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        out.append(x.reshape(B, H, n_chunks, C, x.shape[-1]))
+    return out

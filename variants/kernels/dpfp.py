@@ -1,0 +1,73 @@
+"""DPFP features (paper Section 5.3, Eq. 27–28), optionally sum-normalised, as one autograd op.
+
+    r(x) = [relu(x), relu(−x)] ∈ R^{2d},   φ_{(i−1)·2d + j}(x) = r_j · r_{(j − i) mod 2d},  i = 1..ν
+    φ̂(x) = φ(x) / (Σ_j φ_j(x) + eps)                                 (delta rule, Eq. 23)
+
+Written with ``out=`` and in-place updates so that the forward allocates two (…, 2d·ν)-sized
+tensors and the backward three, where the composition of torch ops allocates about a dozen: the
+feature map runs on every key and query, and on CPU each large temporary costs page faults and
+memory traffic comparable to the attention kernel itself. Computed in fp32 whatever the input
+dtype; the gradient comes back in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _products(r: Tensor, nu: int) -> Tensor:
+    """φ from r (…, n): block i holds r_j · r_{(j − i) mod n}."""
+    n = r.shape[-1]
+    phi = r.new_empty(*r.shape[:-1], n * nu)
+    for i in range(1, nu + 1):
+        block = phi[..., (i - 1) * n : i * n]
+        torch.mul(r[..., i:], r[..., : n - i], out=block[..., i:])
+        torch.mul(r[..., :i], r[..., n - i :], out=block[..., :i])
+    return phi
+
+
+class _DPFP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, nu: int, normalize: bool, eps: float) -> Tensor:
+        x32 = x.float()
+        d = x.shape[-1]
+        r = x32.new_empty(*x.shape[:-1], 2 * d)
+        torch.clamp(x32, min=0, out=r[..., :d])
+        torch.neg(x32, out=r[..., d:]).clamp_(min=0)
+        phi = _products(r, nu)
+        inv = None
+        if normalize:
+            inv = (phi.sum(dim=-1, keepdim=True) + eps).reciprocal_()
+            phi.mul_(inv)
+        ctx.nu, ctx.normalize, ctx.input_dtype = nu, normalize, x.dtype
+        ctx.save_for_backward(r, phi if normalize else None, inv)
+        return phi
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        r, phi, inv = ctx.saved_tensors
+        n = r.shape[-1]
+        d = n // 2
+        grad = grad.float()
+        if ctx.normalize:
+            # ∂φ̂_j/∂φ_i = inv (δ_ij − φ̂_j)  ⇒  ḡφ = inv (ḡ − Σ_j ḡ_j φ̂_j)
+            grad = (grad - (grad * phi).sum(dim=-1, keepdim=True)).mul_(inv)
+        grad_r = torch.zeros_like(r)
+        for i in range(1, ctx.nu + 1):
+            g = grad[..., (i - 1) * n : i * n]
+            # φ_j = r_j r_{j−i} for j ≥ i, and r_j r_{j−i+n} for j < i
+            grad_r[..., i:].addcmul_(g[..., i:], r[..., : n - i])
+            grad_r[..., : n - i].addcmul_(g[..., i:], r[..., i:])
+            grad_r[..., :i].addcmul_(g[..., :i], r[..., n - i :])
+            grad_r[..., n - i :].addcmul_(g[..., :i], r[..., :i])
+        # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient
+        positive, negative = grad_r[..., :d], grad_r[..., d:]
+        positive.masked_fill_(r[..., :d] <= 0, 0)
+        negative.masked_fill_(r[..., d:] <= 0, 0)
+        return (positive - negative).to(ctx.input_dtype), None, None, None
+
+
+def dpfp(x: Tensor, nu: int, normalize: bool = False, eps: float = 1e-6) -> Tensor:
+    """DPFP features of x (…, d) → (…, 2·d·ν) fp32, sum-normalised with ``eps`` if ``normalize``."""
+    return _DPFP.apply(x, nu, normalize, eps)
