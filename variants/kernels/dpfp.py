@@ -61,11 +61,10 @@ class _DPFP(torch.autograd.Function):
             grad_r[..., : n - i].addcmul_(g[..., i:], r[..., i:])
             grad_r[..., :i].addcmul_(g[..., :i], r[..., n - i :])
             grad_r[..., n - i :].addcmul_(g[..., :i], r[..., :i])
-        # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient
-        positive, negative = grad_r[..., :d], grad_r[..., d:]
-        positive.masked_fill_(r[..., :d] <= 0, 0)
-        negative.masked_fill_(r[..., d:] <= 0, 0)
-        return (positive - negative).to(ctx.input_dtype), None, None, None
+        # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient. r ≥ 0, so sign(r)
+        # is that 0/1 mask; multiplying by it is ~10× faster on CPU than a boolean masked_fill_.
+        grad_r.mul_(torch.sign(r))
+        return (grad_r[..., :d] - grad_r[..., d:]).to(ctx.input_dtype), None, None, None
 
 
 def dpfp(x: Tensor, nu: int, normalize: bool = False, eps: float = 1e-6) -> Tensor:
