@@ -34,7 +34,8 @@ class ClaimResult:
 
 def _setting_frame(frame: pd.DataFrame, setting: int) -> pd.DataFrame:
     if frame.empty or "setting" not in frame:
-        return frame.iloc[0:0]
+        # no retrieval runs (an empty store, or only other tasks): an empty table the claims can still read
+        return pd.DataFrame(columns=["task", "setting", "S", "variant", "seed", "best_eval_loss"])
     return frame[(frame["task"] == "retrieval") & (frame["setting"] == setting)]
 
 
@@ -101,9 +102,12 @@ def claim_dpfp_capacity_grows_with_nu(frame: pd.DataFrame) -> ClaimResult:
     return ClaimResult("C2", claim, f"capacity {paper}", f"capacity {measured}", verdict)
 
 
+from .claims_lm import LM_CLAIMS  # noqa: E402  (imported here: it builds on ClaimResult above)
+
 CLAIMS: list[Callable[[pd.DataFrame], ClaimResult]] = [
     claim_linear_fails_softmax_holds,
     claim_dpfp_capacity_grows_with_nu,
+    *LM_CLAIMS,
 ]
 
 

@@ -66,7 +66,9 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
     ])
 
 
-SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [section_capacity]
+from .report_lm import section_shakespeare  # noqa: E402  (imported here: it builds on markdown_table above)
+
+SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [section_capacity, section_shakespeare]
 
 
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
