@@ -12,7 +12,8 @@ CAPACITY_THRESHOLD = 0.01
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per record: grid, task, variant spec, seed, every config field, metrics, status."""
+    """One row per record: grid, task, variant spec, seed, every config field, metrics, status,
+    and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``."""
     rows = []
     for r in records:
         row = {
@@ -22,6 +23,9 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             "device": r.get("environment", {}).get("device"),
             "torch": r.get("environment", {}).get("torch"),
             "threads": r.get("environment", {}).get("threads"),
+            "tokens_per_s": r.get("tokens_per_s"),
+            "curve": r.get("curve"),
+            "final_evaluation": r.get("final_evaluation"),
         }
         row.update(r["config"])
         row.update(r["metrics"])

@@ -50,6 +50,7 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     os.close(handle)
     try:
         torch.save({"format": CHECKPOINT_FORMAT, **payload}, temporary)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary result file
         os.replace(temporary, path)
     finally:
         Path(temporary).unlink(missing_ok=True)

@@ -39,7 +39,8 @@ class ClaimResult:
 
 def _setting_frame(frame: pd.DataFrame, setting: int) -> pd.DataFrame:
     if frame.empty or "setting" not in frame:
-        return frame.iloc[0:0]
+        # no retrieval runs (an empty store, or only other tasks): an empty table the claims can still read
+        return pd.DataFrame(columns=["task", "setting", "S", "variant", "seed", "best_eval_loss"])
     return frame[(frame["task"] == "retrieval") & (frame["setting"] == setting)]
 
 
@@ -308,6 +309,7 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
         return ClaimResult("C7", claim, paper, "needs MAP-delta-unnorm and MAP-delta runs at the same S", NOT_RUN)
     return ClaimResult("C7", claim, paper, "; ".join(parts), PASS if ok else FAIL)
 
+from .claims_lm import LM_CLAIMS  # noqa: E402  (imported here: it builds on ClaimResult above)
 
 CLAIMS: list[Callable[[pd.DataFrame], ClaimResult]] = [
     claim_linear_fails_softmax_holds,
@@ -317,6 +319,7 @@ CLAIMS: list[Callable[[pd.DataFrame], ClaimResult]] = [
     claim_setting2_delta_beats_sum,
     claim_delta_rule_needs_capacity,
     claim_unnormalised_delta_rule_fails,
+    *LM_CLAIMS,
 ]
 
 

@@ -253,6 +253,10 @@ SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [
 ]
 SECTIONS.append(section_bench)
 
+from .report_lm import section_shakespeare  # noqa: E402  (it builds on markdown_table above)
+
+SECTIONS.insert(4, section_shakespeare)
+
 
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
     if frame.empty:

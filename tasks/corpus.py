@@ -76,13 +76,14 @@ def urllib_fetch(url: str, destination: Path) -> None:
         shutil.copyfileobj(response, out)
 
 
-def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch = urllib_fetch) -> None:
+def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch | None = None) -> None:
     """Fetch ``url`` to a temporary file beside ``destination``; rename it there only if it matches.
 
     Raises:
         CorpusError: the fetch failed (offline, HTTP error) or the body's checksum differs; the
             temporary file is removed either way, so nothing partial is left behind.
     """
+    fetch = fetch or urllib_fetch
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".part", dir=destination.parent)
     os.close(handle)
@@ -95,20 +96,21 @@ def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch = u
         got = sha256_of(temporary)
         if got != sha256:
             raise CorpusError(f"download from {url} has sha256 {got}, expected {sha256} (truncated or altered)")
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; the cache is an ordinary user file
         os.replace(temporary, destination)
     finally:
         temporary.unlink(missing_ok=True)
 
 
 def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,
-                  fetch: Fetch = urllib_fetch, download: bool = True) -> Path:
+                  fetch: Fetch | None = None, download: bool = True) -> Path:
     """Path of a verified copy of the corpus, downloading it into the cache if needed.
 
     Args:
         data_dir: directory to search first; ``None`` reads ``FWBENCH_DATA_DIR``.
         sha256: expected checksum (tests pass the checksum of a small fake corpus).
         url: where to download from when no local copy verifies.
-        fetch: how to download (tests pass a fake; the default uses urllib).
+        fetch: how to download (default :func:`urllib_fetch`; tests pass a fake).
         download: ``False`` never touches the network.
 
     Raises:

@@ -39,6 +39,9 @@ from .lm_evaluation import (
 from .lm_model import POSITIONAL, DecoderConfig, DecoderLM
 
 SCHEDULES = ("constant", "noam")
+#: Validation segments per forward pass (at least; the training batch size if larger): evaluation
+#: needs no gradients, and small batches would make a pass over the split needlessly slow.
+EVAL_BATCH_SEGMENTS = 64
 FORMS = ("auto", "parallel", "chunk", "recurrent")
 
 
@@ -49,8 +52,12 @@ class ShakespeareConfig:
     Attributes:
         d_model, n_heads, n_layers, d_ff, dropout, tied_output, positional: the model (see
             :class:`tasks.lm_model.DecoderConfig`); d_key = d_model / n_heads.
-        context: training segment length in characters (and softmax's key window).
-        batch_size: segments per training step.
+        context: segment length in characters: the model's training context and softmax's window.
+        train_segments: consecutive segments per training sequence. 1: independent segments, each
+            from an empty memory (the paper's limited-context setup, Table 2). K > 1: every layer's
+            state is carried from one segment into the next, with gradients through all K (the
+            paper's carried-state training, Table 4, truncated to K segments).
+        batch_size: sequences per training step.
         lr: peak learning rate of Adam; schedule: ``noam`` (linear warm-up over ``warmup_steps``,
             then ∝ 1/√step) or ``constant``; grad_clip: global gradient-norm clip (0 = off).
         max_steps: training steps; eval_every: steps between evaluations; eval_segments:
@@ -72,6 +79,7 @@ class ShakespeareConfig:
     tied_output: bool = True
     positional: str = "none"
     context: int = 128
+    train_segments: int = 1
     batch_size: int = 32
     lr: float = 2e-3
     schedule: str = "noam"
@@ -95,7 +103,7 @@ class ShakespeareConfig:
     @property
     def sequence_length(self) -> int:
         """Tokens per training sequence (the harness's tokens/s uses it)."""
-        return self.context
+        return self.context * self.train_segments
 
     def decoder_config(self, vocab_size: int) -> DecoderConfig:
         return DecoderConfig(
@@ -131,6 +139,11 @@ class CharCorpus:
     def encode(self, text: str) -> Tensor:
         """Ids of ``text`` (1-D int64). Raises :class:`CorpusError` naming a character outside the vocabulary."""
         return encode(text, self.vocabulary)
+
+
+def eval_batch(config: ShakespeareConfig) -> int:
+    """Segments per evaluation forward pass."""
+    return max(config.batch_size, EVAL_BATCH_SEGMENTS)
 
 
 def encode(text: str, vocabulary: str) -> Tensor:
@@ -179,14 +192,12 @@ class ShakespeareTask:
         Raises:
             CorpusError: not found and not downloadable, or a checksum mismatch.
         """
-        options = {"sha256": self.sha256, "url": self.url}
-        if self.fetch is not None:
-            options["fetch"] = self.fetch
-        return _corpus_at(str(locate_corpus(self.data_dir, **options)), train_fraction)
+        path = locate_corpus(self.data_dir, sha256=self.sha256, url=self.url, fetch=self.fetch)
+        return _corpus_at(str(path), train_fraction)
 
     def validate(self, config: ShakespeareConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
-        for name in ("d_model", "n_heads", "n_layers", "d_ff", "context", "batch_size", "max_steps",
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "context", "train_segments", "batch_size", "max_steps",
                      "eval_every", "patience", "chunk_size"):
             value = getattr(config, name)
             if value < 1:
@@ -219,15 +230,18 @@ class ShakespeareTask:
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
     def train_batch(self, config: ShakespeareConfig, generator: torch.Generator) -> Tensor:
-        """(batch_size, context + 1) ids: random windows of the training split."""
+        """(batch_size, train_segments · context + 1) ids: random windows of the training split."""
         train = self.corpus(config.train_fraction).train
-        if train.numel() < config.context + 2:
-            raise CorpusError(f"context: got {config.context}; the training split has only {train.numel()} characters")
-        starts = torch.randint(0, train.numel() - config.context - 1, (config.batch_size,), generator=generator)
-        return train[starts[:, None] + torch.arange(config.context + 1)]
+        length = config.sequence_length
+        if train.numel() < length + 2:
+            raise CorpusError(f"context × train_segments: got {length}; the training split has only "
+                              f"{train.numel()} characters")
+        starts = torch.randint(0, train.numel() - length - 1, (config.batch_size,), generator=generator)
+        return train[starts[:, None] + torch.arange(length + 1)]
 
     def loss(self, model: DecoderLM, batch: Tensor, config: ShakespeareConfig) -> Tensor:
-        """Mean next-character cross-entropy (nats) over the batch."""
+        """Mean next-character cross-entropy (nats) over the batch; the model reads each sequence in
+        segments of ``context``, carrying fast-weight states across them (see :class:`DecoderLM`)."""
         logits, _ = model(batch[:, :-1], form=config.form, chunk_size=config.chunk_size)
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
@@ -237,7 +251,7 @@ class ShakespeareTask:
         """``loss`` (nats/char), ``ppl`` and ``bpc`` on ``eval_segments`` validation segments
         (deterministic: the same segments every time; ``generator`` is unused)."""
         valid = self.corpus(config.train_fraction).valid
-        losses = token_losses(model, valid, config.context, device, carry=False, batch_size=config.batch_size,
+        losses = token_losses(model, valid, config.context, device, carry=False, batch_size=eval_batch(config),
                               max_segments=config.eval_segments, form=config.form, chunk_size=config.chunk_size)
         return language_model_metrics(losses.double().mean().item())
 
@@ -254,14 +268,14 @@ class ShakespeareTask:
         options = {"form": config.form, "chunk_size": config.chunk_size}
         out: dict = {}
         val_loss = token_losses(model, corpus.valid, config.context, device, carry=False,
-                                batch_size=config.batch_size, **options).double().mean().item()
+                                batch_size=eval_batch(config), **options).double().mean().item()
         val = language_model_metrics(val_loss)
         metrics = {"val_loss": val["loss"], "val_ppl": val["ppl"], "val_bpc": val["bpc"],
                    "unigram_bpc": bits_per_character(unigram_loss(corpus.train, corpus.valid, len(corpus.vocabulary)))}
         if config.stream_eval:
             stream = corpus.valid[: config.stream_characters] if config.stream_characters else corpus.valid
             out["long_context"] = long_context_evaluation(model, stream, config.context, device,
-                                                          batch_size=config.batch_size, **options)
+                                                          batch_size=eval_batch(config), **options)
             metrics["stream_ppl"] = out["long_context"]["carried_ppl_all"]
             metrics["stream_bpc"] = bits_per_character(out["long_context"]["carried_loss"])
             metrics["stream_reset_ppl"] = out["long_context"]["reset_ppl_all"]
