@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from tasks.corpus import CorpusError
+
 from .errors import FwbenchError
 from .grid import RunSpec
 
@@ -87,8 +89,8 @@ def launch_local(specs: list[RunSpec], options: LaunchOptions,
     for spec in specs:
         try:
             yield execute(spec, device, on_progress(spec), options.checkpoint_for(spec))
-        except (KeyboardInterrupt, FwbenchError):
-            raise
+        except (FwbenchError, CorpusError):
+            raise  # the user's setup is wrong (a path, a missing corpus): every run would fail alike
         except Exception as exc:
             yield failed_record(spec, exc)
 
