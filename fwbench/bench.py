@@ -171,6 +171,7 @@ class _Runner:
         self.quiet, self.store = quiet, store
         self.result = BenchResult(session=uuid.uuid4().hex[:12])
         self.environment = describe_environment(device)
+        self.fla = bench_anchors.load_fla_naive()  # (module or None, why not)
         self.peak_gflops = matmul_peak_gflops(device)
         self.result.extras["matmul_peak_gflops"] = self.peak_gflops
 
@@ -448,7 +449,6 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     if any(not isinstance(T, int) or T < 1 for T in chosen_lengths):
         raise FwbenchError(f"--lengths: got {list(chosen_lengths)}; expected positive integers")
     runner = _Runner(profile, device, B, H, d_head, quiet, store)
-    runner.fla = bench_anchors.load_fla_naive()
     if runner.fla[0] is None:
         runner.log(f"  fla anchors skipped: {runner.fla[1]}")
     runner.log(f"bench [{profile.name}] on {device}: matmul peak {runner.peak_gflops:.1f} GFLOP/s (fp32), "

@@ -53,8 +53,11 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
             ax.set_xlabel("sequence length T")
             ax.set_ylabel(label)
             ax.grid(True, which="both", alpha=0.3)
-    handles, labels = axes[0][1].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center right", fontsize=7)
+    legend = {}
+    for ax in axes.flat:  # the anchors that only run forward appear in the left panels only
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="center right", fontsize=7)
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 0.8, 0.96))
     path.parent.mkdir(parents=True, exist_ok=True)

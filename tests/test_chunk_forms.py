@@ -1,9 +1,11 @@
 """Specification of the fast chunk forms, the fused write-then-read and their low-precision behaviour.
 
-- For every fast-weight variant, the chunk form (chunk sizes 16, 32, 64) and the parallel form
-  agree with the token-by-token recurrent form from a non-zero carried state: outputs, final
-  state and the gradients of q, k, v, β and the carried state (relative RMSE ≤ 1e-5, fp32), for
-  T ∈ {1, 2, 15, 63, 64, 65, 100}; at T = 1000 the chunk form is checked against the parallel form.
+- For every fast-weight family with chunk forms (sum and delta rule on elu+1, FAVOR+, DPFP, and
+  the unnormalised-delta ablation; the FWM rule has only its recurrent form), the chunk form
+  (chunk sizes 16, 32, 64) and the parallel form agree with the token-by-token recurrent form from
+  a non-zero carried state: outputs, final state and the gradients of q, k, v, β and the carried
+  state (relative RMSE ≤ 1e-5, fp32), for T ∈ {1, 2, 15, 63, 64, 65, 100}; at T = 1000 the chunk
+  form is checked against the parallel form (and, for DPFP, against the recurrent form).
 - ``write_read`` equals ``read(write(...))``, gradients included; the retrieval model's fastest
   (default) form equals its chunk and recurrent forms.
 - The fused DPFP op and the symmetric Gram backward equal their plain-torch definitions.
@@ -27,6 +29,9 @@ from variants.kernels.gram import gram
 TOL = 1e-5
 B, H, D_KEY, D_V = 2, 2, 8, 6
 FAST_WEIGHT_SPECS = ["linear", "favor:m=16", "dpfp:nu=2", "linear-delta", "favor-delta:m=16", "dpfp-delta:nu=2"]
+#: plus the unnormalised delta rule (the Section 4.2 ablation), which has chunk forms too; it is
+#: unstable by design (β‖φ(k)‖² > 2 grows W), so it is checked on sequences up to T = 100 only
+SHORT_SPECS = [*FAST_WEIGHT_SPECS, "dpfp-delta-unnorm:nu=1"]
 
 
 def _inputs(attention, T: int, dtype=torch.float32, seed: int = 0) -> dict:
@@ -83,7 +88,7 @@ def _assert_same(result, expected) -> None:
 
 @pytest.mark.parametrize("chunk_size", [16, 32, 64])
 @pytest.mark.parametrize("T", [1, 2, 15, 63, 64, 65, 100])
-@pytest.mark.parametrize("spec", FAST_WEIGHT_SPECS)
+@pytest.mark.parametrize("spec", SHORT_SPECS)
 def test_chunk_equals_recurrent_with_carried_state_outputs_state_and_gradients(spec, T, chunk_size):
     attention = build(spec)
     state, inputs = _carried(attention), _inputs(attention, T)
@@ -92,7 +97,7 @@ def test_chunk_equals_recurrent_with_carried_state_outputs_state_and_gradients(s
 
 
 @pytest.mark.parametrize("T", [1, 2, 15, 63, 64, 65, 100])
-@pytest.mark.parametrize("spec", FAST_WEIGHT_SPECS)
+@pytest.mark.parametrize("spec", SHORT_SPECS)
 def test_parallel_equals_recurrent_with_carried_state_outputs_state_and_gradients(spec, T):
     attention = build(spec)
     state, inputs = _carried(attention), _inputs(attention, T)
