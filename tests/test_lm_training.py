@@ -287,8 +287,8 @@ def test_fwbench_run_killed_with_sigkill_resumes_to_the_same_record(tmp_path):
     uninterrupted run. Uses the real corpus (a subprocess cannot be handed the fake one)."""
     if not REAL_DATA_DIR:
         pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
-    grid = write_tiny_grid(tmp_path, ["favor-delta:m=8"], max_steps=400, eval_every=50, checkpoint_every=20,
-                           eval_segments=4, stream_characters=512, sample_tokens=20)
+    grid = write_tiny_grid(tmp_path, ["favor-delta:m=8"], context=64, max_steps=160, eval_every=40,
+                           checkpoint_every=20, eval_segments=4, stream_characters=512, sample_tokens=20)
     env = {**os.environ, DATA_DIR_ENV: REAL_DATA_DIR}
     command = [sys.executable, "-m", "fwbench", "run", str(grid), "--quiet"]
     cwd = Path(__file__).resolve().parent.parent
