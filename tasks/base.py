@@ -46,6 +46,11 @@ class Task(Protocol):
                  device: torch.device) -> dict[str, float]:
         """Evaluation metrics; must contain ``loss``, the quantity early stopping watches."""
 
+    # Optional: ``final_evaluation(model, config, device, seed) -> dict``, run once after training.
+    # Its ``metrics`` entry (name → float) joins the record's metrics; everything else (JSON-ready)
+    # is stored in the record under ``final_evaluation`` (the LM task's long-context evaluation
+    # and generated sample). Optional config fields the loop reads: see ``fwbench.training``.
+
 
 def config_field_types(config_class: type) -> dict[str, type]:
     """Map each field name of a config dataclass to its Python type (int, float, str, bool)."""

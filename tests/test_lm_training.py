@@ -115,6 +115,21 @@ def test_gradient_clipping_and_schedule_change_the_run():
     assert base.final_eval != clipped.final_eval and base.final_eval != constant.final_eval
 
 
+def test_train_segments_make_longer_sequences_read_with_carried_state():
+    config = tiny_config(train_segments=3)
+    task = TASKS["shakespeare"]
+    batch = task.train_batch(config, torch.Generator().manual_seed(0))
+    assert batch.shape == (4, 3 * 16 + 1) and config.sequence_length == 48
+    torch.manual_seed(0)
+    model = task.build_model(config, "linear-delta")
+    with torch.no_grad():
+        carried = task.loss(model, batch, config)
+        segments = [model(batch[:, i * 16 : (i + 1) * 16])[0] for i in range(3)]  # each from an empty memory
+        independent = torch.nn.functional.cross_entropy(
+            torch.cat(segments, 1).reshape(-1, segments[0].shape[-1]), batch[:, 1:].reshape(-1))
+    assert not torch.isclose(carried, independent)  # the later segments saw the earlier ones
+
+
 def test_evaluation_reports_nats_perplexity_and_bits_per_character():
     result = fit("shakespeare", "softmax", tiny_config(), 1, torch.device("cpu"))
     metrics = result.final_evaluation["metrics"]
@@ -272,8 +287,8 @@ def test_fwbench_run_killed_with_sigkill_resumes_to_the_same_record(tmp_path):
     uninterrupted run. Uses the real corpus (a subprocess cannot be handed the fake one)."""
     if not REAL_DATA_DIR:
         pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
-    grid = write_tiny_grid(tmp_path, ["favor-delta:m=8"], max_steps=400, eval_every=50, checkpoint_every=20,
-                           eval_segments=4, stream_characters=512, sample_tokens=20)
+    grid = write_tiny_grid(tmp_path, ["favor-delta:m=8"], context=64, max_steps=160, eval_every=40,
+                           checkpoint_every=20, eval_segments=4, stream_characters=512, sample_tokens=20)
     env = {**os.environ, DATA_DIR_ENV: REAL_DATA_DIR}
     command = [sys.executable, "-m", "fwbench", "run", str(grid), "--quiet"]
     cwd = Path(__file__).resolve().parent.parent
