@@ -35,8 +35,10 @@ from .kernels import sum_rule as sum_kernels
 from .state import FastWeightState, KVCacheState
 
 FORMS = ("auto", "parallel", "chunk", "recurrent")
-#: Chunk size of the chunk form when none is given (chosen by ``fwbench bench`` on CPU).
-DEFAULT_CHUNK_SIZE = 64
+#: Chunk size of the chunk form when none is given. Chosen by ``fwbench bench --profile full`` on
+#: CPU (B=2, H=8, d_head=64, T=4096): C=32 was fastest forward+backward for DPFP with both rules
+#: and forward for the delta rule (16 and 128 slower); see the chunk-size sweep in the report.
+DEFAULT_CHUNK_SIZE = 32
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:

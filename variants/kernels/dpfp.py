@@ -53,13 +53,18 @@ class _DPFP(torch.autograd.Function):
         if ctx.normalize:
             # ∂φ̂_j/∂φ_i = inv (δ_ij − φ̂_j)  ⇒  ḡφ = inv (ḡ − Σ_j ḡ_j φ̂_j)
             grad = (grad - (grad * phi).sum(dim=-1, keepdim=True)).mul_(inv)
-        grad_r = torch.zeros_like(r)
+        grad_r = torch.empty_like(r)
         for i in range(1, ctx.nu + 1):
             g = grad[..., (i - 1) * n : i * n]
-            # φ_j = r_j r_{j−i} for j ≥ i, and r_j r_{j−i+n} for j < i
-            grad_r[..., i:].addcmul_(g[..., i:], r[..., : n - i])
+            # φ_j = r_j r_{j−i} for j ≥ i, and r_j r_{j−i+n} for j < i: each φ_j sends ḡ_j r_{j−i} to
+            # r_j and ḡ_j r_j to r_{j−i}. The first block writes (no zero fill), the others add.
+            if i == 1:
+                torch.mul(g[..., i:], r[..., : n - i], out=grad_r[..., i:])
+                torch.mul(g[..., :i], r[..., n - i :], out=grad_r[..., :i])
+            else:
+                grad_r[..., i:].addcmul_(g[..., i:], r[..., : n - i])
+                grad_r[..., :i].addcmul_(g[..., :i], r[..., n - i :])
             grad_r[..., : n - i].addcmul_(g[..., i:], r[..., i:])
-            grad_r[..., :i].addcmul_(g[..., :i], r[..., n - i :])
             grad_r[..., n - i :].addcmul_(g[..., :i], r[..., :i])
         # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient. r ≥ 0, so sign(r)
         # is that 0/1 mask; multiplying by it is ~10× faster on CPU than a boolean masked_fill_.
