@@ -65,8 +65,9 @@ def _cmd_grids(args: argparse.Namespace) -> int:
 def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     import torch
 
+    from . import distributed
     from .grid import expand, load_grid
-    from .runner import run_grid
+    from .runner import run_grid, run_grid_distributed
     from .store import ResultsStore
 
     if args.threads < 1:
@@ -81,6 +82,15 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     launcher = getattr(args, "launcher", "local")
     # Fail on a bad --device before any run starts; Ray workers check availability where they run.
     device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
+    context = distributed.context_from_environment()
+    if context is not None:
+        if args.command != "run" or launcher != "local":
+            raise FwbenchError(
+                f"torchrun: got 'fwbench {args.command}' with --launcher {launcher}; data-parallel training "
+                "runs under 'torchrun ... -m fwbench run GRID' with the local launcher only"
+            )
+        context, device = distributed.start(context, device)
+        quiet = quiet or not context.is_main
     options = LaunchOptions(
         launcher=launcher, device=str(device), threads=args.threads,
         ray_address=getattr(args, "ray_address", None), cpus_per_run=getattr(args, "cpus_per_run", 1.0),
@@ -91,9 +101,19 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     for problem in store.load().problems:
         print(f"fwbench: warning: {problem}", file=sys.stderr)
     plans = [(grid, expand(grid, profile, seeds)) for grid in grids]
+    if context is not None:  # every rank fails alike, before any training
+        for _, specs in plans:
+            for spec in specs:
+                context.check_batch_size(spec.task_config().batch_size)
     for grid, specs in plans:
         started = time.perf_counter()
-        summary = run_grid(specs, store, options, quiet=quiet)
+        if context is None:
+            summary = run_grid(specs, store, options, quiet=quiet)
+        else:
+            summary = run_grid_distributed(specs, store, context, device, quiet=quiet)
+            if not context.is_main:
+                continue
+            launcher = f"torchrun, {context.world_size} processes, {context.backend}"
         print(
             f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} run, {summary['skipped']} "
             f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
@@ -285,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("fwbench: interrupted; finished runs are kept, rerun the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        from .distributed import stop
+
+        stop()  # leave a torchrun process group, if this command joined one
 
 
 if __name__ == "__main__":

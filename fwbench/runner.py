@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from variants import d_dot_of, parse_spec
 
+from .distributed import DistributedContext
 from .environment import describe_environment
 from .grid import RunSpec
 from .launchers import LaunchOptions, launch
@@ -44,17 +45,21 @@ def checkpoint_path(store: ResultsStore, spec: RunSpec) -> Path:
     return store.directory / CHECKPOINT_DIR / f"{spec.run_id}.pt"
 
 
-def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: Path | None = None) -> dict:
+def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: Path | None = None,
+            distributed: DistributedContext | None = None) -> dict:
     """Train one run and build its record (see DESIGN.md, "A run record").
 
     ``checkpoint``: file to resume from and save to, for configs with ``checkpoint_every``.
+    ``distributed``: this process's rank under ``torchrun``; every rank returns the record, rank 0
+    stores it. ``tokens_per_s`` is then the throughput of all ranks together (global batch).
     """
     config = spec.task_config()
     variant = parse_spec(spec.variant)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = _now()
-    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint)
+    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint,
+                 distributed=distributed)
     sequence_length = getattr(config, "sequence_length", 0)
     tokens = result.steps * config.batch_size * sequence_length
     metrics = {
@@ -89,6 +94,7 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: P
         **_peak_memory_bytes(device),
         "resumed_at_step": result.resumed_at,
         **({"final_evaluation": final_evaluation} if final_evaluation else {}),
+        **({"distributed": result.distributed} if result.distributed else {}),
         "environment": describe_environment(device),
         "started_at": started,
         "ended_at": _now(),
@@ -167,4 +173,55 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     finally:
         bar.close()
         store.close()
+    return summary
+
+
+def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: DistributedContext,
+                         device: torch.device, quiet: bool = False) -> dict:
+    """:func:`run_grid` for one process of a ``torchrun`` group: every rank trains each run together.
+
+    Rank 0 reads the store, claims each run and tells the others (a broadcast) which runs to train,
+    so all ranks walk the same list; only rank 0 writes records and checkpoints and shows progress.
+    A run another process holds is skipped (rerun the command once it is done to pick up the rest).
+    A run that raises stops every rank (torchrun ends the group when one worker fails); finished
+    runs are kept. Summary keys as :func:`run_grid`'s.
+
+    Raises:
+        FwbenchError: the store cannot be written (checked on rank 0 before any training).
+    """
+    checkpoint_dir = store.directory / CHECKPOINT_DIR
+    if context.is_main:
+        store.check_writable()
+        done = store.finished_ids()
+        todo_ids = [s.run_id for s in specs if s.run_id not in done]
+    todo_ids = context.broadcast(todo_ids if context.is_main else None)
+    todo = [s for s in specs if s.run_id in set(todo_ids)]
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
+    show = context.is_main and not quiet
+    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not show, file=sys.stderr, dynamic_ncols=True)
+
+    def progress(step: int, loss: float) -> None:
+        if step % 50 == 0:
+            bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+
+    try:
+        for spec in todo:
+            with ExitStack() as held:
+                claimed = held.enter_context(store.claim(spec.run_id, wait=False)) if context.is_main else None
+                if not context.broadcast(claimed):
+                    summary["skipped"] += 1
+                    bar.update(1)
+                    continue
+                bar.set_description(spec.label)
+                record = execute(spec, device, progress if show else None, checkpoint_dir / f"{spec.run_id}.pt",
+                                 distributed=context)
+                if context.is_main:
+                    store.append(record)
+                summary["ran"] += 1
+                summary["diverged"] += record["status"] == "diverged"
+                bar.update(1)
+    finally:
+        bar.close()
+        if context.is_main:
+            store.close()
     return summary

@@ -28,6 +28,7 @@ from tasks.base import to_device
 from variants import FeatureMap, NonFiniteError, set_check_finite
 
 from .checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from .distributed import DistributedContext, parameter_digest
 from .optimization import build_optimizer, build_schedule, clip_gradients
 
 #: Generator seeds derived from the run seed; distinct streams for training and evaluation data.
@@ -51,6 +52,8 @@ class FitResult:
     parameters: int = 0
     resumed_at: int | None = None  # step of the checkpoint this run continued from, if any
     final_evaluation: dict = field(default_factory=dict)
+    #: data-parallel runs: world size, backend and each rank's parameter digest after training
+    distributed: dict | None = None
 
 
 def redraw_random_features(model: torch.nn.Module) -> None:
@@ -67,7 +70,8 @@ def _gradients_finite(model: torch.nn.Module) -> bool:
 
 def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         on_progress: Callable[[int, float], None] | None = None,
-        checkpoint_path: str | Path | None = None, check_finite: bool = True) -> FitResult:
+        checkpoint_path: str | Path | None = None, check_finite: bool = True,
+        distributed: DistributedContext | None = None) -> FitResult:
     """Train ``variant`` on a task from ``seed`` and return the curve and metrics.
 
     The same (task, variant, config, seed) on the same machine gives the same numbers: the model
@@ -79,11 +83,23 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     ``check_finite`` (default on) switches on the NaN/inf check of every attention module of the
     model (:func:`variants.set_check_finite`): a non-finite tensor reaching attention ends the run
     as diverged, with the step and the tensor named in ``diverged_reason``.
+
+    ``distributed`` (under ``torchrun``): the model trains inside DistributedDataParallel, each rank
+    on its slice of the global batch of ``config.batch_size`` rows; only rank 0 saves checkpoints
+    and runs ``final_evaluation`` (see :mod:`fwbench.distributed`).
+
+    Raises:
+        FwbenchError: under ``torchrun``, ``config.batch_size`` is not a multiple of the world size.
     """
     task = TASKS[task_name]
     torch.manual_seed(seed)
     model = task.build_model(config, variant).to(device)
     set_check_finite(model, check_finite)
+    if distributed is not None:
+        distributed.check_batch_size(config.batch_size)
+    # the module the loss runs through: DDP averages gradients across ranks in backward
+    trained = model if distributed is None else distributed.wrap(model, device)
+    is_main = distributed is None or distributed.is_main
     optimizer = build_optimizer(model, config)
     schedule = build_schedule(optimizer, config)
     train_data = torch.Generator().manual_seed(seed)
@@ -102,6 +118,8 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     finished, resumed_at = False, None
 
     def save(final: bool = False) -> None:
+        if not is_main:
+            return
         loop = {"step": step, "curve": curve, "best_eval": best_eval, "best_step": best_step,
                 "since_best": since_best, "status": status, "diverged_at": diverged_at,
                 "diverged_reason": diverged_reason, "last_eval": last_eval,
@@ -138,14 +156,23 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
         model.train()
         redraw_random_features(model)
         t0 = time.perf_counter()
-        batch = to_device(task.train_batch(config, train_data), device)
+        batch = task.train_batch(config, train_data)
+        batch = to_device(batch if distributed is None else distributed.shard(batch), device)
         step += 1
+        failure = None
         try:
-            loss = task.loss(model, batch, config)
+            loss = task.loss(trained, batch, config)
         except NonFiniteError as exc:
-            status, diverged_at, diverged_reason = "diverged", step, f"training: {exc}"
+            failure = f"training: {exc}"
+        if distributed is not None:  # every rank stops at the same step, or none does
+            failed, loss_value = distributed.any_rank(failure is not None, math.nan if failure else loss.item(), device)
+            if failed and failure is None:
+                failure = "training: a non-finite loss or tensor on one of the ranks"
+        else:
+            loss_value = math.nan if failure else loss.item()
+        if failure is not None:
+            status, diverged_at, diverged_reason = "diverged", step, failure
             break
-        loss_value = loss.item()
         if not math.isfinite(loss_value):
             status, diverged_at, diverged_reason = "diverged", step, f"training loss is {loss_value}"
             break
@@ -193,12 +220,16 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     if checkpoint_every and not finished:
         save(final=True)
     final_evaluation = {}
-    if hasattr(task, "final_evaluation") and status != "diverged":
+    distributed_summary = None
+    if distributed is not None:
+        distributed_summary = {"world_size": distributed.world_size, "backend": distributed.backend,
+                               "parameter_sha256": distributed.gather(parameter_digest(model))}
+    if hasattr(task, "final_evaluation") and status != "diverged" and is_main:
         model.eval()
         final_evaluation = task.final_evaluation(model, config, device, seed)
     return FitResult(
         status=status, steps=step, best_eval=best_eval, final_eval=last_eval, best_step=best_step,
         curve=curve, diverged_at=diverged_at, diverged_reason=diverged_reason, wall_s=previous_wall + time.perf_counter() - start,
         train_s=train_time, parameters=sum(p.numel() for p in model.parameters()), resumed_at=resumed_at,
-        final_evaluation=final_evaluation,
+        final_evaluation=final_evaluation, distributed=distributed_summary,
     )

@@ -588,6 +588,22 @@ def _(ctx):
     return cli(ctx, "rn", "capacity")
 
 
+@row("C15")
+def _(ctx):
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        ctx.monkeypatch.delenv(name, raising=False)
+    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        ctx.monkeypatch.setenv(name, value)
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+
+
+@row("C16")
+def _(ctx):
+    for name, value in {"WORLD_SIZE": "two", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        ctx.monkeypatch.setenv(name, value)
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------
