@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .allocator import malloc_tuning_active
 from .errors import FwbenchError
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -72,6 +73,7 @@ def describe_environment(device: torch.device) -> dict:
             torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
         ),
         "threads": torch.get_num_threads(),
+        "malloc_tuning": malloc_tuning_active(),
         "git_commit": git_commit(),
         "argv": sys.argv[1:],
     }
