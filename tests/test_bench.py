@@ -92,6 +92,11 @@ def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
     assert (ok["median_s"] > 0).all() and (ok["tokens_per_s"] > 0).all()
     chunk = ok[ok["form"] == "chunk"]
     assert (chunk["gflop"] > 0).all() and chunk["peak_mem_bytes"].notna().all()
+    # each case's fraction of peak uses the matmul peak timed beside it, not the one from the start
+    stored_chunk = [r for r in stored if r.get("form") == "chunk" and r.get("status") == "ok" and "gflop" in r]
+    assert stored_chunk and all(
+        r["fraction_of_peak"] == pytest.approx(r["gflops_per_s"] / r["matmul_peak_gflops_adjacent"])
+        and r["matmul_peak_gflops_adjacent"] > 0 for r in stored_chunk)
     delta_fb = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD_BACKWARD)]
     delta_fwd = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD)]
     assert delta_fb["gflop"].min() > delta_fwd["gflop"].max() / 2, "the backward's FLOPs are counted too"
