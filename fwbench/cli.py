@@ -85,10 +85,10 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
     context = distributed.context_from_environment()
     if context is not None:
-        if args.command != "run" or launcher != "local":
+        if launcher != "local":
             raise FwbenchError(
-                f"torchrun: got 'fwbench {args.command}' with --launcher {launcher}; data-parallel training "
-                "runs under 'torchrun ... -m fwbench run GRID' with the local launcher only"
+                f"--launcher: got {launcher!r} under torchrun; data-parallel training runs with the local "
+                "launcher only (torchrun starts the processes)"
             )
         context, device = distributed.start(context, device)
         quiet = quiet or not context.is_main
@@ -294,12 +294,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def refuse_outside_run(command: str) -> None:
+    """Under torchrun only ``fwbench run`` makes sense: every other command would run once per process
+    (two processes writing one report, two benchmarks fighting over the CPU).
+
+    Raises:
+        FwbenchError: ``command`` is not ``run`` and torchrun started this process.
+    """
+    from .distributed import context_from_environment
+
+    if command != "run" and context_from_environment() is not None:
+        raise FwbenchError(
+            f"torchrun: got 'fwbench {command}'; only 'fwbench run GRID' trains data-parallel "
+            "(torchrun --nproc_per_node=N -m fwbench run GRID); run other commands without torchrun"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fwbench`` console command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     tune_malloc()  # before the first tensor: freed CPU memory is reused instead of re-faulted
     try:
+        refuse_outside_run(args.command)
         return args.func(args)
     except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)

@@ -101,6 +101,11 @@ class ShakespeareConfig:
     train_fraction: float = 0.9
 
     @property
+    def d_key(self) -> int:
+        """Key size per head (d_model / n_heads): the d_key of the attention variant, for d_dot."""
+        return self.d_model // self.n_heads
+
+    @property
     def sequence_length(self) -> int:
         """Tokens per training sequence (the harness's tokens/s uses it)."""
         return self.context * self.train_segments

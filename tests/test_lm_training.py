@@ -230,6 +230,9 @@ def test_run_record_report_and_sample_from_the_command_line(tmp_path, capsys):
     assert record["tokens_per_s"] > 0 and record["metrics"]["parameters"] > 0
     assert {"val_ppl", "val_bpc", "unigram_bpc", "stream_ppl"} <= record["metrics"].keys()
     assert record["final_evaluation"]["long_context"]["tokens"] == 255
+    # d_dot of the per-head key size d_model / n_heads = 8: elu+1 keeps it (not the d_key 64 default)
+    linear, = (r for r in records if r["variant"]["spec"] == "linear")
+    assert linear["variant"]["d_dot"] == TINY["d_model"] // TINY["n_heads"] == 8
     checkpoint = results / "checkpoints" / f"{record['run_id']}.pt"
     assert checkpoint.is_file()
 

@@ -146,10 +146,16 @@ def test_batch_size_must_split_across_ranks(tmp_path):
     assert not (tmp_path / "r" / "runs.jsonl").exists() or not (tmp_path / "r" / "runs.jsonl").read_text()
 
 
-def test_torchrun_only_drives_run(tmp_path):
-    done = run_fwbench(["reproduce", "--profile", "quick", "--results-dir", str(tmp_path / "r")], 2)
+@pytest.mark.parametrize("argv", [["reproduce", "--profile", "quick"], ["bench", "--variants", "linear"],
+                                  ["report", "--out", "OUT"], ["variants"]])
+def test_torchrun_only_drives_run(tmp_path, argv):
+    """Any other command would run once per process (two reports written at once, two benchmarks
+    competing for the CPU): every process refuses it with one line."""
+    argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
+    done = run_fwbench([*argv, "--results-dir", str(tmp_path / "r")] if argv[0] != "variants" else argv, 2)
     assert done.returncode != 0
-    assert "torchrun: got 'fwbench reproduce'" in done.stderr
+    assert done.stderr.count(f"fwbench: error: torchrun: got 'fwbench {argv[0]}'") == 2
+    assert not (tmp_path / "out").exists() and not (tmp_path / "r" / "bench.jsonl").exists()
 
 
 def test_context_from_environment():
