@@ -22,6 +22,8 @@ import ctypes.util
 import os
 import platform
 
+from .errors import FwbenchError
+
 #: Environment variable that switches the tuning off when set to 0.
 TUNING_ENV = "FWBENCH_MALLOC_TUNING"
 #: mallopt parameter numbers from glibc's <malloc.h>.
@@ -31,20 +33,29 @@ MMAP_THRESHOLD_BYTES = 1 << 30
 #: Free memory at the heap top kept before trimming (the largest value mallopt accepts).
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 
+#: Accepted spellings of the setting (case-insensitive).
+ON, OFF = frozenset({"1", "on", "true", "yes"}), frozenset({"0", "off", "false", "no"})
+
 _applied: bool | None = None
 
 
 def tune_malloc() -> bool:
     """Raise glibc's mmap and trim thresholds once per process; return whether the tuning is active.
 
-    Returns False (and changes nothing) when ``FWBENCH_MALLOC_TUNING=0``, on a C library other than
-    glibc, or if ``mallopt`` refuses a value.
+    Returns False (and changes nothing) when ``FWBENCH_MALLOC_TUNING`` is 0 (or off, false, no), on a
+    C library other than glibc, or if ``mallopt`` refuses a value.
+
+    Raises:
+        FwbenchError: ``FWBENCH_MALLOC_TUNING`` is set to something other than 1/on/true/yes or 0/off/false/no.
     """
     global _applied
     if _applied is not None:
         return _applied
+    setting = os.environ.get(TUNING_ENV, "1").strip().lower()
+    if setting not in ON | OFF:
+        raise FwbenchError(f"${TUNING_ENV}: got {os.environ[TUNING_ENV]!r}; expected 1 (on, the default) or 0 (off)")
     _applied = False
-    if os.environ.get(TUNING_ENV, "1") == "0" or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if setting in OFF or platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

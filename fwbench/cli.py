@@ -205,6 +205,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
     from .sampling import sample_from_checkpoint
 
+    if args.threads < 1:
+        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
     text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
                                         resolve_device(args.device), top_k=args.top_k)
@@ -314,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fwbench`` console command; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    tune_malloc()  # before the first tensor: freed CPU memory is reused instead of re-faulted
     try:
+        tune_malloc()  # before the first large tensor: freed CPU memory is reused instead of re-faulted
         refuse_outside_run(args.command)
         return args.func(args)
     except (FwbenchError, VariantError, CorpusError) as exc:

@@ -127,7 +127,8 @@ def context_from_environment(environ: dict[str, str] | None = None) -> Distribut
     ``None`` also when ``WORLD_SIZE`` is 1: a single process trains as usual.
 
     Raises:
-        FwbenchError: ``WORLD_SIZE``, ``RANK`` or ``LOCAL_RANK`` is not a non-negative integer.
+        FwbenchError: ``WORLD_SIZE``, ``RANK`` or ``LOCAL_RANK`` is not a non-negative integer, or
+            ``RANK`` is not below ``WORLD_SIZE``.
     """
     environ = os.environ if environ is None else environ
     if WORLD_SIZE_ENV not in environ:
@@ -135,11 +136,14 @@ def context_from_environment(environ: dict[str, str] | None = None) -> Distribut
     values = {}
     for name in (WORLD_SIZE_ENV, RANK_ENV, LOCAL_RANK_ENV):
         raw = environ.get(name, "0")
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):
             raise FwbenchError(f"${name}: got {raw!r}; expected a non-negative integer (torchrun sets it)")
         values[name] = int(raw)
     if values[WORLD_SIZE_ENV] <= 1:
         return None
+    if values[RANK_ENV] >= values[WORLD_SIZE_ENV]:
+        raise FwbenchError(f"$RANK: got {values[RANK_ENV]} with $WORLD_SIZE {values[WORLD_SIZE_ENV]}; expected a rank "
+                           "below the world size (torchrun sets both)")
     return DistributedContext(rank=values[RANK_ENV], local_rank=values[LOCAL_RANK_ENV],
                               world_size=values[WORLD_SIZE_ENV], backend="gloo")
 

@@ -162,8 +162,8 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
-    if key == "seed" and value < 0:
-        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer")
+    if key == "seed" and not 0 <= value < 2**63:
+        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer below 2**63")
     return value
 
 

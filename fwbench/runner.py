@@ -190,8 +190,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         FwbenchError: the store cannot be written (checked on rank 0 before any training).
     """
     checkpoint_dir = store.directory / CHECKPOINT_DIR
+    store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
     if context.is_main:
-        store.check_writable()
         done = store.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
@@ -208,6 +208,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         for spec in todo:
             with ExitStack() as held:
                 claimed = held.enter_context(store.claim(spec.run_id, wait=False)) if context.is_main else None
+                # another group may have stored the run since the to-do list was read
+                claimed = claimed and spec.run_id not in store.finished_ids() if context.is_main else None
                 if not context.broadcast(claimed):
                     summary["skipped"] += 1
                     bar.update(1)

@@ -36,7 +36,7 @@ def load_language_model(path: str | Path, device: torch.device) -> tuple[Decoder
     model.eval()
     loop = saved["loop"]
     return model, {"variant": saved["variant"], "config": config, "seed": saved["seed"], "step": loop["step"],
-                   "finished": loop["finished"]}
+                   "finished": loop["finished"], "status": loop.get("status")}
 
 
 def sample_from_checkpoint(path: str | Path, prompt: str, tokens: int, temperature: float, seed: int,
@@ -51,7 +51,14 @@ def sample_from_checkpoint(path: str | Path, prompt: str, tokens: int, temperatu
         raise FwbenchError(f"--tokens: got {tokens}; expected an integer >= 0")
     if temperature < 0:
         raise FwbenchError(f"--temperature: got {temperature}; expected a number >= 0 (0 = greedy)")
+    if not 0 <= seed < 2**63:
+        raise FwbenchError(f"--seed: got {seed}; expected an integer in [0, 2**63)")
     model, info = load_language_model(path, device)
+    if info["status"] == "diverged":
+        raise FwbenchError(
+            f"--checkpoint: {str(path)!r} holds a run that diverged at step {info['step']}; its samples would "
+            "mean nothing: sample from a run that finished"
+        )
     vocabulary = model.vocabulary
     if not prompt:
         raise FwbenchError("--prompt: got ''; expected at least one character")

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from variants import AttentionLayer, VariantSpec, parse_spec
-from variants.errors import bad_value
+from variants.errors import VariantError, bad_value
 
 POSITIONAL = ("none", "learned")
 
@@ -274,9 +274,14 @@ def sample_next(logits: Tensor, temperature: float, generator: torch.Generator |
                 top_k: int | None = None) -> Tensor:
     """One token id per row of ``logits`` (B, V) → (B, 1): greedy at temperature 0, else sampled
     from softmax(logits / temperature), restricted to the ``top_k`` largest logits if given."""
+    if not torch.isfinite(logits).all():
+        raise VariantError("logits: got non-finite values (NaN or inf); expected finite logits (a model whose "
+                           "weights diverged cannot sample)")
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    scaled = logits.float() / temperature
+    # subtract the max first: a tiny temperature then sends the others to −inf, never to inf − inf
+    scaled = logits.float()
+    scaled = (scaled - scaled.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         threshold = scaled.topk(top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < threshold, -math.inf)

@@ -604,6 +604,32 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
 
 
+@row("C17")
+def _(ctx):
+    for name, value in {"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"}.items():
+        ctx.monkeypatch.setenv(name, value)
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+
+
+@row("C18")
+def _(ctx):
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--threads", "0")
+
+
+@row("C19")
+def _(ctx):
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--seed", str(2**70))
+
+
+@row("C20")
+def _(ctx):
+    import fwbench.allocator
+
+    ctx.monkeypatch.setattr(fwbench.allocator, "_applied", None)  # as in a fresh process
+    ctx.monkeypatch.setenv("FWBENCH_MALLOC_TUNING", "maybe")
+    return cli(ctx, "variants")
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------

@@ -174,3 +174,24 @@ def test_real_corpus_has_the_documented_size_vocabulary_and_split(monkeypatch):
     assert len(corpus.vocabulary) == 65
     assert corpus.train.numel() == int(0.9 * CORPUS_CHARACTERS)
     assert corpus.train.numel() + corpus.valid.numel() == CORPUS_CHARACTERS
+
+
+def test_the_task_hashes_the_corpus_once_and_again_when_the_file_changes(tmp_path, monkeypatch):
+    """Every training batch asks the task for its corpus: the checksum is not recomputed each time
+    (a few ms per batch), but a file replaced in place is verified again."""
+    from tasks.shakespeare import ShakespeareTask
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "input.txt").write_text(FAKE_TEXT)
+    hashed = []
+    real_sha256_of = corpus_module.sha256_of
+    monkeypatch.setattr(corpus_module, "sha256_of", lambda path: hashed.append(path) or real_sha256_of(path))
+    task = ShakespeareTask(data_dir=data, sha256=FAKE_SHA256, fetch=offline)
+    for _ in range(5):
+        assert task.corpus().train.numel() > 0
+    assert len(hashed) == 1
+    (data / "input.txt").write_text(FAKE_TEXT.replace("speak", "SPEAK"))  # same size, new content and mtime
+    os.utime(data / "input.txt", ns=(1, 1))
+    with pytest.raises(CorpusError, match="sha256"):
+        task.corpus()

@@ -135,3 +135,15 @@ def test_vocabulary_travels_with_the_weights():
 def test_bad_input_is_a_clear_error(build, expected):
     with pytest.raises(VariantError, match=expected):
         build()
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy_and_finite():
+    logits = torch.tensor([[2.0, 5.0, -1.0], [0.5, 0.1, 0.4]])
+    generator = torch.Generator().manual_seed(0)
+    assert sample_next(logits, 1e-45, generator).tolist() == [[1], [0]]
+    assert sample_next(logits, 0.0).tolist() == [[1], [0]]
+
+
+def test_sampling_from_non_finite_logits_names_them():
+    with pytest.raises(VariantError, match="logits: got non-finite values"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), 0.8, torch.Generator().manual_seed(0))

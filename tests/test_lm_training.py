@@ -314,3 +314,15 @@ def test_fwbench_run_killed_with_sigkill_resumes_to_the_same_record(tmp_path):
     assert resumed["resumed_at_step"] is not None and resumed["resumed_at_step"] > 0
     assert resumed["metrics"] == whole["metrics"] and resumed["curve"] == whole["curve"]
     assert resumed["final_evaluation"] == whole["final_evaluation"]
+
+
+def test_sampling_a_diverged_run_is_refused_in_one_line(tmp_path):
+    from fwbench.errors import FwbenchError
+    from fwbench.sampling import sample_from_checkpoint
+
+    checkpoint = tmp_path / "diverged.pt"
+    result = fit("shakespeare", "linear", tiny_config(lr=1e30, schedule="constant", grad_clip=0.0), seed=1,
+                 device=torch.device("cpu"), checkpoint_path=checkpoint)
+    assert result.status == "diverged" and checkpoint.is_file()
+    with pytest.raises(FwbenchError, match=f"diverged at step {result.diverged_at}; its samples would mean nothing"):
+        sample_from_checkpoint(checkpoint, "It is", 20, 0.8, seed=1, device=torch.device("cpu"))
