@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-#: Calls at least this long (seconds, CPU) are timed once, without repeats.
+#: Calls at least this long (seconds) after the warm-up are timed once, without repeats.
 LONG_CALL_S = 3.0
 
 
@@ -62,11 +62,17 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 3,
               long_call_s: float = LONG_CALL_S) -> Timing:
     """Median wall time of ``fn()`` (seconds) after one warm-up call.
 
+    A call still at least ``long_call_s`` long on its second run is timed once (that second run).
+    The warm-up itself is never the measurement: a first call can include one-time costs (fla's
+    Triton kernels compile and autotune on it, tens of seconds), which say nothing about speed.
+
     Raises whatever ``fn`` raises (out-of-memory included); the caller records it.
     """
     warm_up = _timed(fn, device)
     if warm_up >= long_call_s or repeats < 1:
-        return Timing(warm_up, warm_up, 1)
+        second = _timed(fn, device)
+        if second >= long_call_s or repeats < 1:
+            return Timing(second, second, 1)
     times = [_timed(fn, device) for _ in range(repeats)]
     return Timing(statistics.median(times), min(times), repeats)
 

@@ -61,6 +61,21 @@ def test_long_calls_are_timed_once():
     assert time_call(lambda: None, CPU, repeats=4).repeats == 4
 
 
+def test_a_slow_first_call_is_warm_up_not_the_measurement():
+    """A first call that compiles (as fla's Triton kernels do) is long; the calls after it are not."""
+    import time
+
+    calls = []
+
+    def compiles_on_first_call():
+        calls.append(None)
+        time.sleep(0.3 if len(calls) == 1 else 0.001)
+
+    timing = time_call(compiles_on_first_call, CPU, repeats=3, long_call_s=0.2)
+    assert timing.repeats == 3 and timing.median_s < 0.1
+    assert len(calls) == 1 + 1 + 3  # warm-up, the check that it was a one-off, three timed calls
+
+
 TINY = BenchProfile(
     "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
                                                    "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
