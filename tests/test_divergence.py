@@ -105,3 +105,18 @@ def test_non_finite_gradient_is_never_applied(monkeypatch):
 def test_healthy_run_is_not_diverged():
     result = fit("fault", "linear", FaultConfig(fault="none"), seed=1, device=torch.device("cpu"))
     assert result.status == "max_steps" and result.diverged_at is None and result.diverged_reason is None
+
+
+def test_the_finite_check_passes_a_sum_that_overflows_on_finite_values_and_names_a_nan():
+    """The check's fast path reads one sum per tensor; a sum that overflows on finite values must
+    not be reported, and a NaN anywhere must be found and located exactly."""
+    import pytest
+
+    from variants.checks import check_finite
+    from variants.errors import NonFiniteError
+
+    check_finite(q=torch.full((8,), 3e38), k=torch.full((4,), 6e4, dtype=torch.float16), beta=None)
+    x = torch.zeros(2, 3, 4)
+    x[1, 2, 3] = float("-inf")
+    with pytest.raises(NonFiniteError, match=r"v: got -inf at index \(1, 2, 3\)"):
+        check_finite(q=torch.zeros(2), v=x)

@@ -59,9 +59,17 @@ def check_finite(**tensors: Tensor | None) -> None:
     Args:
         tensors: name → tensor (``None`` entries are skipped), e.g. ``q=q, k=k, state_W=W``.
     """
-    for name, x in tensors.items():
-        if x is None or x.numel() == 0:
-            continue
+    present = {name: x for name, x in tensors.items() if x is not None and x.numel()}
+    if not present:
+        return
+    # One reduction per tensor and one synchronisation in all: a sum is finite only if every element
+    # is (NaN and ±inf propagate), so the common case costs a read of each tensor, no mask. A sum
+    # that overflows on finite values is caught by the exact check below, which then finds nothing.
+    sums = torch.stack([x.sum(dtype=torch.float32) if x.is_floating_point() else x.new_zeros((), dtype=torch.float32)
+                        for x in present.values()])
+    if bool(torch.isfinite(sums).all()):
+        return
+    for name, x in present.items():
         finite = torch.isfinite(x)
         if bool(finite.all()):
             continue
