@@ -588,27 +588,28 @@ def _(ctx):
     return cli(ctx, "rn", "capacity")
 
 
-@row("C15")
-def _(ctx):
+def run_as_if_under_torchrun(ctx: Context, world_size: str, rank: str) -> str:
+    """``fwbench run`` with torchrun's variables set by hand (no MASTER_ADDR: torchrun is absent)."""
     for name in ("MASTER_ADDR", "MASTER_PORT"):
         ctx.monkeypatch.delenv(name, raising=False)
-    for name, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+    for name, value in {"WORLD_SIZE": world_size, "RANK": rank, "LOCAL_RANK": "0"}.items():
         ctx.monkeypatch.setenv(name, value)
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+
+
+@row("C15")
+def _(ctx):
+    return run_as_if_under_torchrun(ctx, world_size="2", rank="0")
 
 
 @row("C16")
 def _(ctx):
-    for name, value in {"WORLD_SIZE": "two", "RANK": "0", "LOCAL_RANK": "0"}.items():
-        ctx.monkeypatch.setenv(name, value)
-    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+    return run_as_if_under_torchrun(ctx, world_size="two", rank="0")
 
 
 @row("C17")
 def _(ctx):
-    for name, value in {"WORLD_SIZE": "2", "RANK": "5", "LOCAL_RANK": "0"}.items():
-        ctx.monkeypatch.setenv(name, value)
-    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "r"), "--quiet")
+    return run_as_if_under_torchrun(ctx, world_size="2", rank="5")
 
 
 @row("C18")
