@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
+
+from tasks.base import map_tensors
 
 from .errors import FwbenchError
 
@@ -71,13 +73,7 @@ class DistributedContext:
 
         A (B, ...) tensor becomes (B / world_size, ...): rows ``rank·B/N`` to ``(rank+1)·B/N − 1``.
         """
-        if isinstance(batch, Tensor):
-            return batch.tensor_split(self.world_size)[self.rank]
-        if isinstance(batch, dict):
-            return {key: self.shard(value) for key, value in batch.items()}
-        if isinstance(batch, (tuple, list)):
-            return type(batch)(self.shard(value) for value in batch)
-        return batch
+        return map_tensors(batch, lambda x: x.tensor_split(self.world_size)[self.rank])
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         """``model`` inside DistributedDataParallel, which averages gradients over the ranks in backward."""

@@ -101,6 +101,17 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: P
     }
 
 
+def _progress_bar(total: int, quiet: bool):
+    """A tqdm bar over runs and the per-step callback that shows a run's step and loss on it."""
+    bar = tqdm(total=total, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+
+    def progress(step: int, loss: float) -> None:
+        if step % 50 == 0:
+            bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+
+    return bar, progress
+
+
 def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
              quiet: bool = False) -> dict:
     """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
@@ -122,17 +133,12 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
         return summary
-    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+    bar, progress = _progress_bar(len(todo), quiet)
 
     def progress_for(spec: RunSpec):
         if quiet:
             return None
         bar.set_description(spec.label)
-
-        def progress(step: int, loss: float) -> None:
-            if step % 50 == 0:
-                bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
-
         return progress
 
     def store_record(record: dict) -> None:
@@ -187,9 +193,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     runs are kept. Summary keys as :func:`run_grid`'s.
 
     Raises:
-        FwbenchError: the store cannot be written (checked on rank 0 before any training).
+        FwbenchError: the store cannot be written (checked on every rank before any training).
     """
-    checkpoint_dir = store.directory / CHECKPOINT_DIR
     store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
     if context.is_main:
         done = store.finished_ids()
@@ -198,11 +203,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     todo = [s for s in specs if s.run_id in set(todo_ids)]
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     show = context.is_main and not quiet
-    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not show, file=sys.stderr, dynamic_ncols=True)
-
-    def progress(step: int, loss: float) -> None:
-        if step % 50 == 0:
-            bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+    bar, progress = _progress_bar(len(todo), quiet=not show)
 
     try:
         for spec in todo:
@@ -215,7 +216,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
                     bar.update(1)
                     continue
                 bar.set_description(spec.label)
-                record = execute(spec, device, progress if show else None, checkpoint_dir / f"{spec.run_id}.pt",
+                record = execute(spec, device, progress if show else None, checkpoint_path(store, spec),
                                  distributed=context)
                 if context.is_main:
                     store.append(record)

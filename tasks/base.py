@@ -7,6 +7,7 @@ records; a task owns the data and the maths of its loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from typing import Any, ClassVar, Protocol
 
@@ -62,12 +63,17 @@ def config_field_types(config_class: type) -> dict[str, type]:
     return out
 
 
+def map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
+    """``fn`` applied to every tensor of a (nested tuple / list / dict) batch; other leaves kept."""
+    if isinstance(batch, Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(map_tensors(v, fn) for v in batch)
+    return batch
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor of a (nested tuple / dict) batch to ``device``."""
-    if isinstance(batch, Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+    return map_tensors(batch, lambda x: x.to(device))
