@@ -129,7 +129,7 @@ class RetrievalModel(nn.Module):
         """
         S = self.S
         embedding = self.key_embedding.weight
-        key_by_value = self.W_k.weight[:, :S].T
+        key_by_value = self.W_k.weight[:, :S].T.contiguous()  # a gather from a transposed view is 4× slower
         key_by_key = embedding @ self.W_k.weight[:, S:].T + self.W_k.bias
         beta_by_value = self.W_beta.weight[0, :S]
         beta_by_key = embedding @ self.W_beta.weight[0, S:] + self.W_beta.bias
@@ -139,10 +139,11 @@ class RetrievalModel(nn.Module):
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
         key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
-        k = (key_by_value[values] + key_by_key[keys])[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(beta_by_value[values] + beta_by_key[keys])[:, None]
-        value_codes = self.value_codes[values][:, None]
-        q = self.W_q(self.key_embedding.weight)[queries][:, None]
+        # (B, 1, L, d_key): one head; add_ into the first lookup's buffer while it is in cache
+        k = rows(key_by_value, values).add_(rows(key_by_key, keys))[:, None]
+        beta = torch.sigmoid(rows(beta_by_value, values).add_(rows(beta_by_key, keys)))[:, None]
+        value_codes = rows(self.value_codes, values)[:, None]
+        q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
         if form == "auto":  # the fastest: read the memory without forming it
             return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
         if form == "chunk":
@@ -150,6 +151,16 @@ class RetrievalModel(nn.Module):
         else:
             _, state = self.attention(k, k, value_codes, beta=beta, form=form, chunk_size=chunk_size)
         return self.attention.read(q, state)[:, 0].float()
+
+
+def rows(table: Tensor, ids: Tensor) -> Tensor:
+    """``table[ids]`` for a (n, …) table and integer ids of any shape → (*ids.shape, …).
+
+    ``index_select`` on the flattened ids, whose backward is an index_add: on CPU about 3× faster
+    forward and 2× faster backward than advanced indexing, whose backward is an accumulating
+    index_put. The training step of the retrieval tasks does five such lookups.
+    """
+    return table.index_select(0, ids.reshape(-1)).view(*ids.shape, *table.shape[1:])
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:

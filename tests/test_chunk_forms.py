@@ -124,17 +124,38 @@ def test_chunk_equals_recurrent_at_T_1000(spec):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("T", [1, 63, 100])
+@pytest.mark.parametrize("spec", [s for s in FAST_WEIGHT_SPECS if "delta" in s])
+def test_delta_chunk_without_autograd_equals_recording_and_leaves_the_carried_state_alone(spec, T):
+    """Without autograd the delta-rule chunk form updates its state in place: same outputs and
+    final state as with autograd recording, and the caller's carried W untouched."""
+    attention = build(spec)
+    inputs = _inputs(attention, T)
+    state = _carried(attention)
+    W_before = state.W.detach().clone()
+    with torch.no_grad():
+        y, final = attention(**inputs, state=state, form="chunk", chunk_size=16)
+    assert torch.equal(state.W.detach(), W_before)
+    y_ref, final_ref = attention(**inputs, state=state, form="chunk", chunk_size=16)
+    assert_close(y, y_ref.detach(), TOL)
+    assert_close(final.W, final_ref.W.detach(), TOL)
+
+
 @pytest.mark.parametrize("carried", [False, True], ids=["from_zero_state", "with_carried_state"])
 @pytest.mark.parametrize("T", [1, 30, 120, 301])
-@pytest.mark.parametrize("spec", [*FAST_WEIGHT_SPECS, "softmax"])
-def test_write_read_equals_read_after_write_with_gradients(spec, T, carried):
+@pytest.mark.parametrize(("spec", "n_queries"), [
+    *((spec, 5) for spec in [*FAST_WEIGHT_SPECS, "softmax"]),
+    *((spec, n) for spec in FAST_WEIGHT_SPECS if "delta" in spec for n in (1, 3)),
+])
+def test_write_read_equals_read_after_write_with_gradients(spec, T, carried, n_queries):
     """(From a zero state, a normalised read of one key returns v whatever q is: ∂y/∂q is
-    rounding noise in both computations, so T = 1 is compared after a carried prefix only.)"""
+    rounding noise in both computations, so T = 1 is compared after a carried prefix only.)
+    1 and 3 queries take the delta rule's running-sum backward, 5 its C × C one (FEW_QUERIES = 4)."""
     attention = build(spec)
     if T == 1 and not carried and attention.d_dot and not attention.uses_beta:
         pytest.skip("ill-conditioned: ∂y/∂q is O(eps) for a normalised read of a single key")
     inputs = _inputs(attention, T)
-    q = torch.randn(B, H, 5, D_KEY)
+    q = torch.randn(B, H, n_queries, D_KEY)
     state = _carried(attention) if carried and spec != "softmax" else None
     if carried and spec == "softmax":
         _, state = attention(**_inputs(attention, 9, seed=99))

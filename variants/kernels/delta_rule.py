@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .chunking import split_chunks
 from .gram import gram
@@ -88,10 +89,22 @@ def delta_rule_chunk(
     # reads only the strict lower triangle (unitriangular), so the Gram matrix needs no tril, no + I.
     lower = gram(kc) * bc                                                 # diag(β) K Kᵀ
     T_c = torch.linalg.solve_triangular(lower, torch.diag_embed(bc.squeeze(-1)), upper=False, unitriangular=True)
+    # Without autograd the state is updated in place and each chunk's output written straight into
+    # y: no copy of S per chunk and no final stack (about a tenth of a long forward on CPU).
+    recording = torch.is_grad_enabled() and any(
+        x is not None and x.requires_grad for x in (q, k, v, beta, W0)
+    )
     S = W.mT.reshape(B * H, d_dot, d_v)  # Wᵀ, the orientation in which the chunk algebra reads naturally
+    if not recording:
+        S = S.clone(memory_format=torch.contiguous_format)  # never update the caller's W0 in place
 
     def per_chunk(x: Tensor) -> tuple[Tensor, ...]:
         return x.flatten(0, 1).unbind(1)  # n_chunks tensors of (B·H, C, ·): 3-D for baddbmm
+
+    def write(S: Tensor, k_n: Tensor, correction: Tensor) -> Tensor:
+        if recording:
+            return torch.baddbmm(S, k_n.mT, correction)                  # S + Kᵀ (U − W_c S)
+        return S.baddbmm_(k_n.mT, correction)
 
     # U − W_c S = T_c (V − K S): applying T_c inside the loop means the WY factors W_c = T_c K and
     # U = T_c V are never materialised, saving two (B, H, T, ·) tensors and the 2·C²·d_dot FLOPs
@@ -99,19 +112,24 @@ def delta_rule_chunk(
     if q is None:
         for k_n, v_n, T_n in zip(per_chunk(kc), per_chunk(vc), per_chunk(T_c), strict=True):
             correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)      # U − W_c S
-            S = torch.baddbmm(S, k_n.mT, correction)                      # S + Kᵀ (U − W_c S)
+            S = write(S, k_n, correction)
         return None, S.view(B, H, d_dot, d_v).mT
 
     (qc,) = split_chunks([q], chunk_size)
     scores = (qc @ kc.mT).tril_()                                         # tril(Q Kᵀ)
-    outputs = []
-    for q_n, k_n, v_n, T_n, scores_n in zip(
+    y_chunks = None if recording else kc.new_empty(B * H, n_chunks, C, d_v)
+    outputs = [] if recording else y_chunks.unbind(1)
+    for n, (q_n, k_n, v_n, T_n, scores_n) in enumerate(zip(
         per_chunk(qc), per_chunk(kc), per_chunk(vc), per_chunk(T_c), per_chunk(scores), strict=True
-    ):
+    )):
         correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)          # U − W_c S
-        outputs.append(torch.baddbmm(scores_n @ correction, q_n, S))     # Q S + tril(QKᵀ)(U − W_c S)
-        S = torch.baddbmm(S, k_n.mT, correction)                          # S + Kᵀ (U − W_c S)
-    y = torch.stack(outputs, dim=1).view(B, H, n_chunks * C, d_v)[:, :, :T]
+        if recording:
+            outputs.append(torch.baddbmm(scores_n @ correction, q_n, S))  # Q S + tril(QKᵀ)(U − W_c S)
+        else:
+            torch.bmm(scores_n, correction, out=outputs[n]).baddbmm_(q_n, S)
+        S = write(S, k_n, correction)
+    y = torch.stack(outputs, dim=1) if recording else y_chunks
+    y = y.view(B, H, n_chunks * C, d_v)[:, :, :T]
     return y.to(v.dtype), S.view(B, H, d_dot, d_v).mT
 
 
@@ -126,26 +144,110 @@ def delta_rule_write_read(
 
         p_N = q;   x_n = T_nᵀ K_n p_{n+1};   y += V_nᵀ x_n;   p_n = p_{n+1} − K_nᵀ x_n;   y += S_0ᵀ p_0.
 
-    T_nᵀ x = diag(β) (I + tril(diag(β) K Kᵀ, −1))⁻ᵀ x is one triangular solve with T_q columns.
-    The cost is O(T·(C + T_q)·d_dot + T·T_q·d_v), linear in T and with no d_dot × d_v state: far
-    below a write when few queries follow a sequence, as in the retrieval tasks (Section 6.1).
+    T_nᵀ z = diag(β) A_n⁻ᵀ z with A_n = I + tril(diag(β) K_n K_nᵀ, −1) is one triangular solve with
+    T_q columns. The cost is O(T·(C + T_q)·d_dot + T·T_q·d_v), linear in T and with no d_dot × d_v
+    state: far below a write when few queries follow a sequence, as in the retrieval tasks
+    (Section 6.1). The backward is written by hand (:class:`_DeltaWriteRead`): one loop over the
+    chunks in the opposite direction carries the query's gradient, and everything else is batched
+    over all chunks at once, where autograd would record a dozen small ops per chunk.
 
     Shapes: q (B, H, T_q, d_dot); k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T);
-    W0 (B, H, d_v, d_dot) or ``None``. Returns y (B, H, T_q, d_v) fp32.
+    W0 (B, H, d_v, d_dot) or ``None``. Returns y (B, H, T_q, d_v) fp32; gradients come back in the
+    inputs' dtypes.
     """
-    p = q.float()
-    y = p.new_zeros(*q.shape[:3], v.shape[-1])
-    if k.shape[2]:
+    if k.shape[2] == 0:
+        y = q.float().new_zeros(*q.shape[:3], v.shape[-1])
+        return y if W0 is None else y + q.float() @ W0.float().mT
+    return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
+
+
+class _DeltaWriteRead(torch.autograd.Function):
+    """:func:`delta_rule_write_read` with its backward derived by hand.
+
+    Per chunk, with L = diag(β) K Kᵀ (whose strict lower part is A's) and S = Wᵀ:
+
+    - forward, from the last chunk: z = K p_{n+1}ᵀ, (I + tril(L, −1))ᵀ u = z, x = β ⊙ u,
+      p_n = p_{n+1} − xᵀ K;
+    - backward, from the first chunk, given p̄_n: x̄ = X̄_n − K p̄_nᵀ, then
+      (I + tril(Lᵀ, −1)) w = x̄ (a triangular solve with the same L), z̄ = β ⊙ w, β̄ = u ⊙ w
+      (summed over queries), p̄_{n+1} = p̄_n + z̄ᵀ K.
+
+    The Gram matrix enters through L only, with Ḡ = −tril(x z̄ᵀ, −1), so every chunk's key
+    gradient is one batched product k̄ = (Ḡ + Ḡᵀ) K + z̄ p_{n+1} − x p̄_n after the loop. Solving for
+    w rather than z̄ gives β̄ without dividing by β (which may be 0).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, W0, chunk_size):
+        B, H, Q, d_dot = q.shape
+        d_v = v.shape[-1]
         kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size)
-        lower = gram(kc) * bc                                               # diag(β) K Kᵀ per chunk
-        chunks = zip(kc.unbind(2), vc.unbind(2), bc.unbind(2), lower.unbind(2), strict=True)
-        for k_n, v_n, b_n, lower_n in reversed(list(chunks)):
-            x = torch.linalg.solve_triangular(lower_n.mT, k_n @ p.mT, upper=True, unitriangular=True) * b_n
-            y = y + x.mT @ v_n                                               # + V_nᵀ T_nᵀ K_n p
-            p = p - x.mT @ k_n                                               # (I − K_nᵀ T_n K_n)ᵀ p
-    if W0 is not None:
-        y = y + p @ W0.float().mT
-    return y
+        n_chunks, C = kc.shape[2], kc.shape[3]
+        G = B * H
+        K = kc.reshape(G, n_chunks, C, d_dot)
+        b = bc.reshape(G, n_chunks, C, 1)
+        L = (K @ K.mT).mul_(b)                                 # diag(β) K Kᵀ
+        P = q.float().reshape(G, Q, d_dot)
+        P_in = K.new_empty(G, n_chunks, Q, d_dot)            # p_{n+1}, the query entering chunk n
+        U = K.new_empty(G, n_chunks, C, Q)
+        for n in reversed(range(n_chunks)):
+            P_in[:, n] = P
+            K_n = K[:, n]
+            U[:, n] = torch.linalg.solve_triangular(L[:, n].mT, K_n @ P.mT, upper=True, unitriangular=True)
+            P = torch.baddbmm(P, (U[:, n] * b[:, n]).mT, K_n, alpha=-1)
+        X = U * b
+        V = vc.reshape(G, n_chunks * C, d_v)
+        y = X.view(G, n_chunks * C, Q).mT @ V                  # Σ_n V_nᵀ x_n, all chunks at once
+        W0_32 = None if W0 is None else W0.float().reshape(G, d_v, d_dot)
+        if W0_32 is not None:
+            y = torch.baddbmm(y, P, W0_32.mT)                  # + S_0ᵀ p_0
+        ctx.save_for_backward(K, V, b, L, P_in, U, X, P, W0_32)
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype, beta.dtype, None if W0 is None else W0.dtype)
+        ctx.T = k.shape[2]
+        return y.view(B, H, Q, d_v)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        K, V, b, L, P_in, U, X, P0, W0_32 = ctx.saved_tensors
+        G, n_chunks, C, d_dot = K.shape
+        Q, d_v = P_in.shape[2], V.shape[-1]
+        B, H = grad_y.shape[:2]
+        T = ctx.T
+        grad_y = grad_y.float().reshape(G, Q, d_v)
+        need_q, need_k, need_v, need_beta, need_W0 = ctx.needs_input_grad[:5]
+        grad_X = (V @ grad_y.mT).view(G, n_chunks, C, Q)       # ∂/∂x_n of y += V_nᵀ x_n
+        grad_P = grad_y @ W0_32 if W0_32 is not None else P0.new_zeros(G, Q, d_dot)
+        grad_P_out = K.new_empty(G, n_chunks, Q, d_dot)       # p̄_n, the gradient leaving chunk n
+        Wsol = K.new_empty(G, n_chunks, C, Q)                 # w, with z̄ = β ⊙ w
+        for n in range(n_chunks):
+            grad_P_out[:, n] = grad_P
+            K_n = K[:, n]
+            grad_x = torch.baddbmm(grad_X[:, n], K_n, grad_P.mT, alpha=-1)
+            Wsol[:, n] = torch.linalg.solve_triangular(L[:, n].mT, grad_x, upper=False, unitriangular=True)
+            grad_P = torch.baddbmm(grad_P, (Wsol[:, n] * b[:, n]).mT, K_n)
+        grad_Z = Wsol * b
+
+        grad_q = grad_P.view(B, H, Q, d_dot).to(ctx.dtypes[0]) if need_q else None
+        grad_k = None
+        if need_k:
+            strictly_lower = torch.ones(C, C, dtype=torch.bool, device=K.device).tril_(-1)
+            grad_gram = (X @ grad_Z.mT).mul_(strictly_lower).neg_()   # Ḡ = −tril(x z̄ᵀ, −1)
+            grad_K = (grad_gram + grad_gram.mT) @ K
+            if Q == 1:  # rank-1 terms as broadcast products: a bmm with inner size 1 runs far slower
+                grad_K.addcmul_(grad_Z, P_in).addcmul_(X, grad_P_out, value=-1)
+            else:
+                grad_K = torch.baddbmm(grad_K.flatten(0, 1), grad_Z.flatten(0, 1), P_in.flatten(0, 1))
+                grad_K = torch.baddbmm(grad_K, X.flatten(0, 1), grad_P_out.flatten(0, 1), alpha=-1)
+            grad_k = grad_K.reshape(B, H, n_chunks * C, d_dot)[:, :, :T].to(ctx.dtypes[1])
+        grad_beta = None
+        if need_beta:
+            grad_beta = (U * Wsol).sum(-1).view(B, H, n_chunks * C)[:, :, :T].to(ctx.dtypes[3])
+        grad_v = None
+        if need_v:
+            grad_v = (X.view(G, n_chunks * C, Q) @ grad_y).view(B, H, n_chunks * C, d_v)[:, :, :T].to(ctx.dtypes[2])
+        grad_W0 = (grad_y.mT @ P0).view(B, H, d_v, d_dot).to(ctx.dtypes[4]) if need_W0 else None
+        return grad_q, grad_k, grad_v, grad_beta, grad_W0, None
 
 
 def delta_rule_parallel(

@@ -51,8 +51,10 @@ class _DPFP(torch.autograd.Function):
         d = n // 2
         grad = grad.float()
         if ctx.normalize:
-            # ∂φ̂_j/∂φ_i = inv (δ_ij − φ̂_j)  ⇒  ḡφ = inv (ḡ − Σ_j ḡ_j φ̂_j)
-            grad = (grad - (grad * phi).sum(dim=-1, keepdim=True)).mul_(inv)
+            # ∂φ̂_j/∂φ_i = inv (δ_ij − φ̂_j)  ⇒  ḡφ = inv (ḡ − Σ_j ḡ_j φ̂_j), written into the buffer
+            # of ḡ ⊙ φ̂ while it is still in cache: on CPU a fresh buffer per op costs more than the op
+            scratch = grad * phi
+            grad = torch.sub(grad, scratch.sum(dim=-1, keepdim=True), out=scratch).mul_(inv)
         grad_r = torch.empty_like(r)
         for i in range(1, ctx.nu + 1):
             g = grad[..., (i - 1) * n : i * n]
@@ -66,9 +68,9 @@ class _DPFP(torch.autograd.Function):
                 grad_r[..., :i].addcmul_(g[..., :i], r[..., n - i :])
             grad_r[..., : n - i].addcmul_(g[..., i:], r[..., i:])
             grad_r[..., n - i :].addcmul_(g[..., :i], r[..., :i])
-        # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient. r ≥ 0, so sign(r)
-        # is that 0/1 mask; multiplying by it is ~10× faster on CPU than a boolean masked_fill_.
-        grad_r.mul_(torch.sign(r))
+        # relu'(0) = 0, as torch's: only coordinates where r > 0 pass a gradient (relu's own backward,
+        # in place: one pass, where a mask would take two).
+        torch.ops.aten.threshold_backward.grad_input(grad_r, r, 0, grad_input=grad_r)
         return (grad_r[..., :d] - grad_r[..., d:]).to(ctx.input_dtype), None, None, None
 
 
