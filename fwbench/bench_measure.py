@@ -12,7 +12,8 @@ Rules (DESIGN.md, "Measuring"):
   only (not the allocator's cache, not library workspaces); both are relative to the tensors
   alive before the call (the inputs), so they measure what the call itself needs.
 - FLOPs: counted by ``torch.utils.flop_counter.FlopCounterMode`` (matmul-type ops: mm, bmm,
-  baddbmm, scaled_dot_product_attention, and their backward), so achieved GFLOP/s = counted
+  baddbmm, scaled_dot_product_attention, and their backward; plus the in-place baddbmm_ and
+  addmm_, which it does not register), so achieved GFLOP/s = counted
   FLOPs / median time. Triangular solves and elementwise work are not counted, so the figure is
   a lower bound on the arithmetic actually done.
 - Matmul peak: the best of a few fp32 n×n matmuls in the same process, the yardstick that
@@ -114,11 +115,28 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return int(peak)
 
 
+def _batched_matmul_flops(self_shape, batch1_shape, batch2_shape, *args, out_shape=None, **kwargs) -> int:
+    """2·b·m·k·n for (b, m, k) @ (b, k, n): the formula torch's counter uses for baddbmm."""
+    b, m, k = batch1_shape
+    return 2 * b * m * k * batch2_shape[-1]
+
+
+def _matmul_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kwargs) -> int:
+    """2·m·k·n for (m, k) @ (k, n): the formula torch's counter uses for addmm."""
+    m, k = mat1_shape
+    return 2 * m * k * mat2_shape[-1]
+
+
+#: In-place matmuls, which torch's counter does not register (it counts ``baddbmm`` but not
+#: ``baddbmm_``): kernels that update a state in place would otherwise look to do less work.
+IN_PLACE_MATMUL_FLOPS = {torch.ops.aten.baddbmm_: _batched_matmul_flops, torch.ops.aten.addmm_: _matmul_flops}
+
+
 def count_flops(fn: Callable[[], object]) -> int:
     """Matmul-type FLOPs that ``fn()`` executes, forward and backward (see module doc)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=IN_PLACE_MATMUL_FLOPS) as counter:
         fn()
     return int(counter.get_total_flops())
 

@@ -183,7 +183,9 @@ def acceptance_ratios(frame: pd.DataFrame, extras: dict) -> list[Ratio]:
             "Setting 2 training steps/s (dpfp-delta ν=1, S=60, length 120, batch 32)", value,
             f"≥ {10 * OFFICIAL_SETTING2_STEPS_PER_S:.0f} (10× official {OFFICIAL_SETTING2_STEPS_PER_S:.0f})",
             value >= 10 * OFFICIAL_SETTING2_STEPS_PER_S,
-            f"{training['steps']} steps, form {training['form']}, {training['threads']} CPU thread(s)"))
+            f"median step after warm-up, {training['steps']} steps (mean "
+            f"{training.get('mean_steps_per_s', value):.0f} steps/s), form {training['form']}, "
+            f"{training['threads']} CPU thread(s)"))
 
     precision = extras.get("precision")
     if precision:

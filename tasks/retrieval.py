@@ -139,9 +139,8 @@ class RetrievalModel(nn.Module):
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
         key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
-        # (B, 1, L, d_key): one head; add_ into the first lookup's buffer while it is in cache
-        k = rows(key_by_value, values).add_(rows(key_by_key, keys))[:, None]
-        beta = torch.sigmoid(rows(beta_by_value, values).add_(rows(beta_by_key, keys)))[:, None]
+        k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
+        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys))[:, None]
         value_codes = rows(self.value_codes, values)[:, None]
         q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
         if form == "auto":  # the fastest: read the memory without forming it
@@ -161,6 +160,16 @@ def rows(table: Tensor, ids: Tensor) -> Tensor:
     index_put. The training step of the retrieval tasks does five such lookups.
     """
     return table.index_select(0, ids.reshape(-1)).view(*ids.shape, *table.shape[1:])
+
+
+def row_sums(table_a: Tensor, ids_a: Tensor, table_b: Tensor, ids_b: Tensor) -> Tensor:
+    """``table_a[ids_a] + table_b[ids_b]`` for ids of one shape → (*ids_a.shape, …).
+
+    The sum is added into the first lookup's buffer while it is in cache, before the reshape (an
+    in-place op on a view would make autograd copy the whole tensor in the backward).
+    """
+    flat = table_a.index_select(0, ids_a.reshape(-1)).add_(table_b.index_select(0, ids_b.reshape(-1)))
+    return flat.view(*ids_a.shape, *table_a.shape[1:])
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:

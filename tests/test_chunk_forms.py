@@ -150,7 +150,7 @@ def test_delta_chunk_without_autograd_equals_recording_and_leaves_the_carried_st
 def test_write_read_equals_read_after_write_with_gradients(spec, T, carried, n_queries):
     """(From a zero state, a normalised read of one key returns v whatever q is: ∂y/∂q is
     rounding noise in both computations, so T = 1 is compared after a carried prefix only.)
-    1 and 3 queries take the delta rule's running-sum backward, 5 its C × C one (FEW_QUERIES = 4)."""
+    The delta rule's hand-written backward has a rank-one branch for one query: 1, 3 and 5 queries."""
     attention = build(spec)
     if T == 1 and not carried and attention.d_dot and not attention.uses_beta:
         pytest.skip("ill-conditioned: ∂y/∂q is O(eps) for a normalised read of a single key")
@@ -175,6 +175,47 @@ def test_write_read_equals_read_after_write_with_gradients(spec, T, carried, n_q
     assert_close(y, y_ref, TOL)
     for name in grads_ref:
         assert_close(grads[name], grads_ref[name], TOL)
+
+
+@pytest.mark.parametrize("n_queries", [1, 3])
+@pytest.mark.parametrize("T", [30, 65])
+def test_unnormalised_delta_write_read_equals_read_after_write_with_gradients(T, n_queries):
+    """write_read of the delta rule on keys that are not sum-normalised (the Section 4.2 ablation)."""
+    attention = build("dpfp-delta-unnorm:nu=1")
+    inputs = _inputs(attention, T)
+    inputs["k"] = inputs["k"] * 0.2  # β‖φ(k)‖² < 2: the unnormalised write stays stable
+    q = torch.randn(B, H, n_queries, D_KEY)
+    state = _carried(attention)
+
+    def answer(fused: bool):
+        leaves = {name: x.clone().requires_grad_(True) for name, x in inputs.items() if name != "q"}
+        q_leaf = q.clone().requires_grad_(True)
+        W0 = state.W.detach().clone().requires_grad_(True)
+        carried = FastWeightState(W0, None, state.position)
+        if fused:
+            y = attention.write_read(leaves["k"], leaves["v"], q_leaf, beta=leaves["beta"], state=carried)
+        else:
+            y = attention.read(q_leaf, attention.write(leaves["k"], leaves["v"], beta=leaves["beta"], state=carried))
+        (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        return y.detach(), [q_leaf.grad, W0.grad, *(leaf.grad for leaf in leaves.values())]
+
+    (y, grads), (y_ref, grads_ref) = answer(True), answer(False)
+    assert torch.isfinite(y_ref).all()
+    assert_close(y, y_ref, TOL)
+    for grad, grad_ref in zip(grads, grads_ref, strict=True):
+        assert_close(grad, grad_ref, TOL)
+
+
+def test_write_read_refuses_second_order_gradients_with_a_clear_error():
+    """The delta rule's fused backward keeps no graph: create_graph=True must not give silent zeros."""
+    from variants import VariantError
+
+    attention = build("dpfp-delta:nu=1")
+    inputs = {name: x.requires_grad_(True) for name, x in _inputs(attention, 40).items()}
+    q = torch.randn(B, H, 1, D_KEY, requires_grad=True)
+    y = attention.write_read(inputs["k"], inputs["v"], q, beta=inputs["beta"])
+    with pytest.raises(VariantError, match="second-order gradients"):
+        torch.autograd.grad(y.sum(), [q, inputs["k"]], create_graph=True)
 
 
 def test_retrieval_default_form_equals_chunk_and_recurrent_forms_and_gradients():

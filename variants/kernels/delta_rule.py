@@ -21,15 +21,17 @@ before it,
     S  ← S + Kᵀ (U − W_c S).
 
 T_c and the scores tril(Q Kᵀ) are computed for all chunks at once; the loop over chunks carries
-S with five small matmuls per chunk, using U − W_c S = T_c (V − K S).
+S with five small matmuls per chunk, using U − W_c S = T_c (V − K S). The fused write-then-read
+(:func:`delta_rule_write_read`) has a hand-written backward: first-order gradients only, and a
+``VariantError`` under ``create_graph=True``. The other forms are plain autograd (any order).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ..errors import VariantError
 from .chunking import split_chunks
 from .gram import gram
 
@@ -77,6 +79,7 @@ def delta_rule_chunk(
 
     Returns (y (B, H, T, d_v) in v's dtype, or ``None``; W_T (B, H, d_v, d_dot) fp32).
     Cost O(T·C·d + T·d_dot·d_v) time; memory O(T·d) plus, with autograd, one state per chunk.
+    The backward is autograd's: a hand-written one (tried) was no faster, its matmuls are the cost.
     """
     W = _initial_state(k, v, W0)
     B, H, T, d_dot = k.shape
@@ -153,7 +156,7 @@ def delta_rule_write_read(
 
     Shapes: q (B, H, T_q, d_dot); k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T);
     W0 (B, H, d_v, d_dot) or ``None``. Returns y (B, H, T_q, d_v) fp32; gradients come back in the
-    inputs' dtypes.
+    inputs' dtypes. Raises ``VariantError`` from the backward under ``create_graph=True``.
     """
     if k.shape[2] == 0:
         y = q.float().new_zeros(*q.shape[:3], v.shape[-1])
@@ -207,8 +210,15 @@ class _DeltaWriteRead(torch.autograd.Function):
         return y.view(B, H, Q, d_v)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_y):
+        if torch.is_grad_enabled():
+            # create_graph=True: the saved intermediates are constants to autograd, so a graph of
+            # this backward would give wrong second derivatives; once_differentiable would give
+            # None or zeros from autograd.grad. Refuse, naming the way that supports them.
+            raise VariantError(
+                "write_read: second-order gradients (create_graph=True) are not supported by the "
+                "delta rule's fused write-then-read; use read(q, write(k, v, beta)) instead"
+            )
         K, V, b, L, P_in, U, X, P0, W0_32 = ctx.saved_tensors
         G, n_chunks, C, d_dot = K.shape
         Q, d_v = P_in.shape[2], V.shape[-1]
