@@ -22,6 +22,7 @@ Rules (DESIGN.md, "Measuring"):
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import sys
@@ -115,21 +116,14 @@ def peak_memory_bytes(fn: Callable[[], object], device: torch.device) -> int:
     return int(peak)
 
 
-def _batched_matmul_flops(self_shape, batch1_shape, batch2_shape, *args, out_shape=None, **kwargs) -> int:
-    """2·b·m·k·n for (b, m, k) @ (b, k, n): the formula torch's counter uses for baddbmm."""
-    b, m, k = batch1_shape
-    return 2 * b * m * k * batch2_shape[-1]
-
-
-def _matmul_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kwargs) -> int:
-    """2·m·k·n for (m, k) @ (k, n): the formula torch's counter uses for addmm."""
-    m, k = mat1_shape
-    return 2 * m * k * mat2_shape[-1]
+def _in_place_matmul_flops(self_shape, mat1_shape, mat2_shape, *args, out_shape=None, **kwargs) -> int:
+    """2·[b·]m·k·n for [(b,)] (m, k) @ (k, n): the formula torch's counter uses for baddbmm and addmm."""
+    return 2 * math.prod(mat1_shape) * mat2_shape[-1]
 
 
 #: In-place matmuls, which torch's counter does not register (it counts ``baddbmm`` but not
 #: ``baddbmm_``): kernels that update a state in place would otherwise look to do less work.
-IN_PLACE_MATMUL_FLOPS = {torch.ops.aten.baddbmm_: _batched_matmul_flops, torch.ops.aten.addmm_: _matmul_flops}
+IN_PLACE_MATMUL_FLOPS = {torch.ops.aten.baddbmm_: _in_place_matmul_flops, torch.ops.aten.addmm_: _in_place_matmul_flops}
 
 
 def count_flops(fn: Callable[[], object]) -> int:
