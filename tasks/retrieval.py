@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 from variants import build_attention, parse_spec
 
@@ -110,14 +111,29 @@ class RetrievalModel(nn.Module):
         self.key_embedding = nn.Embedding(S, self.embedding_size)
         self.register_buffer("value_codes", torch.eye(S), persistent=False)
         token_size = S + self.embedding_size
-        self.W_k = nn.Linear(token_size, d_key)
+        # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are created (and
+        # initialised) as such, so that a seed draws the official initial weights, and then stored
+        # as their two column blocks: the one-hot block as a (S, ·) table read by row lookups, the
+        # embedding block as a Linear. Slicing one (·, S + e) weight at every step instead costs
+        # a zero-filled copy of the whole weight per slice in the backward.
+        W_k = nn.Linear(token_size, d_key)
         self.W_q = nn.Linear(self.embedding_size, d_key)
-        self.W_beta = nn.Linear(token_size, 1)
+        W_beta = nn.Linear(token_size, 1)
         self.attention = build_attention(variant, d_key)
         nn.init.normal_(self.key_embedding.weight, mean=0.0, std=1.0)
         bound = d_key**-0.5
-        nn.init.uniform_(self.W_k.weight, -bound, bound)
+        nn.init.uniform_(W_k.weight, -bound, bound)
         nn.init.uniform_(self.W_q.weight, -bound, bound)
+        with torch.no_grad():
+            self.key_by_value = nn.Parameter(W_k.weight[:, :S].T.contiguous())        # (S, d_key)
+            # skip_init: the blocks are copied in, and drawing them would move the global RNG
+            self.key_projection = skip_init(nn.Linear, self.embedding_size, d_key)
+            self.key_projection.weight.copy_(W_k.weight[:, S:])
+            self.key_projection.bias.copy_(W_k.bias)
+            self.beta_by_value = nn.Parameter(W_beta.weight[:, :S].T.contiguous())     # (S, 1)
+            self.beta_projection = skip_init(nn.Linear, self.embedding_size, 1)
+            self.beta_projection.weight.copy_(W_beta.weight[:, S:])
+            self.beta_projection.bias.copy_(W_beta.bias)
 
     def token_projections(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_k x, W_β x and W_q e(k) as lookup tables over key and value ids.
@@ -125,22 +141,25 @@ class RetrievalModel(nn.Module):
         A token is [onehot(v); e(k)], so W x = W[:, :S] onehot(v) + (W[:, S:] E)[k]: two row
         lookups replace a (B·L × (S + e)) matmul. The function and its gradients are the same as
         the official model's; only the cost changes, from O(B·L·S) to O(S²) per step.
-        Returns key_by_value (S, d_key), key_by_key (S, d_key), beta_by_value (S,), beta_by_key (S,).
+        Returns key_by_value (S, d_key), key_by_key (S, d_key), beta_by_value (S, 1),
+        beta_by_key (S, 1).
         """
-        S = self.S
         embedding = self.key_embedding.weight
-        key_by_value = self.W_k.weight[:, :S].T.contiguous()  # a gather from a transposed view is 4× slower
-        key_by_key = embedding @ self.W_k.weight[:, S:].T + self.W_k.bias
-        beta_by_value = self.W_beta.weight[0, :S]
-        beta_by_key = embedding @ self.W_beta.weight[0, S:] + self.W_beta.bias
-        return key_by_value, key_by_key, beta_by_value, beta_by_key
+        return self.key_by_value, self.key_projection(embedding), self.beta_by_value, self.beta_projection(embedding)
+
+    def dense_token_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The official model's (W_k, b_k, W_β, b_β) over whole tokens: (d_key, S + e), (d_key,),
+        (1, S + e), (1,). For checks against the dense formulation; training never forms them."""
+        W_k = torch.cat([self.key_by_value.T, self.key_projection.weight], dim=1)
+        W_beta = torch.cat([self.beta_by_value.T, self.beta_projection.weight], dim=1)
+        return W_k, self.key_projection.bias, W_beta, self.beta_projection.bias
 
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
         key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
         k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys))[:, None]
+        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, -1)
         value_codes = rows(self.value_codes, values)[:, None]
         q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
         if form == "auto":  # the fastest: read the memory without forming it
@@ -174,9 +193,11 @@ def row_sums(table_a: Tensor, ids_a: Tensor, table_b: Tensor, ids_b: Tensor) -> 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:
     """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given)."""
-    per_query = 0.5 * (predicted - torch.nn.functional.one_hot(targets, S).float()).pow(2).sum(-1)
+    # scatter_ rather than one_hot: one_hot checks the ids' range with two host syncs per call
+    codes = predicted.new_zeros(*targets.shape, S).scatter_(-1, targets[..., None], 1.0)
     if mask is None:
-        return per_query.mean()
+        return torch.nn.functional.mse_loss(predicted, codes, reduction="sum") * (0.5 / targets.numel())
+    per_query = 0.5 * (predicted - codes).pow(2).sum(-1)
     return (per_query * mask).sum() / mask.sum().clamp(min=1)
 
 

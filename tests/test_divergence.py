@@ -120,3 +120,15 @@ def test_the_finite_check_passes_a_sum_that_overflows_on_finite_values_and_names
     x[1, 2, 3] = float("-inf")
     with pytest.raises(NonFiniteError, match=r"v: got -inf at index \(1, 2, 3\)"):
         check_finite(q=torch.zeros(2), v=x)
+
+
+def test_gradient_check_finds_nan_and_inf_and_passes_sums_that_overflow():
+    from fwbench.training import _gradients_finite
+
+    model = nn.Linear(3, 2)
+    assert _gradients_finite(model)  # no gradients yet
+    for weight in (1.0, 3.0e38):  # 3e38: finite, but the sum overflows fp32 (the exact check decides)
+        for bad, finite in [(float("nan"), False), (float("inf"), False), (-float("inf"), False), (2.0, True)]:
+            model.weight.grad = torch.full((2, 3), weight)
+            model.bias.grad = torch.tensor([1.0, bad])
+            assert _gradients_finite(model) is finite, (weight, bad)

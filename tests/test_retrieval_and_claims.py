@@ -12,6 +12,7 @@ from fwbench.analysis import estimate_capacity
 from fwbench.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_grows_with_nu, claim_linear_fails_softmax_holds
 from fwbench.reference import official_synthetic, official_variant_spec
 from tasks.retrieval import RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss, sample_batch
+from variants import build_attention
 
 
 def test_setting1_writes_every_key_once_with_distinct_values():
@@ -96,3 +97,62 @@ def test_claim_c2_compares_dpfp_capacities():
     assert claim_dpfp_capacity_grows_with_nu(grows).verdict == PASS
     flat = frame_of([("dpfp:nu=1", 40, 0.001), ("dpfp:nu=1", 80, 0.2), ("dpfp:nu=2", 40, 0.001), ("dpfp:nu=2", 80, 0.3)])
     assert claim_dpfp_capacity_grows_with_nu(flat).verdict == FAIL
+
+
+def _official_dense_model(S, d_key, embedding_size, variant, seed):
+    """The official model's weights as the official code creates them (same modules, same order)."""
+    torch.manual_seed(seed)
+    embedding = torch.nn.Embedding(S, embedding_size)
+    W_k = torch.nn.Linear(S + embedding_size, d_key)
+    W_q = torch.nn.Linear(embedding_size, d_key)
+    W_beta = torch.nn.Linear(S + embedding_size, 1)
+    build_attention(variant, d_key)
+    torch.nn.init.normal_(embedding.weight, mean=0.0, std=1.0)
+    torch.nn.init.uniform_(W_k.weight, -d_key**-0.5, d_key**-0.5)
+    torch.nn.init.uniform_(W_q.weight, -d_key**-0.5, d_key**-0.5)
+    return embedding, W_k, W_q, W_beta
+
+
+@pytest.mark.parametrize("variant", ["dpfp-delta:nu=1", "linear"])
+def test_lookup_model_equals_the_official_dense_token_model(variant):
+    S, d_key, e = 9, 8, 19
+    torch.manual_seed(3)
+    model = RetrievalModel(variant, S=S, d_key=d_key, embedding_size=e)
+    after_model = torch.rand(1)
+    embedding, W_k, W_q, W_beta = _official_dense_model(S, d_key, e, variant, seed=3)
+    assert torch.rand(1) == after_model  # the split storage draws nothing beyond the official init
+    dense_Wk, dense_bk, dense_Wb, dense_bb = model.dense_token_weights()
+    assert torch.equal(dense_Wk, W_k.weight) and torch.equal(dense_bk, W_k.bias)
+    assert torch.equal(dense_Wb, W_beta.weight) and torch.equal(dense_bb, W_beta.bias)
+    assert torch.equal(model.W_q.weight, W_q.weight) and torch.equal(model.key_embedding.weight, embedding.weight)
+
+    batch = sample_batch(2, S, 4, torch.Generator().manual_seed(5))
+    keys, values, queries = batch["keys"], batch["values"], torch.arange(S).expand(4, -1)
+    lookup_loss = retrieval_loss(model(keys, values, queries), last_occurrence_values(keys, values, queries)[0], S)
+    lookup_grads = torch.autograd.grad(lookup_loss, list(model.parameters()), allow_unused=True)
+
+    # the official forward: dense tokens [onehot(v); e(k)] through whole-token weights
+    W_k_full, b_k, W_beta_full, b_beta = model.dense_token_weights()
+    tokens = torch.cat([torch.nn.functional.one_hot(values, S).float(), model.key_embedding(keys)], dim=-1)
+    k = (tokens @ W_k_full.T + b_k)[:, None]
+    beta = torch.sigmoid(tokens @ W_beta_full.T + b_beta)[..., 0][:, None]
+    q = model.W_q(model.key_embedding(queries))[:, None]
+    v = torch.nn.functional.one_hot(values, S).float()[:, None]
+    state = model.attention.write(k, v, beta=beta if model.attention.uses_beta else None)
+    dense = model.attention.read(q, state)[:, 0]
+    dense_loss = retrieval_loss(dense, last_occurrence_values(keys, values, queries)[0], S)
+    dense_grads = torch.autograd.grad(dense_loss, list(model.parameters()), allow_unused=True)
+    assert lookup_loss.item() == pytest.approx(dense_loss.item(), rel=1e-5)
+    for (name, _), a, b in zip(model.named_parameters(), lookup_grads, dense_grads):
+        assert (a is None) == (b is None), name  # the sum rule has no β: its weights get no gradient
+        assert a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+
+
+def test_loss_matches_the_official_formula_with_and_without_a_mask():
+    predicted = torch.randn(3, 5, 7, generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 7, (3, 5), generator=torch.Generator().manual_seed(1))
+    per_query = 0.5 * (predicted - torch.nn.functional.one_hot(targets, 7).float()).pow(2).sum(-1)
+    assert retrieval_loss(predicted, targets, 7).item() == pytest.approx(per_query.mean().item(), rel=1e-6)
+    mask = (torch.arange(5) % 2 == 0).float().expand(3, -1)
+    expected = (per_query * mask).sum() / mask.sum()
+    assert retrieval_loss(predicted, targets, 7, mask).item() == pytest.approx(expected.item(), rel=1e-6)

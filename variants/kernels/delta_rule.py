@@ -132,8 +132,15 @@ def delta_rule_chunk(
     return y.to(v.dtype), S.view(B, H, d_dot, d_v).mT
 
 
+#: Default chunk size of :func:`delta_rule_write_read`, measured in the training step of the
+#: retrieval tasks (B = 32, one query, d_dot = 128, CPU, one thread; interleaved steps): against 32,
+#: 24 is 4 % faster at T = 120 (Setting 2, S = 60) and 10 % at T = 80, 3 % slower at T = 250.
+WRITE_READ_CHUNK_SIZE = 24
+
+
 def delta_rule_write_read(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None, chunk_size: int = 32,
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None,
+    chunk_size: int = WRITE_READ_CHUNK_SIZE,
 ) -> Tensor:
     """Read the memory with queries q after writing all of (k, v, β), without forming W.
 
@@ -151,8 +158,9 @@ def delta_rule_write_read(
     over all chunks at once, where autograd would record a dozen small ops per chunk.
 
     Shapes: q (B, H, T_q, d_dot); k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T);
-    W0 (B, H, d_v, d_dot) or ``None``. Returns y (B, H, T_q, d_v) fp32; gradients come back in the
-    inputs' dtypes. Raises ``VariantError`` from the backward under ``create_graph=True``.
+    W0 (B, H, d_v, d_dot) or ``None``; ``chunk_size`` the longest chunk (balanced chunks, as in
+    :func:`delta_rule_chunk`). Returns y (B, H, T_q, d_v) fp32; gradients come back in the inputs'
+    dtypes. Raises ``VariantError`` from the backward under ``create_graph=True``.
     """
     if k.shape[2] == 0:
         y = q.float().new_zeros(*q.shape[:3], v.shape[-1])
@@ -187,14 +195,16 @@ class _DeltaWriteRead(torch.autograd.Function):
         b = bc.reshape(G, n_chunks, C, 1)
         L = (K @ K.mT).mul_(b)                                 # diag(β) K Kᵀ
         P = q.float().reshape(G, Q, d_dot)
-        P_in = K.new_empty(G, n_chunks, Q, d_dot)            # p_{n+1}, the query entering chunk n
-        U = K.new_empty(G, n_chunks, C, Q)
+        # per-chunk views made once (unbind) and results stacked once: on CPU each indexing or
+        # copy into a slice is a dispatch costing as much as the small matmuls of the loop
+        K_n, L_n, b_n = K.unbind(1), L.mT.unbind(1), b.unbind(1)
+        P_in, U, X = [None] * n_chunks, [None] * n_chunks, [None] * n_chunks
         for n in reversed(range(n_chunks)):
-            P_in[:, n] = P
-            K_n = K[:, n]
-            U[:, n] = torch.linalg.solve_triangular(L[:, n].mT, K_n @ P.mT, upper=True, unitriangular=True)
-            P = torch.baddbmm(P, (U[:, n] * b[:, n]).mT, K_n, alpha=-1)
-        X = U * b
+            P_in[n] = P                                        # p_{n+1}, the query entering chunk n
+            U[n] = torch.linalg.solve_triangular(L_n[n], K_n[n] @ P.mT, upper=True, unitriangular=True)
+            X[n] = U[n] * b_n[n]
+            P = torch.baddbmm(P, X[n].mT, K_n[n], alpha=-1)
+        P_in, U, X = torch.stack(P_in, 1), torch.stack(U, 1), torch.stack(X, 1)
         V = vc.reshape(G, n_chunks * C, d_v)
         y = X.view(G, n_chunks * C, Q).mT @ V                  # Σ_n V_nᵀ x_n, all chunks at once
         W0_32 = None if W0 is None else W0.float().reshape(G, d_v, d_dot)
@@ -224,15 +234,15 @@ class _DeltaWriteRead(torch.autograd.Function):
         need_q, need_k, need_v, need_beta, need_W0 = ctx.needs_input_grad[:5]
         grad_X = (V @ grad_y.mT).view(G, n_chunks, C, Q)       # ∂/∂x_n of y += V_nᵀ x_n
         grad_P = grad_y @ W0_32 if W0_32 is not None else P0.new_zeros(G, Q, d_dot)
-        grad_P_out = K.new_empty(G, n_chunks, Q, d_dot)       # p̄_n, the gradient leaving chunk n
-        Wsol = K.new_empty(G, n_chunks, C, Q)                 # w, with z̄ = β ⊙ w
+        K_n, L_n, b_n, grad_X_n = K.unbind(1), L.mT.unbind(1), b.unbind(1), grad_X.unbind(1)
+        grad_P_out, Wsol, grad_Z = [None] * n_chunks, [None] * n_chunks, [None] * n_chunks
         for n in range(n_chunks):
-            grad_P_out[:, n] = grad_P
-            K_n = K[:, n]
-            grad_x = torch.baddbmm(grad_X[:, n], K_n, grad_P.mT, alpha=-1)
-            Wsol[:, n] = torch.linalg.solve_triangular(L[:, n].mT, grad_x, upper=False, unitriangular=True)
-            grad_P = torch.baddbmm(grad_P, (Wsol[:, n] * b[:, n]).mT, K_n)
-        grad_Z = Wsol * b
+            grad_P_out[n] = grad_P                             # p̄_n, the gradient leaving chunk n
+            grad_x = torch.baddbmm(grad_X_n[n], K_n[n], grad_P.mT, alpha=-1)
+            Wsol[n] = torch.linalg.solve_triangular(L_n[n], grad_x, upper=False, unitriangular=True)
+            grad_Z[n] = Wsol[n] * b_n[n]                       # z̄ = β ⊙ w
+            grad_P = torch.baddbmm(grad_P, grad_Z[n].mT, K_n[n])
+        grad_P_out, Wsol, grad_Z = torch.stack(grad_P_out, 1), torch.stack(Wsol, 1), torch.stack(grad_Z, 1)
 
         grad_q = grad_P.view(B, H, Q, d_dot).to(ctx.dtypes[0]) if need_q else None
         grad_k = None
