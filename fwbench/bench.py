@@ -34,7 +34,14 @@ from variants import DEFAULT_CHUNK_SIZE, build_attention, parse_spec
 from variants.kernels import delta_rule_chunk
 
 from . import bench_anchors
-from .bench_measure import count_flops, is_out_of_memory, matmul_peak_gflops, peak_memory_bytes, time_call
+from .bench_measure import (
+    count_flops,
+    is_out_of_memory,
+    matmul_peak_gflops,
+    peak_memory_bytes,
+    time_call,
+    time_interleaved,
+)
 from .environment import describe_environment
 from .errors import FwbenchError
 
@@ -268,26 +275,10 @@ def _anchor_cases(runner: _Runner, T: int) -> None:
     for mode in MODES:
         case = {"variant": "sdpa (torch)", "rule": "softmax", "form": "anchor", "mode": mode, "T": T, "d_dot": None}
         if T > profile.cap("sdpa", device):
-            runner.skip(case, f"measured up to T={profile.cap('sdpa', device)}")
+            runner.skip(case, f"sdpa measured up to T={profile.cap('sdpa', device)}")
             continue
 
-        def sdpa_factory(mode=mode):
-            q, k, v = (torch.randn(B, H, T, d, generator=generator).to(device).requires_grad_(mode != FORWARD)
-                       for _ in range(3))
-            if mode == FORWARD:
-                def forward():
-                    with torch.no_grad():
-                        return bench_anchors.sdpa_causal(q, k, v)
-                return forward
-            cotangent = torch.randn(B, H, T, d, generator=generator).to(device)
-
-            def forward_backward():
-                for x in (q, k, v):
-                    x.grad = None
-                bench_anchors.sdpa_causal(q, k, v).backward(cotangent)
-            return forward_backward
-
-        runner.measure(case, sdpa_factory, flops=True, memory=True)
+        runner.measure(case, lambda mode=mode: _sdpa_call(B, H, T, d, device, mode, generator), flops=True, memory=True)
 
     fla, why = runner.fla
     features = _delta_features(B, H, T, d, device, generator)
@@ -298,7 +289,8 @@ def _anchor_cases(runner: _Runner, T: int) -> None:
             runner.skip(case, why)
             continue
         if T > profile.cap(key, device) or (kernel == "chunkwise" and T % 32):
-            runner.skip(case, f"measured up to T={profile.cap(key, device)} (chunkwise: T a multiple of 32)")
+            runner.skip(case, f"fla {kernel} measured up to T={profile.cap(key, device)}"
+                              + (" and at T a multiple of 32" if kernel == "chunkwise" else ""))
             continue
 
         def fla_factory(kernel=kernel):
@@ -312,6 +304,25 @@ def _anchor_cases(runner: _Runner, T: int) -> None:
         runner.measure(case, fla_factory, flops=kernel == "chunkwise", memory=kernel == "chunkwise")
     if device.type == "cuda":
         _fla_triton_case(runner, T, features)
+
+
+def _sdpa_call(B: int, H: int, T: int, d: int, device: torch.device, mode: str,
+               generator: torch.Generator) -> Callable[[], object]:
+    """torch's causal SDPA on fresh (B, H, T, d) inputs: forward without autograd, or forward+backward."""
+    q, k, v = (torch.randn(B, H, T, d, generator=generator).to(device).requires_grad_(mode != FORWARD)
+               for _ in range(3))
+    if mode == FORWARD:
+        def forward():
+            with torch.no_grad():
+                return bench_anchors.sdpa_causal(q, k, v)
+        return forward
+    cotangent = torch.randn(B, H, T, d, generator=generator).to(device)
+
+    def forward_backward():
+        for x in (q, k, v):
+            x.grad = None
+        bench_anchors.sdpa_causal(q, k, v).backward(cotangent)
+    return forward_backward
 
 
 def _delta_features(B: int, H: int, T: int, d: int, device: torch.device, generator: torch.Generator):
@@ -364,9 +375,15 @@ def _chunk_sweep(runner: _Runner) -> None:
                 runner.measure(case, factory, flops=False, memory=False)
 
 
+#: Rounds of the interleaved timing of the fla comparison (each round calls ours and fla at chunk
+#: sizes 32 and 64 once).
+COMPARISON_ROUNDS = 7
+
+
 def _fla_comparison(runner: _Runner) -> None:
     """Our chunk kernel and fla's ``delta_rule_chunkwise`` on identical inputs (B=1, H=8, d_k=128,
-    d_v=64): the times (fla at its best chunk size, 32 or 64) and the outputs' relative RMSE."""
+    d_v=64), timed in alternation: the times (fla at its best chunk size, 32 or 64) and the
+    outputs' relative RMSE."""
     fla, why = runner.fla
     T = runner.profile.comparison_length
     extras = runner.result.extras
@@ -378,10 +395,13 @@ def _fla_comparison(runner: _Runner) -> None:
     with torch.no_grad():
         ours_y, _ = delta_rule_chunk(q, k, v, beta, chunk_size=DEFAULT_CHUNK_SIZE)
         fla_y = bench_anchors.fla_chunkwise(fla, q, k, v, beta)
-        ours = time_call(lambda: delta_rule_chunk(q, k, v, beta, chunk_size=DEFAULT_CHUNK_SIZE), device,
-                         runner.profile.repeats)
-        fla_times = {c: time_call(lambda c=c: bench_anchors.fla_chunkwise(fla, q, k, v, beta, c), device,
-                                  runner.profile.repeats).median_s for c in (32, 64)}
+        # in alternation, so that a slow stretch of a shared machine falls on both sides of the ratio
+        timings = time_interleaved({
+            "ours": lambda: delta_rule_chunk(q, k, v, beta, chunk_size=DEFAULT_CHUNK_SIZE),
+            **{c: lambda c=c: bench_anchors.fla_chunkwise(fla, q, k, v, beta, c) for c in (32, 64)},
+        }, device, rounds=max(COMPARISON_ROUNDS, runner.profile.repeats))
+        ours = timings.pop("ours")
+        fla_times = {c: timing.median_s for c, timing in timings.items()}
     best_chunk = min(fla_times, key=fla_times.get)
     error = ((ours_y.double() - fla_y.double()).norm() / fla_y.double().norm()).item()
     extras["fla_comparison"] = {
@@ -415,6 +435,56 @@ def _precision_check(runner: _Runner) -> None:
         runner.log(f"  precision {spec:<14} T={T}: " + ", ".join(
             f"{r['dtype']} {r['rel_rmse']:.1e}" for r in rows if r["variant"] == _canonical(spec)))
     runner.result.extras["precision"] = {"T": T, "rows": rows}
+
+
+#: Longest T of the paired ratio measurements (the acceptance ratios are stated at T = 4096).
+PAIRED_LENGTH = 4096
+#: Rounds of a paired measurement (3 where one call takes 3 s or more: the recurrent backward).
+PAIRED_ROUNDS = 7
+
+
+def _paired_ratios(runner: _Runner) -> None:
+    """The acceptance ratios between two timings, each pair re-timed in alternation, fwd+bwd:
+    dpfp-delta chunk vs its recurrent form, dpfp-delta chunk vs dpfp chunk, SDPA vs linear chunk.
+
+    The grid times every case once, minutes apart from the case it is compared with; on a shared
+    machine a slow stretch can then fall on one side of a ratio only. Here both sides of a ratio
+    run in turns (:func:`~fwbench.bench_measure.time_interleaved`) at T = min(4096, the profile's
+    longest length and the cap of the slower form), and the acceptance ratios use these times.
+    """
+    profile, device, B, H, d = runner.profile, runner.device, runner.B, runner.H, runner.d_head
+    longest = min(PAIRED_LENGTH, max(profile.lengths))
+
+    def variant_call(spec: str, form: str, T: int) -> Callable[[], object]:
+        attention = build_attention(spec, d_key=d).to(device).eval()
+        inputs = _inputs(attention, B, H, T, d, device, torch.float32, requires_grad=True)
+        return _call(attention, inputs, form, FORWARD_BACKWARD, None)
+
+    pairs = {
+        "chunk_vs_recurrent": (min(longest, profile.cap("recurrent", device)),
+                               ("dpfp-delta", "recurrent"), ("dpfp-delta", "chunk")),
+        "delta_vs_sum": (longest, ("dpfp-delta", "chunk"), ("dpfp", "chunk")),
+        "sdpa_vs_linear": (min(longest, profile.cap("sdpa", device)), ("sdpa", "anchor"), ("linear", "chunk")),
+    }
+    results = {}
+    for name, (T, first, second) in pairs.items():
+        calls = {}
+        for spec, form in (first, second):
+            generator = torch.Generator(device="cpu").manual_seed(T)
+            calls[f"{spec} {form}"] = (_sdpa_call(B, H, T, d, device, FORWARD_BACKWARD, generator)
+                                       if spec == "sdpa" else variant_call(spec, form, T))
+        try:
+            timings = time_interleaved(calls, device, PAIRED_ROUNDS)
+        except RuntimeError as exc:  # out of memory on a small device: the grid's times stand
+            results[name] = {"T": T, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+            continue
+        (first_name, first_t), (second_name, second_t) = timings.items()
+        rounds = first_t.repeats
+        results[name] = {"T": T, "first": first_name, "second": second_name, "first_s": first_t.median_s,
+                         "second_s": second_t.median_s, "rounds": rounds, "ratio": first_t.median_s / second_t.median_s}
+        runner.log(f"  paired {name} T={T}: {first_name} {first_t.median_s * 1e3:.1f} ms, {second_name} "
+                   f"{second_t.median_s * 1e3:.1f} ms, ratio {results[name]['ratio']:.2f} ({rounds} rounds in turns)")
+    runner.result.extras["paired"] = results
 
 
 #: Training steps of the Setting 2 measurement that are warm-up (allocator, caches), not timed.
@@ -484,6 +554,7 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     if extras:
         _chunk_sweep(runner)
         _fla_comparison(runner)
+        _paired_ratios(runner)
         _precision_check(runner)
         _training_throughput(runner)
     return runner.result

@@ -67,8 +67,11 @@ def run_bench_command(args: argparse.Namespace) -> int:
     _print_table("chunk-size sweep (median ms)", sweep_table(frame))
     skipped = frame[frame["status"] == "skipped"] if not frame.empty else frame
     if not skipped.empty:
-        reasons = skipped.groupby("reason").size()
-        print("\nskipped cases: " + "; ".join(f"{n} × {reason}" for reason, n in reasons.items()))
+        print("\nnot measured (a cap of the profile, or a missing optional dependency):")
+        for reason, group in skipped.groupby("reason"):
+            lengths = ", ".join(str(T) for T in sorted(set(group["T"])))
+            cases = ", ".join(sorted(set(group["variant"] + " " + group["form"])))
+            print(f"  {reason}: {len(group)} case(s) at T = {lengths}: {cases}")
     ratios = acceptance_ratios(frame, result.extras)
     print("\nacceptance ratios (measured in this run; the machine may be shared, so compare ratios only):")
     print(format_ratios(ratios))

@@ -2,7 +2,8 @@
 
 Rules (DESIGN.md, "Measuring"):
 
-- Time: one warm-up call, then ``repeats`` timed calls, median (and min). A call whose warm-up
+- Time: one warm-up call, then ``repeats`` timed calls, median (and min); the two sides of a
+  ratio measured as a pair are timed in alternation (:func:`time_interleaved`). A call whose warm-up
   already took longer than ``long_call_s`` is not repeated: its one time is the measurement
   (``repeats = 1`` in the record), so a 30-second recurrent backward does not cost two minutes.
   On CUDA the device is synchronised before and after each call.
@@ -77,6 +78,32 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 3,
             return Timing(second, second, 1)
     times = [_timed(fn, device) for _ in range(repeats)]
     return Timing(statistics.median(times), min(times), repeats)
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, rounds: int = 7,
+                     long_call_s: float = LONG_CALL_S, long_rounds: int = 3) -> dict[str, Timing]:
+    """Median wall time (seconds) of each of several calls timed in turns, for a ratio between them.
+
+    One warm-up call each, then ``rounds`` rounds (``long_rounds`` if a warm-up took at least
+    ``long_call_s``) that call every function once, in reverse order every other round. On a
+    shared machine the load drifts over seconds; timing the two sides of a ratio in alternation
+    exposes both to the same drift, where back-to-back blocks of repeats can put one side in a
+    slow stretch and the other in a fast one.
+
+    Raises:
+        ValueError: ``rounds`` or ``long_rounds`` < 1, or no functions.
+    """
+    if rounds < 1 or long_rounds < 1 or not fns:
+        raise ValueError(f"rounds, long_rounds, fns: got {rounds}, {long_rounds}, {len(fns)} functions; "
+                         "expected rounds >= 1, long_rounds >= 1 and at least one function")
+    names = list(fns)
+    if max(_timed(fns[name], device) for name in names) >= long_call_s:
+        rounds = long_rounds
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else reversed(names):
+            times[name].append(_timed(fns[name], device))
+    return {name: Timing(statistics.median(t), min(t), rounds) for name, t in times.items()}
 
 
 @contextmanager

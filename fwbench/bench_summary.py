@@ -126,22 +126,27 @@ def acceptance_ratios(frame: pd.DataFrame, extras: dict) -> list[Ratio]:
     ratios = []
     delta, dpfp, linear = "dpfp-delta:nu=1", "dpfp:nu=1", "linear"
 
-    T = _length_at_most(rows, 4096, (delta, "chunk", FORWARD_BACKWARD), (delta, "recurrent", FORWARD_BACKWARD))
-    if T is None:
-        ratios.append(Ratio("dpfp-delta chunk vs recurrent, fwd+bwd", math.nan, "≥ 10×", None))
-    else:
-        value = (_lookup(rows, delta, "recurrent", FORWARD_BACKWARD, T)
-                 / _lookup(rows, delta, "chunk", FORWARD_BACKWARD, T))
-        ratios.append(Ratio(f"dpfp-delta chunk speed-up over recurrent, fwd+bwd, {_at(T, 4096)}", value, "≥ 10×",
-                            value >= 10))
+    paired = extras.get("paired", {})
 
-    T = _length_at_most(rows, 4096, (delta, "chunk", FORWARD_BACKWARD), (dpfp, "chunk", FORWARD_BACKWARD))
-    if T is None:
-        ratios.append(Ratio("dpfp-delta chunk / dpfp chunk time, fwd+bwd", math.nan, "≤ 2.5×", None))
-    else:
-        value = _lookup(rows, delta, "chunk", FORWARD_BACKWARD, T) / _lookup(rows, dpfp, "chunk", FORWARD_BACKWARD, T)
-        ratios.append(Ratio(f"dpfp-delta chunk time / dpfp chunk time, fwd+bwd, {_at(T, 4096)}", value, "≤ 2.5×",
-                            value <= 2.5))
+    def ratio_of(name: str, label: str, target: str, holds, slower: tuple, faster: tuple) -> Ratio:
+        """``slower`` / ``faster`` time (each (variant, form) fwd+bwd): from the pair timed in turns
+        when the run has it, else from the grid at the longest T ≤ 4096 that both have."""
+        pair = paired.get(name, {})
+        if "ratio" in pair:
+            value = pair["ratio"]
+            return Ratio(f"{label}, fwd+bwd, {_at(pair['T'], 4096)}", value, target, holds(value),
+                         f"timed in turns ({pair['rounds']} rounds): {pair['first']} {pair['first_s'] * 1e3:.1f} ms, "
+                         f"{pair['second']} {pair['second_s'] * 1e3:.1f} ms")
+        T = _length_at_most(rows, 4096, (*slower, FORWARD_BACKWARD), (*faster, FORWARD_BACKWARD))
+        if T is None:
+            return Ratio(f"{label}, fwd+bwd", math.nan, target, None)
+        value = _lookup(rows, *slower, FORWARD_BACKWARD, T) / _lookup(rows, *faster, FORWARD_BACKWARD, T)
+        return Ratio(f"{label}, fwd+bwd, {_at(T, 4096)}", value, target, holds(value), "from the grid")
+
+    ratios.append(ratio_of("chunk_vs_recurrent", "dpfp-delta chunk speed-up over recurrent", "≥ 10×",
+                           lambda x: x >= 10, (delta, "recurrent"), (delta, "chunk")))
+    ratios.append(ratio_of("delta_vs_sum", "dpfp-delta chunk time / dpfp chunk time", "≤ 2.5×",
+                           lambda x: x <= 2.5, (delta, "chunk"), (dpfp, "chunk")))
 
     comparison = extras.get("fla_comparison", {})
     if "speedup" in comparison:
@@ -165,14 +170,8 @@ def acceptance_ratios(frame: pd.DataFrame, extras: dict) -> list[Ratio]:
         ratios.append(Ratio(f"dpfp-delta chunk fwd achieved GFLOP/s / fp32 matmul peak timed beside it, {_at(T, 4096)}",
                             value, "≥ 25 %", value >= 0.25, f"{gflops:.1f} of {peak:.1f} GFLOP/s"))
 
-    T = _length_at_most(rows, 4096, (linear, "chunk", FORWARD_BACKWARD), ("sdpa (torch)", "anchor", FORWARD_BACKWARD))
-    if T is None:
-        ratios.append(Ratio("SDPA / linear chunk time, fwd+bwd", math.nan, "> 1×", None))
-    else:
-        value = _lookup(rows, "sdpa (torch)", "anchor", FORWARD_BACKWARD, T) / _lookup(rows, linear, "chunk",
-                                                                                      FORWARD_BACKWARD, T)
-        ratios.append(Ratio(f"SDPA softmax time / linear chunk time, fwd+bwd, {_at(T, 4096)}", value, "> 1×",
-                            value > 1))
+    ratios.append(ratio_of("sdpa_vs_linear", "SDPA softmax time / linear chunk time", "> 1×",
+                           lambda x: x > 1, ("sdpa (torch)", "anchor"), (linear, "chunk")))
 
     ratios.append(_memory_growth(rows))
 

@@ -23,7 +23,7 @@ from .statistics import mean_ci  # noqa: E402
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed beside the axes
     plt.close(fig)
     return path
 
@@ -39,7 +39,7 @@ def finite_loss(rows: pd.DataFrame) -> pd.DataFrame:
 def loss_vs_S_figure(rows: pd.DataFrame, setting: int, path: Path, title: str) -> Path:
     """Best eval loss vs S per variant: seed mean (markers + line), 95 % t-band (≥ 2 seeds), official
     seed 1 dashed, diverged runs as red crosses at the top of the axis (label: step of divergence)."""
-    fig, ax = plt.subplots(figsize=(8.5, 5.2))
+    fig, ax = plt.subplots(figsize=(10.5, 5.2))
     official = official_synthetic()
     official = official[official["setting"] == setting]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -68,7 +68,8 @@ def loss_vs_S_figure(rows: pd.DataFrame, setting: int, path: Path, title: str) -
     ax.set_ylabel("best evaluation loss ½‖v − v̂‖²")
     ax.axhline(CAPACITY_THRESHOLD, color="grey", lw=0.8, ls=":")
     ax.set_title(title)
-    ax.legend(fontsize=6, ncol=2)
+    # beside the axes: inside, two columns of labels covered the curves they name
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 
@@ -135,7 +136,8 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
     ax.set_ylabel(f"capacity: largest S with best loss ≤ {CAPACITY_THRESHOLD}")
     ax.set_title("Setting 1: capacity vs d_dot (seed mean; bars: 95 % t-interval, dotted: S-grid bracket)",
                  fontsize=10)
-    ax.legend(fontsize=6, ncol=2)
+    # beside the axes: inside, two columns of labels covered the curves they name
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 

@@ -107,7 +107,7 @@ def probe_figure(table: pd.DataFrame, path: Path) -> Path:
         ax.set_xlabel("pairs written / d_dot  (S / d_dot)")
         ax.set_title(f"{rule} rule")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")  # errors rise left to right: the top left stays empty
     axes[0][0].set_ylabel("relative retrieval error 1 − cos²(v, v̂)")
     fig.suptitle("Training-free capacity probe: random keys, no training", fontsize=10)
     fig.tight_layout()

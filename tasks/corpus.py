@@ -19,6 +19,7 @@ provide the file.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -81,9 +82,11 @@ def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch | N
 
     Raises:
         CorpusError: the fetch failed (offline, HTTP error) or the body's checksum differs; the
-            temporary file is removed either way, so nothing partial is left behind.
+            temporary file, and any directory made for it, is removed either way, so nothing
+            partial is left behind.
     """
     fetch = fetch or urllib_fetch
+    created = [d for d in (destination.parent, *destination.parent.parents) if not d.exists()]
     destination.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{destination.name}.", suffix=".part", dir=destination.parent)
     os.close(handle)
@@ -100,6 +103,10 @@ def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch | N
         os.replace(temporary, destination)
     finally:
         temporary.unlink(missing_ok=True)
+        if not destination.exists():  # a failed download leaves no empty cache directories either
+            for directory in created:  # deepest first
+                with contextlib.suppress(OSError):  # not empty (another process wrote there): keep it
+                    directory.rmdir()
 
 
 def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,

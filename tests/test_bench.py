@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fwbench.bench import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
-from fwbench.bench_measure import count_flops, peak_memory_bytes, time_call
+from fwbench.bench_measure import count_flops, peak_memory_bytes, time_call, time_interleaved
 from fwbench.bench_report import section_bench
 from fwbench.bench_summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
 from fwbench.cli import main
@@ -85,6 +85,18 @@ def test_a_slow_first_call_is_warm_up_not_the_measurement():
     assert len(calls) == 1 + 1 + 3  # warm-up, the check that it was a one-off, three timed calls
 
 
+def test_interleaved_timing_alternates_the_sides_of_a_ratio():
+    import time
+
+    calls = []
+    fns = {"ours": lambda: calls.append("ours"), "fla": lambda: (calls.append("fla"), time.sleep(0.01))}
+    timings = time_interleaved(fns, CPU, rounds=3)
+    assert calls == ["ours", "fla"] + ["ours", "fla", "fla", "ours", "ours", "fla"]  # warm-ups, then turns
+    assert timings["fla"].median_s >= 0.01 > timings["ours"].median_s and timings["ours"].repeats == 3
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved(fns, CPU, rounds=0)
+
+
 TINY = BenchProfile(
     "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
                                                    "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
@@ -145,6 +157,21 @@ def test_bench_ratios_cover_every_acceptance_figure(tiny_run):
     text = format_ratios(ratios)
     assert "PASS" in text or "FAIL" in text
     assert not math.isnan(ratios[0].value), "recurrent and chunk at T=32 give the speed-up"
+    paired = result.extras["paired"]
+    assert paired["chunk_vs_recurrent"]["T"] == 32 and paired["sdpa_vs_linear"]["T"] == 64  # the profile's caps
+    for name, ratio in zip(("chunk_vs_recurrent", "delta_vs_sum"), ratios[:2]):
+        pair = paired[name]
+        assert ratio.value == pair["ratio"] == pair["first_s"] / pair["second_s"] and "timed in turns" in ratio.detail
+
+
+def test_ratios_fall_back_to_the_grid_without_paired_timings(tiny_run):
+    _, _, result = tiny_run
+    extras = {k: v for k, v in result.extras.items() if k != "paired"}
+    frame = bench_frame(result.records)
+    ratio = acceptance_ratios(frame, extras)[0]
+    rows = frame[(frame["variant"] == "dpfp-delta:nu=1") & (frame["mode"] == FORWARD_BACKWARD) & (frame["T"] == 32)]
+    times = rows.set_index("form")["median_s"]
+    assert ratio.detail == "from the grid" and ratio.value == pytest.approx(times["recurrent"] / times["chunk"])
 
 
 def test_time_table_has_one_row_per_variant_and_form(tiny_run):
