@@ -468,15 +468,21 @@ def _paired_ratios(runner: _Runner) -> None:
     }
     results = {}
     for name, (T, first, second) in pairs.items():
-        calls = {}
-        for spec, form in (first, second):
-            generator = torch.Generator(device="cpu").manual_seed(T)
-            calls[f"{spec} {form}"] = (_sdpa_call(B, H, T, d, device, FORWARD_BACKWARD, generator)
-                                       if spec == "sdpa" else variant_call(spec, form, T))
         try:
+            calls = {}
+            for spec, form in (first, second):
+                generator = torch.Generator(device="cpu").manual_seed(T)
+                calls[f"{spec} {form}"] = (_sdpa_call(B, H, T, d, device, FORWARD_BACKWARD, generator)
+                                           if spec == "sdpa" else variant_call(spec, form, T))
             timings = time_interleaved(calls, device, PAIRED_ROUNDS)
-        except RuntimeError as exc:  # out of memory on a small device: the grid's times stand
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise  # a failing kernel is a bug to see, not a ratio to skip
+            # out of memory on a small device: the grid's times (or its OOM records) stand
             results[name] = {"T": T, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
+            calls = timings = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             continue
         (first_name, first_t), (second_name, second_t) = timings.items()
         rounds = first_t.repeats

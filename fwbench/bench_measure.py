@@ -84,8 +84,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device,
                      long_call_s: float = LONG_CALL_S, long_rounds: int = 3) -> dict[str, Timing]:
     """Median wall time (seconds) of each of several calls timed in turns, for a ratio between them.
 
-    One warm-up call each, then ``rounds`` rounds (``long_rounds`` if a warm-up took at least
-    ``long_call_s``) that call every function once, in reverse order every other round. On a
+    One warm-up call each, then ``rounds`` rounds (at most ``long_rounds`` if a warm-up took at
+    least ``long_call_s``) that call every function once, in reverse order every other round. On a
     shared machine the load drifts over seconds; timing the two sides of a ratio in alternation
     exposes both to the same drift, where back-to-back blocks of repeats can put one side in a
     slow stretch and the other in a fast one.
@@ -93,12 +93,12 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device,
     Raises:
         ValueError: ``rounds`` or ``long_rounds`` < 1, or no functions.
     """
-    if rounds < 1 or long_rounds < 1 or not fns:
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (rounds, long_rounds)) or not fns:
         raise ValueError(f"rounds, long_rounds, fns: got {rounds}, {long_rounds}, {len(fns)} functions; "
                          "expected rounds >= 1, long_rounds >= 1 and at least one function")
     names = list(fns)
     if max(_timed(fns[name], device) for name in names) >= long_call_s:
-        rounds = long_rounds
+        rounds = min(rounds, long_rounds)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
         for name in names if round_index % 2 == 0 else reversed(names):

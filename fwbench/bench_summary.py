@@ -120,20 +120,24 @@ def sweep_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index()
 
 
+#: What a paired timing record holds (``fwbench.bench._paired_ratios``); one lacking any is ignored.
+PAIRED_KEYS = frozenset({"T", "rounds", "first", "second", "first_s", "second_s", "ratio"})
+
+
 def acceptance_ratios(frame: pd.DataFrame, extras: dict) -> list[Ratio]:
     """The issue's acceptance figures from one session's records and side measurements."""
     rows = main_rows(frame)
     ratios = []
     delta, dpfp, linear = "dpfp-delta:nu=1", "dpfp:nu=1", "linear"
 
-    paired = extras.get("paired", {})
+    paired = extras.get("paired") or {}
 
     def ratio_of(name: str, label: str, target: str, holds, slower: tuple, faster: tuple) -> Ratio:
         """``slower`` / ``faster`` time (each (variant, form) fwd+bwd): from the pair timed in turns
         when the run has it, else from the grid at the longest T ≤ 4096 that both have."""
-        pair = paired.get(name, {})
-        if "ratio" in pair:
-            value = pair["ratio"]
+        pair = paired.get(name) or {}
+        value = pair.get("ratio")
+        if isinstance(value, (int, float)) and math.isfinite(value) and PAIRED_KEYS <= set(pair):
             return Ratio(f"{label}, fwd+bwd, {_at(pair['T'], 4096)}", value, target, holds(value),
                          f"timed in turns ({pair['rounds']} rounds): {pair['first']} {pair['first_s'] * 1e3:.1f} ms, "
                          f"{pair['second']} {pair['second_s'] * 1e3:.1f} ms")

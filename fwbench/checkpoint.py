@@ -21,7 +21,8 @@ import torch
 from .errors import FwbenchError
 
 #: Bump when the checkpoint layout changes; older files are then refused with a clear message.
-CHECKPOINT_FORMAT = 1
+#: 2: the retrieval model stores W_k and W_β as their one-hot and embedding blocks.
+CHECKPOINT_FORMAT = 2
 
 
 def rng_states(generators: dict[str, torch.Generator], device: torch.device) -> dict[str, Any]:

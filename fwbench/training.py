@@ -74,7 +74,7 @@ def _gradients_finite(model: torch.nn.Module) -> bool:
     # values falls through to the exact check.
     if math.isfinite(torch.stack([g.sum(dtype=torch.float32) for g in grads]).sum().item()):
         return True
-    return all(bool(torch.isfinite(g).all()) for g in grads)
+    return all(bool(torch.isfinite(g.coalesce().values() if g.is_sparse else g).all()) for g in grads)
 
 
 def fit(task_name: str, variant: str, config, seed: int, device: torch.device,

@@ -159,7 +159,7 @@ class RetrievalModel(nn.Module):
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
         key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
         k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, -1)
+        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
         value_codes = rows(self.value_codes, values)[:, None]
         q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
         if form == "auto":  # the fastest: read the memory without forming it
@@ -192,11 +192,31 @@ def row_sums(table_a: Tensor, ids_a: Tensor, table_b: Tensor, ids_b: Tensor) -> 
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:
-    """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given)."""
+    """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given), in fp32: 0.5 is
+    the loss of a memory that outputs nothing; NaN for zero queries (the mean of nothing).
+
+    predicted: (B, Q, S) scores; targets: (B, Q) integer value ids in [0, S); mask: (B, Q) or ``None``.
+
+    Raises:
+        ValueError: a shape, dtype or id out of range, naming the argument.
+    """
+    if predicted.shape[-1:] != (S,) or targets.shape != predicted.shape[:-1]:
+        raise ValueError(f"predicted, targets: got shapes {tuple(predicted.shape)}, {tuple(targets.shape)}; "
+                         f"expected (…, S={S}) and the same shape without the last axis")
+    if targets.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"targets: got dtype {targets.dtype}; expected integer value ids (int64)")
+    if targets.device.type != "cpu" and targets.numel():  # on CPU scatter_ reports a bad id itself (below)
+        low, high = torch.aminmax(targets)
+        if low < 0 or high >= S:
+            raise ValueError(f"targets: got ids in [{int(low)}, {int(high)}]; expected ids in [0, {S})")
+    predicted = predicted.float()  # a sum over many queries in fp16 overflows
     # scatter_ rather than one_hot: one_hot checks the ids' range with two host syncs per call
-    codes = predicted.new_zeros(*targets.shape, S).scatter_(-1, targets[..., None], 1.0)
-    if mask is None:
-        return torch.nn.functional.mse_loss(predicted, codes, reduction="sum") * (0.5 / targets.numel())
+    try:
+        codes = predicted.new_zeros(*targets.shape, S).scatter_(-1, targets[..., None].long(), 1.0)
+    except RuntimeError as exc:
+        raise ValueError(f"targets: {exc}; expected ids in [0, {S})") from None
+    if mask is None:  # one fused op; the division gives NaN for zero queries, as a mean would
+        return torch.nn.functional.mse_loss(predicted, codes, reduction="sum").mul(0.5).div(targets.numel())
     per_query = 0.5 * (predicted - codes).pow(2).sum(-1)
     return (per_query * mask).sum() / mask.sum().clamp(min=1)
 

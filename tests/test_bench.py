@@ -95,6 +95,11 @@ def test_interleaved_timing_alternates_the_sides_of_a_ratio():
     assert timings["fla"].median_s >= 0.01 > timings["ours"].median_s and timings["ours"].repeats == 3
     with pytest.raises(ValueError, match="rounds"):
         time_interleaved(fns, CPU, rounds=0)
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved(fns, CPU, rounds=True)
+    # long calls get fewer rounds, never more than asked for
+    assert time_interleaved(fns, CPU, rounds=5, long_call_s=0.0, long_rounds=2)["ours"].repeats == 2
+    assert time_interleaved(fns, CPU, rounds=1, long_call_s=0.0, long_rounds=3)["ours"].repeats == 1
 
 
 TINY = BenchProfile(
@@ -172,6 +177,23 @@ def test_ratios_fall_back_to_the_grid_without_paired_timings(tiny_run):
     rows = frame[(frame["variant"] == "dpfp-delta:nu=1") & (frame["mode"] == FORWARD_BACKWARD) & (frame["T"] == 32)]
     times = rows.set_index("form")["median_s"]
     assert ratio.detail == "from the grid" and ratio.value == pytest.approx(times["recurrent"] / times["chunk"])
+    # older or damaged records: no paired block, a skipped pair, a NaN or incomplete pair
+    for paired in (None, {"chunk_vs_recurrent": {"T": 32, "skipped": "OutOfMemoryError: …"}},
+                   {"chunk_vs_recurrent": {**result.extras["paired"]["chunk_vs_recurrent"], "ratio": math.nan}},
+                   {"chunk_vs_recurrent": {"ratio": 50.0}}):
+        assert acceptance_ratios(frame, {**extras, "paired": paired})[0].detail == "from the grid"
+
+
+def test_paired_ratios_skip_out_of_memory_but_raise_other_errors(monkeypatch):
+    import fwbench.bench as bench
+
+    runner = bench._Runner(TINY, CPU, 1, 2, 8, True, None)
+    monkeypatch.setattr(bench, "time_interleaved", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    bench._paired_ratios(runner)
+    assert all("skipped" in pair for pair in runner.result.extras["paired"].values())
+    monkeypatch.setattr(bench, "time_interleaved", lambda *a, **k: (_ for _ in ()).throw(NotImplementedError("bug")))
+    with pytest.raises(NotImplementedError, match="bug"):
+        bench._paired_ratios(runner)
 
 
 def test_time_table_has_one_row_per_variant_and_form(tiny_run):

@@ -132,3 +132,8 @@ def test_gradient_check_finds_nan_and_inf_and_passes_sums_that_overflow():
             model.weight.grad = torch.full((2, 3), weight)
             model.bias.grad = torch.tensor([1.0, bad])
             assert _gradients_finite(model) is finite, (weight, bad)
+    sparse = nn.Embedding(4, 3, sparse=True)
+    sparse(torch.tensor([1, 2])).sum().backward()
+    assert _gradients_finite(sparse)
+    sparse.weight.grad = torch.sparse_coo_tensor([[1]], [[float("nan"), 0.0, 0.0]], (4, 3), check_invariants=True)
+    assert not _gradients_finite(sparse)

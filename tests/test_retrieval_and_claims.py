@@ -156,3 +156,26 @@ def test_loss_matches_the_official_formula_with_and_without_a_mask():
     mask = (torch.arange(5) % 2 == 0).float().expand(3, -1)
     expected = (per_query * mask).sum() / mask.sum()
     assert retrieval_loss(predicted, targets, 7, mask).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_an_empty_batch_reads_nothing_in_every_form():
+    model = RetrievalModel("dpfp-delta:nu=1", S=5, d_key=8)
+    ids = torch.zeros(0, 10, dtype=torch.long)
+    for form in ("auto", "chunk", "recurrent", "parallel"):
+        assert model(ids, ids, torch.zeros(0, 2, dtype=torch.long), form).shape == (0, 2, 5)
+
+
+def test_loss_is_fp32_nan_for_no_queries_and_names_bad_arguments():
+    many = torch.zeros(100_000, 1, 10, dtype=torch.float16)  # a sum in fp16 would overflow
+    assert retrieval_loss(many, torch.zeros(100_000, 1, dtype=torch.long), 10).item() == pytest.approx(0.5)
+    assert math.isnan(retrieval_loss(torch.rand(0, 1, 5), torch.zeros(0, 1, dtype=torch.long), 5).item())
+    predicted = torch.rand(4, 1, 5)
+    with pytest.raises(ValueError, match="predicted, targets: got shapes"):
+        retrieval_loss(predicted, torch.zeros(4, dtype=torch.long), 5)
+    with pytest.raises(ValueError, match="predicted, targets: got shapes"):
+        retrieval_loss(predicted, torch.zeros(4, 1, dtype=torch.long), 6)
+    with pytest.raises(ValueError, match="targets: got dtype"):
+        retrieval_loss(predicted, torch.zeros(4, 1), 5)
+    for bad in (5, -1):
+        with pytest.raises(ValueError, match=r"targets: .*expected ids in \[0, 5\)"):
+            retrieval_loss(predicted, torch.full((4, 1), bad), 5)

@@ -154,7 +154,10 @@ def test_torchrun_only_drives_run(tmp_path, argv):
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
     done = run_fwbench([*argv, "--results-dir", str(tmp_path / "r")] if argv[0] != "variants" else argv, 2)
     assert done.returncode != 0
-    assert done.stderr.count(f"fwbench: error: torchrun: got 'fwbench {argv[0]}'") == 2
+    # one line per process that got to print it: torchrun stops the other worker as soon as the
+    # first one exits, so on a loaded machine the second may be stopped before it prints
+    assert 1 <= done.stderr.count(f"fwbench: error: torchrun: got 'fwbench {argv[0]}'") <= 2
+    assert "[rank0]: Traceback" not in done.stderr and "[rank1]: Traceback" not in done.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "r" / "bench.jsonl").exists()
 
 
