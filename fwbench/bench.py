@@ -233,6 +233,8 @@ class _Runner:
 
 def _progress_line(record: dict) -> str:
     what = f"{record['variant']:<22} {record['form']:<9} {record['mode']:<16} T={record['T']:<6}"
+    if record.get("sweep") == "chunk_size":
+        what += f" C={record['chunk_size']}"
     if record["status"] != "ok":
         return f"  {what} {record['status']}: {record.get('reason', '')}"
     memory = record.get("peak_mem_bytes")

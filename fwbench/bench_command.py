@@ -63,7 +63,8 @@ def run_bench_command(args: argparse.Namespace) -> int:
     _print_table(f"forward: median ms [peak MiB] ({where})", time_table(frame, FORWARD))
     _print_table(f"forward+backward: median ms [peak MiB] ({where})", time_table(frame, FORWARD_BACKWARD))
     _print_table(f"forward throughput and achieved GFLOP/s (fp32 matmul peak {result.extras['matmul_peak_gflops']:.1f} "
-                 "GFLOP/s at the start; each case's fraction uses the peak timed beside it)", throughput_table(frame))
+                 "GFLOP/s at the start; the GFLOP/s acceptance ratio divides a case's figure by the peak timed "
+                 "right before that case)", throughput_table(frame))
     _print_table("chunk-size sweep (median ms)", sweep_table(frame))
     skipped = frame[frame["status"] == "skipped"] if not frame.empty else frame
     if not skipped.empty:

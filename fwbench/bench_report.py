@@ -25,16 +25,17 @@ def _guides(ax, lengths: list[int], y0: float) -> None:
     """Dotted O(T) and O(T²) lines through the first point, for reading slopes off a log-log plot."""
     t0 = min(lengths)
     xs = [t0, max(lengths)]
-    ax.plot(xs, [y0, y0 * xs[1] / t0], color="grey", lw=0.8, ls=(0, (1, 3)), label="O(T)")
-    ax.plot(xs, [y0, y0 * (xs[1] / t0) ** 2], color="black", lw=0.8, ls=(0, (1, 3)), label="O(T²)")
+    ax.plot(xs, [y0, y0 * xs[1] / t0], color="dimgrey", lw=1.6, ls=(0, (1, 2)), label="O(T)")
+    ax.plot(xs, [y0, y0 * (xs[1] / t0) ** 2], color="black", lw=1.6, ls=(0, (1, 2)), label="O(T²)")
 
 
 def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     """2×2 log-log panels: median time and peak memory against T, forward and forward+backward."""
     fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     variants = sorted(rows["variant"].unique())
-    colour_of = {v: colours[i % len(colours)] for i, v in enumerate(variants)}
+    # one colour per variant, never recycled (the default cycle has 10; the anchors make it 11 or more)
+    palette = plt.get_cmap("tab10" if len(variants) <= 10 else "tab20")
+    colour_of = {v: palette(i % palette.N) for i, v in enumerate(variants)}
     for column, mode in enumerate(MODES):
         for row, (field, scale, label) in enumerate((("median_s", 1e3, "median time (ms)"),
                                                      ("peak_mem_bytes", 2**-20, "peak memory (MiB)"))):

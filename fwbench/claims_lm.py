@@ -9,6 +9,7 @@ the runs it compares): the largest one in the store that has the variants the cl
 from __future__ import annotations
 
 import math
+import numbers
 
 import pandas as pd
 
@@ -32,7 +33,18 @@ def lm_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def setup_key(row: pd.Series) -> tuple:
-    return tuple(row.get(f) for f in SETUP_FIELDS)
+    """The row's values of :data:`SETUP_FIELDS`, as plain Python values: pandas turns an integer
+    column with a missing value into floats (64 → 64.0), which would split one setup in two and
+    print as "d_model 64.0"."""
+    return tuple(_plain(row.get(f)) for f in SETUP_FIELDS)
+
+
+def _plain(value):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float):
+        return None if math.isnan(value) else int(value) if value.is_integer() else float(value)
+    return value
 
 
 def describe_setup(key: tuple) -> str:

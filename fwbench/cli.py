@@ -116,7 +116,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
                 continue
             launcher = f"torchrun, {context.world_size} processes, {context.backend}"
         print(
-            f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} run, {summary['skipped']} "
+            f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} trained now, {summary['skipped']} "
             f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
             f"({time.perf_counter() - started:.0f} s)",
             flush=True,

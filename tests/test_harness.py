@@ -128,7 +128,7 @@ def test_run_writes_one_record_per_cell_and_a_rerun_trains_nothing(tiny_grid, tm
     assert 0.0 <= record["metrics"]["best_eval_loss"] <= record["curve"][0]["eval_loss"] + 1e-12
     capsys.readouterr()
     assert main(["run", str(tiny_grid), "--results-dir", str(results), "--quiet"]) == 0
-    assert "0 run, 4 already" in capsys.readouterr().out
+    assert "0 trained now, 4 already" in capsys.readouterr().out
     assert len(ResultsStore(results).records()) == 4
 
 

@@ -122,7 +122,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_one_record_per_cell(grid_path
     assert_one_clean_record_per_cell(results, cells, uninterrupted)
     rerun = start_run(grid_path, results)  # and a finished grid trains nothing
     out, err = rerun.communicate(timeout=300)
-    assert rerun.returncode == 0 and f"0 run, {len(cells)} already" in out, out + err
+    assert rerun.returncode == 0 and f"0 trained now, {len(cells)} already" in out, out + err
 
 
 def test_two_processes_on_one_store_train_each_cell_once(grid_path, cells, uninterrupted, tmp_path):
@@ -133,7 +133,7 @@ def test_two_processes_on_one_store_train_each_cell_once(grid_path, cells, unint
         assert process.returncode == 0, err
         assert "Traceback" not in err
     assert_one_clean_record_per_cell(results, cells, uninterrupted)
-    trained = [int(out.split(" run, ")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]  # "...: N run, M already"
+    trained = [int(out.split(" trained now, ")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]  # "…: N trained now, M already"
     assert sum(trained) == len(cells), outputs
 
 

@@ -326,3 +326,18 @@ def test_sampling_a_diverged_run_is_refused_in_one_line(tmp_path):
     assert result.status == "diverged" and checkpoint.is_file()
     with pytest.raises(FwbenchError, match=f"diverged at step {result.diverged_at}; its samples would mean nothing"):
         sample_from_checkpoint(checkpoint, "It is", 20, 0.8, seed=1, device=torch.device("cpu"))
+
+
+def test_a_setup_reads_as_integers_when_pandas_made_its_columns_floats():
+    import pandas as pd
+
+    from fwbench.claims_lm import SETUP_FIELDS, describe_setup, setup_key
+
+    values = {"d_model": 64.0, "n_heads": 4.0, "n_layers": 2.0, "d_ff": 256.0, "context": 64.0, "batch_size": 16.0,
+              "max_steps": 1500.0, "positional": "learned", "lr": 6e-3, "schedule": "cosine", "dropout": 0.0,
+              "tied_output": True, "train_segments": float("nan")}
+    key = setup_key(pd.Series(values))
+    assert key == setup_key(pd.Series({**values, "d_model": 64, "train_segments": None}))  # one setup, not two
+    text = describe_setup(key)
+    assert text.startswith("d_model 64, 4 heads, 2 layers, d_ff 256, context 64, batch 16, 1500 steps") and ".0" not in text
+    assert dict(zip(SETUP_FIELDS, key))["lr"] == 6e-3

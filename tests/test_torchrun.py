@@ -119,7 +119,7 @@ def test_two_processes_train_retrieval_like_one(tmp_path):
     # rerunning under torchrun trains nothing: rank 0 reads the store and tells rank 1
     again = run_fwbench(["run", str(tmp_path / "grid.toml"), "--results-dir", str(results[2][0]), "--quiet"], 2)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "0 run, 2 already" in again.stdout
+    assert "0 trained now, 2 already" in again.stdout
     assert len((results[2][0] / "runs.jsonl").read_text().splitlines()) == 2
 
 
