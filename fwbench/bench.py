@@ -482,9 +482,6 @@ def _paired_ratios(runner: _Runner) -> None:
                 raise  # a failing kernel is a bug to see, not a ratio to skip
             # out of memory on a small device: the grid's times (or its OOM records) stand
             results[name] = {"T": T, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"}
-            calls = timings = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
             continue
         (first_name, first_t), (second_name, second_t) = timings.items()
         rounds = first_t.repeats

@@ -80,6 +80,6 @@ def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
     assert 2 <= len(before) < 12, "the driver should have been killed midway"
     done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert f"{12 - len(before)} run, {len(before)} already" in done.stdout
+    assert f"{12 - len(before)} trained now, {len(before)} already" in done.stdout
     after = store.records()
     assert len(after) == 12 and len({r["run_id"] for r in after}) == 12

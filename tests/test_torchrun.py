@@ -150,7 +150,9 @@ def test_batch_size_must_split_across_ranks(tmp_path):
                                   ["report", "--out", "OUT"], ["variants"]])
 def test_torchrun_only_drives_run(tmp_path, argv):
     """Any other command would run once per process (two reports written at once, two benchmarks
-    competing for the CPU): every process refuses it with one line."""
+    competing for the CPU): every process that reaches the check refuses it with one line, and
+    none trains, writes or prints a traceback. (torchrun stops the other workers as soon as one
+    exits, so whether the second process gets to print first is a race, not a property of fwbench.)"""
     argv = [str(tmp_path / "out") if a == "OUT" else a for a in argv]
     done = run_fwbench([*argv, "--results-dir", str(tmp_path / "r")] if argv[0] != "variants" else argv, 2)
     assert done.returncode != 0
