@@ -377,9 +377,10 @@ def _chunk_sweep(runner: _Runner) -> None:
                 runner.measure(case, factory, flops=False, memory=False)
 
 
-#: Rounds of the interleaved timing of the fla comparison (each round calls ours and fla at chunk
-#: sizes 32 and 64 once).
-COMPARISON_ROUNDS = 7
+#: Longest T of the paired ratio measurements (the acceptance ratios are stated at T = 4096).
+PAIRED_LENGTH = 4096
+#: Rounds of a paired measurement and of the fla comparison (3 where one call takes 3 s or more: the recurrent backward).
+PAIRED_ROUNDS = 7
 
 
 def _fla_comparison(runner: _Runner) -> None:
@@ -401,7 +402,7 @@ def _fla_comparison(runner: _Runner) -> None:
         timings = time_interleaved({
             "ours": lambda: delta_rule_chunk(q, k, v, beta, chunk_size=DEFAULT_CHUNK_SIZE),
             **{c: lambda c=c: bench_anchors.fla_chunkwise(fla, q, k, v, beta, c) for c in (32, 64)},
-        }, device, rounds=max(COMPARISON_ROUNDS, runner.profile.repeats))
+        }, device, rounds=max(PAIRED_ROUNDS, runner.profile.repeats))
         ours = timings.pop("ours")
         fla_times = {c: timing.median_s for c, timing in timings.items()}
     best_chunk = min(fla_times, key=fla_times.get)
@@ -437,12 +438,6 @@ def _precision_check(runner: _Runner) -> None:
         runner.log(f"  precision {spec:<14} T={T}: " + ", ".join(
             f"{r['dtype']} {r['rel_rmse']:.1e}" for r in rows if r["variant"] == _canonical(spec)))
     runner.result.extras["precision"] = {"T": T, "rows": rows}
-
-
-#: Longest T of the paired ratio measurements (the acceptance ratios are stated at T = 4096).
-PAIRED_LENGTH = 4096
-#: Rounds of a paired measurement (3 where one call takes 3 s or more: the recurrent backward).
-PAIRED_ROUNDS = 7
 
 
 def _paired_ratios(runner: _Runner) -> None:

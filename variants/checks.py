@@ -11,6 +11,8 @@ that goes non-finite is stopped at the first bad tensor, named, and recorded as 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 from torch import Tensor, nn
 
@@ -53,21 +55,31 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
         raise VariantError(f"{name}.dtype: got {x.dtype}; expected {dtype} ({why})")
 
 
+def all_finite(tensors: Iterable[Tensor]) -> bool:
+    """Whether every element of every tensor is finite (no NaN, no ±inf); sparse tensors too.
+
+    One reduction per tensor and one host synchronisation in all: a sum is finite only if every
+    element is (NaN and ±inf propagate), so the common case reads each tensor once and writes no
+    mask. A sum that overflows on finite values falls through to the exact, per-element check.
+    """
+    present = [x for x in tensors if x.numel()]
+    if not present:
+        return True
+    sums = torch.stack([x.sum(dtype=torch.float32) if x.is_floating_point() else x.new_zeros((), dtype=torch.float32)
+                        for x in present])
+    if bool(torch.isfinite(sums).all()):
+        return True
+    return all(bool(torch.isfinite(x.coalesce().values() if x.is_sparse else x).all()) for x in present)
+
+
 def check_finite(**tensors: Tensor | None) -> None:
     """Raise :class:`NonFiniteError` naming the first tensor with a NaN or ±inf and where it is.
 
     Args:
         tensors: name → tensor (``None`` entries are skipped), e.g. ``q=q, k=k, state_W=W``.
     """
-    present = {name: x for name, x in tensors.items() if x is not None and x.numel()}
-    if not present:
-        return
-    # One reduction per tensor and one synchronisation in all: a sum is finite only if every element
-    # is (NaN and ±inf propagate), so the common case costs a read of each tensor, no mask. A sum
-    # that overflows on finite values is caught by the exact check below, which then finds nothing.
-    sums = torch.stack([x.sum(dtype=torch.float32) if x.is_floating_point() else x.new_zeros((), dtype=torch.float32)
-                        for x in present.values()])
-    if bool(torch.isfinite(sums).all()):
+    present = {name: x for name, x in tensors.items() if x is not None}
+    if all_finite(present.values()):
         return
     for name, x in present.items():
         finite = torch.isfinite(x)
