@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fwbench.environment import describe_environment
-from fwbench.perf_regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
+from fwbench.bench.regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
+from fwbench.run.environment import describe_environment
 
 
 def pytest_addoption(parser):

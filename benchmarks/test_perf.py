@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fwbench.perf_regression import PERF_CASES, calibration_workload, compare, median_seconds
+from fwbench.bench.regression import PERF_CASES, calibration_workload, compare, median_seconds
 
 
 @pytest.mark.parametrize("case", PERF_CASES, ids=[case.name for case in PERF_CASES])

@@ -24,14 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.corpus import DATA_DIR_ENV, CorpusError
-from variants import VariantError, d_dot_of, list_variants, parse_spec
-
-from .allocator import tune_malloc
-from .bench_command import add_bench_parser
-from .environment import DEVICE_CHOICES, check_device_name, resolve_device
-from .errors import FwbenchError
-from .launchers import LAUNCHERS, LaunchOptions
+from fwbench.bench.command import add_bench_parser
+from fwbench.errors import FwbenchError
+from fwbench.run.allocator import tune_malloc
+from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
+from fwbench.run.launchers import LAUNCHERS, LaunchOptions
+from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
+from fwbench.variants import VariantError, d_dot_of, list_variants, parse_spec
 
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims.
 PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar"]
@@ -54,7 +53,7 @@ def _cmd_variants(args: argparse.Namespace) -> int:
 
 
 def _cmd_grids(args: argparse.Namespace) -> int:
-    from .grid import available_grids, expand, load_grid
+    from fwbench.run.grid import available_grids, expand, load_grid
 
     for name in available_grids():
         grid = load_grid(name)
@@ -66,10 +65,10 @@ def _cmd_grids(args: argparse.Namespace) -> int:
 def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     import torch
 
-    from . import distributed
-    from .grid import expand, load_grid
-    from .runner import run_grid, run_grid_distributed
-    from .store import ResultsStore
+    from fwbench.run import distributed
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.runner import run_grid, run_grid_distributed
+    from fwbench.run.store import ResultsStore
 
     if args.threads < 1:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
@@ -130,7 +129,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .report import render_report
+    from fwbench.report.render import render_report
 
     if not Path(args.results_dir).is_dir():
         raise FwbenchError(
@@ -143,7 +142,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from .report import render_report
+    from fwbench.report.render import render_report
 
     _run_grids(args, PAPER_GRIDS)
     _write_probe(Path(args.out))
@@ -153,7 +152,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> None:
-    from .probe import write_probe
+    from fwbench.report.probe import write_probe
 
     try:
         csv, figure, seconds = write_probe(out, d_key=d_key, trials=trials, seed=seed)
@@ -173,11 +172,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
-    from .analysis import records_frame
-    from .capacity import capacity_intervals, describe, write_capacity_csv
-    from .ci_figures import capacity_vs_d_dot_figure, official_capacities
-    from .grid import load_grid
-    from .store import ResultsStore
+    from fwbench.analysis.capacity import capacity_intervals, describe, write_capacity_csv
+    from fwbench.analysis.records import records_frame
+    from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
+    from fwbench.run.grid import load_grid
+    from fwbench.run.store import ResultsStore
 
     if not args.threshold > 0:
         raise FwbenchError(f"--threshold: got {args.threshold}; expected a loss > 0")
@@ -203,7 +202,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     import torch
 
-    from .sampling import sample_from_checkpoint
+    from fwbench.run.sampling import sample_from_checkpoint
 
     if args.threads < 1:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
@@ -303,7 +302,7 @@ def refuse_outside_run(command: str) -> None:
     Raises:
         FwbenchError: ``command`` is not ``run`` and torchrun started this process.
     """
-    from .distributed import context_from_environment
+    from fwbench.run.distributed import context_from_environment
 
     if command != "run" and context_from_environment() is not None:
         raise FwbenchError(
@@ -327,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         print("fwbench: interrupted; finished runs are kept, rerun the same command to resume", file=sys.stderr)
         return 130
     finally:
-        from .distributed import stop
+        from fwbench.run.distributed import stop
 
         stop()  # leave a torchrun process group, if this command joined one
 

@@ -1,7 +1,7 @@
 """What the harness needs from a task: a typed config, a model, batches, a loss and an evaluation.
 
 A task never looks at variant names: it receives a spec string and builds its model with
-:mod:`variants`. The harness (``fwbench.training``) owns the loop, seeding, early stopping and
+:mod:`variants`. The harness (``fwbench.run.training``) owns the loop, seeding, early stopping and
 records; a task owns the data and the maths of its loss.
 """
 
@@ -50,7 +50,7 @@ class Task(Protocol):
     # Optional: ``final_evaluation(model, config, device, seed) -> dict``, run once after training.
     # Its ``metrics`` entry (name → float) joins the record's metrics; everything else (JSON-ready)
     # is stored in the record under ``final_evaluation`` (the LM task's long-context evaluation
-    # and generated sample). Optional config fields the loop reads: see ``fwbench.training``.
+    # and generated sample). Optional config fields the loop reads: see ``fwbench.run.training``.
 
 
 def config_field_types(config_class: type) -> dict[str, type]:

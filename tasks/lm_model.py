@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from variants import AttentionLayer, VariantSpec, parse_spec
-from variants.errors import VariantError, bad_value
+from fwbench.variants import AttentionLayer, VariantSpec, parse_spec
+from fwbench.variants.errors import VariantError, bad_value
 
 POSITIONAL = ("none", "learned")
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from variants import AttentionLayer, parse_spec
+from fwbench.variants import AttentionLayer, parse_spec
 
 #: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
 IGNORE = -100
@@ -46,7 +46,7 @@ class MQARConfig:
         d_model, n_heads, n_layers: model size; d_key = d_model / n_heads.
         batch_size, lr: Adam with this learning rate on batches of this many sequences.
         eval_every, eval_sequences: evaluation cadence (steps) and fresh sequences per evaluation.
-        target_loss, patience, max_steps: early stopping (see :mod:`fwbench.training`).
+        target_loss, patience, max_steps: early stopping (see :mod:`fwbench.run.training`).
         form, chunk_size: attention form (``auto`` picks the fastest the variant has).
     """
 
@@ -170,7 +170,7 @@ class MQARModel(nn.Module):
 
 
 class MQARTask:
-    """MQAR driven by ``fwbench.training.fit``: cross-entropy and accuracy at query positions."""
+    """MQAR driven by ``fwbench.run.training.fit``: cross-entropy and accuracy at query positions."""
 
     name: ClassVar[str] = "mqar"
     config_class: ClassVar[type] = MQARConfig

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from variants import build_attention, parse_spec
+from fwbench.variants import build_attention, parse_spec
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | No
 
 
 class RetrievalTask:
-    """Setting 1 / Setting 2 associative retrieval, driven by ``fwbench.training.fit``."""
+    """Setting 1 / Setting 2 associative retrieval, driven by ``fwbench.run.training.fit``."""
 
     name: ClassVar[str] = "retrieval"
     config_class: ClassVar[type] = RetrievalConfig

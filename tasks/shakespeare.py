@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from variants import parse_spec
+from fwbench.variants import parse_spec
 
 from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
 from .lm_evaluation import (
@@ -176,7 +176,7 @@ def _corpus_at(path: str, train_fraction: float) -> CharCorpus:
 
 
 class ShakespeareTask:
-    """Character-level LM on Tiny Shakespeare, driven by ``fwbench.training.fit``.
+    """Character-level LM on Tiny Shakespeare, driven by ``fwbench.run.training.fit``.
 
     Args:
         data_dir: where to look for the corpus first (``None``: ``FWBENCH_DATA_DIR``, which

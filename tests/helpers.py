@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-import variants
-from variants import FastWeightState, KVCacheState
+from fwbench import variants
+from fwbench.variants import FastWeightState, KVCacheState
 
 #: Every variant, with small feature sizes so that the whole suite runs in seconds.
 SPECS = [

@@ -21,15 +21,14 @@ import pytest
 import torch
 from torch import nn
 
-import tasks
-import variants
+from fwbench import tasks, variants
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
-from fwbench.grid import RunSpec, load_grid
-from fwbench.launchers import LaunchOptions
-from fwbench.runner import run_grid
-from fwbench.store import TORN_FILE, ResultsStore
-from variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
+from fwbench.run.grid import RunSpec, load_grid
+from fwbench.run.launchers import LaunchOptions
+from fwbench.run.runner import run_grid
+from fwbench.run.store import TORN_FILE, ResultsStore
+from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
 B, H, T, D_KEY, D_V = 2, 2, 4, 8, 6
@@ -624,9 +623,9 @@ def _(ctx):
 
 @row("C20")
 def _(ctx):
-    import fwbench.allocator
+    import fwbench.run.allocator
 
-    ctx.monkeypatch.setattr(fwbench.allocator, "_applied", None)  # as in a fresh process
+    ctx.monkeypatch.setattr(fwbench.run.allocator, "_applied", None)  # as in a fresh process
     ctx.monkeypatch.setenv("FWBENCH_MALLOC_TUNING", "maybe")
     return cli(ctx, "variants")
 

@@ -4,8 +4,7 @@ delta update rule, behind one interface (:class:`Attention`, :class:`AttentionLa
 Schlag, Irie & Schmidhuber, "Linear Transformers Are Secretly Fast Weight Programmers", ICML 2021.
 """
 
-from .attention import DEFAULT_CHUNK_SIZE, FORMS, Attention, FastWeightAttention, SoftmaxAttention
-from .checks import set_check_finite
+from .attention import DEFAULT_CHUNK_SIZE, FORMS, Attention, FastWeightAttention, SoftmaxAttention, set_check_finite
 from .errors import NonFiniteError, VariantError
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize
 from .layer import AttentionLayer

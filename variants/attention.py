@@ -376,3 +376,17 @@ class SoftmaxAttention(Attention):
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, window={self.window}"
+
+
+def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
+    """Switch the NaN/inf input check on (or off) in every attention module inside ``module``.
+
+    Returns the number of attention modules changed. The check makes each call raise
+    :class:`NonFiniteError` when q, k, v, β or the carried state holds a NaN or ±inf.
+    """
+    changed = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention):
+            sub.check_finite = enabled
+            changed += 1
+    return changed

@@ -5,7 +5,7 @@ the key size the module was built for, carried states from another dtype or devi
 Every check raises :class:`~variants.errors.VariantError` naming the argument, the value received
 and what is allowed. The value check (:func:`check_finite`) reads every element, so it costs one
 pass over the inputs (and a device synchronisation on GPU); it is off by default in the library and
-switched on by the harness (``fwbench.training.fit``) with :func:`set_check_finite`, so that a run
+switched on by the harness (``fwbench.run.training.fit``) with :func:`set_check_finite`, so that a run
 that goes non-finite is stopped at the first bad tensor, named, and recorded as diverged.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .errors import NonFiniteError, VariantError, bad_value
 
@@ -91,19 +91,3 @@ def check_finite(**tensors: Tensor | None) -> None:
             f"{name.replace('_', '.')}: got {value} at index {index}; "
             "expected finite values (NaN/inf check on: check_finite=True)"
         )
-
-
-def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
-    """Switch the NaN/inf input check on (or off) in every attention module inside ``module``.
-
-    Returns the number of attention modules changed. The check makes each call raise
-    :class:`NonFiniteError` when q, k, v, β or the carried state holds a NaN or ±inf.
-    """
-    from .attention import Attention  # late import: attention.py imports this module
-
-    changed = 0
-    for sub in module.modules():
-        if isinstance(sub, Attention):
-            sub.check_finite = enabled
-            changed += 1
-    return changed

@@ -1,0 +1,194 @@
+"""Performance regression tracking: machine-independent benchmark figures against a baseline.
+
+A benchmark's wall time depends on the machine; its time divided by the time of a fixed
+calibration workload (an fp32 matmul, :func:`calibration_workload`) measured in the same
+session, just before it, mostly does not. That ratio is what is stored and compared: a
+committed baseline (``results/baselines/perf_baseline.json``) holds one ratio per benchmark, and
+a benchmark whose ratio exceeds its baseline ratio by more than a threshold is a regression.
+
+Two uses:
+
+- ``nox -s bench``: the pytest-benchmark suite in ``benchmarks/`` (every case in
+  :data:`PERF_CASES`, threshold :data:`FULL_THRESHOLD`); ``nox -s bench -- --short`` runs the
+  CI subset with :data:`GROSS_THRESHOLD`; ``-- --update-baseline`` rewrites the baseline.
+- ``tests/test_bench.py`` (run by CI through ``nox -s tests``): the short cases, measured with
+  :func:`measure_ratio`, against the same baseline with the gross threshold — it catches a chunk
+  form falling back to the token loop (tens of times slower), not a 20 % drift.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+#: The committed baseline (relative to the repository root).
+BASELINE_PATH = Path(__file__).resolve().parents[2] / "results" / "baselines" / "perf_baseline.json"
+#: ``nox -s bench`` fails when a ratio is more than this many times its baseline.
+FULL_THRESHOLD = 1.5
+#: The short CI check fails only past this factor (noisy shared runners; gross regressions only).
+GROSS_THRESHOLD = 5.0
+#: n of the calibration matmul (n × n) @ (n × n), fp32.
+CALIBRATION_N = 768
+
+
+def calibration_workload() -> Callable[[], object]:
+    """The fixed yardstick: an fp32 (768 × 768) @ (768 × 768) matmul on fixed inputs (CPU)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(CALIBRATION_N, CALIBRATION_N, generator=generator)
+    b = torch.randn(CALIBRATION_N, CALIBRATION_N, generator=generator)
+    return lambda: a @ b
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` calls after ``warmup`` calls (seconds)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _attention_call(spec: str, form: str, T: int, backward: bool, B: int = 2, H: int = 8, d: int = 64):
+    from fwbench.variants import build_attention
+
+    attention = build_attention(spec, d_key=d).eval()
+    generator = torch.Generator().manual_seed(T)
+    q, k, v = (torch.randn(B, H, T, d, generator=generator).requires_grad_(backward) for _ in range(3))
+    beta = torch.sigmoid(torch.randn(B, H, T, generator=generator)).requires_grad_(backward)
+    beta = beta if attention.uses_beta else None
+
+    def forward():
+        with torch.no_grad():
+            return attention(q, k, v, beta=beta, form=form)[0]
+
+    def forward_backward():
+        for x in (q, k, v, beta):
+            if x is not None:
+                x.grad = None
+        attention(q, k, v, beta=beta, form=form)[0].sum().backward()
+
+    return forward_backward if backward else forward
+
+
+def _retrieval_step():
+    """One training step (loss, backward, Adam) of the Setting 2 shape: dpfp-delta ν=1, S=60, batch 32."""
+    from fwbench.tasks.retrieval import RetrievalConfig, RetrievalTask
+
+    task = RetrievalTask()
+    config = RetrievalConfig(setting=2, S=60, batch_size=32)
+    torch.manual_seed(0)
+    model = task.build_model(config, "dpfp-delta:nu=1")
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    batch = task.train_batch(config, torch.Generator().manual_seed(0))
+
+    def step():
+        loss = task.loss(model, batch, config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+@dataclass(frozen=True)
+class PerfCase:
+    """One tracked benchmark: a name (what it times), a builder of the timed call, CI membership."""
+
+    name: str
+    build: Callable[[], Callable[[], object]]
+    short: bool = False
+
+
+PERF_CASES: list[PerfCase] = [
+    PerfCase("dpfp_delta_chunk_forward_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, False), short=True),
+    PerfCase("dpfp_delta_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, True)),
+    PerfCase("dpfp_chunk_forward_T1024", lambda: _attention_call("dpfp", "chunk", 1024, False), short=True),
+    PerfCase("dpfp_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp", "chunk", 1024, True)),
+    PerfCase("linear_chunk_fwd_bwd_T1024", lambda: _attention_call("linear", "chunk", 1024, True)),
+    PerfCase("favor_delta_chunk_forward_T1024", lambda: _attention_call("favor-delta", "chunk", 1024, False)),
+    PerfCase("softmax_parallel_fwd_bwd_T1024", lambda: _attention_call("softmax", "parallel", 1024, True)),
+    PerfCase("dpfp_delta_recurrent_forward_T256", lambda: _attention_call("dpfp-delta", "recurrent", 256, False)),
+    PerfCase("retrieval_setting2_train_step", _retrieval_step, short=True),
+]
+
+
+def measure_ratio(case: PerfCase, repeats: int = 5) -> tuple[float, float, float]:
+    """(ratio, case seconds, calibration seconds): the case's median time over the calibration's,
+    the calibration measured right before the case so that both see the same machine load."""
+    fn = case.build()
+    calibration = median_seconds(calibration_workload(), repeats)
+    seconds = median_seconds(fn, repeats)
+    return seconds / calibration, seconds, calibration
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A benchmark slower than its baseline beyond the threshold."""
+
+    name: str
+    measured_ratio: float
+    baseline_ratio: float
+    threshold: float
+
+    @property
+    def slowdown(self) -> float:
+        return self.measured_ratio / self.baseline_ratio
+
+    def message(self) -> str:
+        return (f"{self.name}: time / calibration = {self.measured_ratio:.3f} now vs {self.baseline_ratio:.3f} in the "
+                f"baseline ({self.slowdown:.2f}× slower; threshold {self.threshold:.2f}×)")
+
+
+def compare(measured: dict[str, float], baseline: dict[str, float], threshold: float) -> list[Regression]:
+    """Regressions among ``measured`` ratios: those above ``threshold`` × their baseline ratio.
+
+    Benchmarks missing from the baseline are not judged (a new benchmark has nothing to regress
+    from); ``threshold`` must be > 1.
+
+    Raises:
+        ValueError: a threshold ≤ 1 or a non-positive baseline ratio.
+    """
+    if not threshold > 1:
+        raise ValueError(f"threshold: got {threshold!r}; expected a factor > 1")
+    regressions = []
+    for name, ratio in measured.items():
+        if name not in baseline:
+            continue
+        if not baseline[name] > 0:
+            raise ValueError(f"baseline ratio of {name}: got {baseline[name]!r}; expected > 0")
+        if ratio > threshold * baseline[name]:
+            regressions.append(Regression(name, ratio, baseline[name], threshold))
+    return regressions
+
+
+def load_baseline(path: Path = BASELINE_PATH) -> dict[str, float]:
+    """Benchmark name → baseline ratio; empty when the file does not exist."""
+    if not Path(path).exists():
+        return {}
+    data = json.loads(Path(path).read_text())
+    return {name: float(entry["ratio"]) for name, entry in data["benchmarks"].items()}
+
+
+def write_baseline(ratios: dict[str, float], seconds: dict[str, float], environment: dict,
+                   path: Path = BASELINE_PATH) -> Path:
+    """Write (or update) the baseline with these ratios, keeping benchmarks not measured now."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
+    data["calibration"] = f"fp32 ({CALIBRATION_N} x {CALIBRATION_N}) @ ({CALIBRATION_N} x {CALIBRATION_N}) matmul, CPU"
+    data["thresholds"] = {"full": FULL_THRESHOLD, "gross": GROSS_THRESHOLD}
+    data["environment"] = environment
+    for name, ratio in ratios.items():
+        data["benchmarks"][name] = {"ratio": ratio, "seconds": seconds.get(name)}
+    data["benchmarks"] = dict(sorted(data["benchmarks"].items()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    return path

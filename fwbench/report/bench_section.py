@@ -1,0 +1,108 @@
+"""The report's benchmark section: time-vs-T and memory-vs-T figures, the table, the ratios.
+
+It reads ``bench.jsonl`` from the results directory of the report (``frame.attrs["results_dir"]``)
+and shows the latest ``fwbench bench`` session of each device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
+from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, time_table  # noqa: E402
+from fwbench.run.store import ResultsStore  # noqa: E402
+
+_LINESTYLES = {"chunk": "-", "parallel": "--", "recurrent": ":", "anchor": "-."}
+
+
+def _guides(ax, lengths: list[int], y0: float) -> None:
+    """Dotted O(T) and O(T²) lines through the first point, for reading slopes off a log-log plot."""
+    t0 = min(lengths)
+    xs = [t0, max(lengths)]
+    ax.plot(xs, [y0, y0 * xs[1] / t0], color="dimgrey", lw=1.6, ls=(0, (1, 2)), label="O(T)")
+    ax.plot(xs, [y0, y0 * (xs[1] / t0) ** 2], color="black", lw=1.6, ls=(0, (1, 2)), label="O(T²)")
+
+
+def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
+    """2×2 log-log panels: median time and peak memory against T, forward and forward+backward."""
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9), sharex=True)
+    variants = sorted(rows["variant"].unique())
+    # one colour per variant, never recycled (the default cycle has 10; the anchors make it 11 or more)
+    palette = plt.get_cmap("tab10" if len(variants) <= 10 else "tab20")
+    colour_of = {v: palette(i % palette.N) for i, v in enumerate(variants)}
+    for column, mode in enumerate(MODES):
+        for row, (field, scale, label) in enumerate((("median_s", 1e3, "median time (ms)"),
+                                                     ("peak_mem_bytes", 2**-20, "peak memory (MiB)"))):
+            ax = axes[row][column]
+            data = rows[(rows["mode"] == mode) & rows[field].notna()]
+            for (variant, form), group in data.groupby(["variant", "form"]):
+                group = group.sort_values("T")
+                ax.plot(group["T"], group[field] * scale, marker="o", ms=3, color=colour_of[variant],
+                        ls=_LINESTYLES.get(form, "-"), label=f"{variant} {form}")
+            if not data.empty:
+                first = data[data["T"] == data["T"].min()][field].median() * scale
+                _guides(ax, sorted(data["T"].unique()), first)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"{label}, {mode}")
+            ax.set_xlabel("sequence length T")
+            ax.set_ylabel(label)
+            ax.grid(True, which="both", alpha=0.3)
+    legend = {}
+    for ax in axes.flat:  # the anchors that only run forward appear in the left panels only
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="center right", fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout(rect=(0, 0, 0.8, 0.96))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
+    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
+    """Speed and memory: the latest ``fwbench bench`` session per device (figures, table, ratios)."""
+    results_dir = frame.attrs.get("results_dir")
+    records = ResultsStore(results_dir, records_file=BENCH_RECORDS).records() if results_dir else []
+    measured = bench_frame(records)
+    if measured.empty:
+        return "## Speed and memory\n\nNo benchmark records yet (`fwbench bench --profile full`).\n"
+    summaries = {r["session"]: r for r in records if r.get("kind") == SUMMARY_KIND}
+    lines = ["## Speed and memory", ""]
+    latest = measured.sort_values("finished_at").groupby("device")["session"].last()
+    for device, session in latest.items():
+        rows = main_rows(measured[measured["session"] == session])
+        first = rows.iloc[0] if not rows.empty else measured[measured["session"] == session].iloc[0]
+        where = (f"{device}, B={first['B']}, H={first['H']}, d_head={first['d_head']}, fp32, "
+                 f"session {session} ({first['finished_at'][:10]})")
+        name = f"bench_{str(device).replace(':', '_')}.png"
+        figure = bench_figure(rows, out_dir / name, f"fwbench bench: {where}")
+        lines += [f"### {device}", "", f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
+                  "dashed: parallel; dotted: recurrent; dash-dot: anchors (torch SDPA, fla-core).", "",
+                  f"![benchmark {device}]({figure.name})", ""]
+        for mode in (FORWARD, FORWARD_BACKWARD):
+            table = time_table(rows, mode)
+            if not table.empty:
+                lines += [f"{mode}: median ms [peak MiB]", "", _markdown(table), ""]
+        summary = summaries.get(session)
+        if summary:
+            ratio_table = pd.DataFrame([{
+                "figure": r["name"], "measured": "n/a" if r["value"] is None else f"{r['value']:.3g}",
+                "target": r["target"], "verdict": f"**{r['verdict']}**", "detail": r["detail"],
+            } for r in summary["ratios"]])
+            lines += ["Acceptance ratios, measured in this session:", "", _markdown(ratio_table), ""]
+    return "\n".join(lines)

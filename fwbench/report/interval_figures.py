@@ -1,0 +1,168 @@
+"""Report figures with seed statistics: mean over seeds and a 95 % Student-t band or error bar
+(:mod:`fwbench.analysis.statistics`); a band needs at least two seeds. Official seed-1 results are drawn
+beside ours where they exist. Written as PNG with matplotlib.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from fwbench.analysis.records import CAPACITY_THRESHOLD, estimate_capacity  # noqa: E402
+from fwbench.analysis.reference import official_synthetic  # noqa: E402
+from fwbench.analysis.statistics import mean_ci  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed beside the axes
+    plt.close(fig)
+    return path
+
+
+def finite_loss(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a column ``loss``: the best eval loss, NaN where it is not finite (diverged)."""
+    rows = rows.copy()
+    loss = rows["best_eval_loss"].astype(float)
+    rows["loss"] = loss.where(np.isfinite(loss))
+    return rows
+
+
+def loss_vs_S_figure(rows: pd.DataFrame, setting: int, path: Path, title: str) -> Path:
+    """Best eval loss vs S per variant: seed mean (markers + line), 95 % t-band (≥ 2 seeds), official
+    seed 1 dashed, diverged runs as red crosses at the top of the axis (label: step of divergence)."""
+    fig, ax = plt.subplots(figsize=(10.5, 5.2))
+    official = official_synthetic()
+    official = official[official["setting"] == setting]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    rows = finite_loss(rows)
+    stats = mean_ci(rows, ["variant", "S"], "loss")
+    top = 1.0
+    for index, (variant, group) in enumerate(sorted(stats.groupby("variant"), key=lambda kv: kv[0])):
+        colour = colours[index % len(colours)]
+        group = group.sort_values("S")
+        ax.plot(group["S"], group["mean"], "o-", color=colour, label=f"{variant} (fwbench)")
+        band = group[group["n"] > 1]
+        if not band.empty:
+            ax.fill_between(band["S"], band["ci_low"].clip(lower=1e-6), band["ci_high"], color=colour, alpha=0.2)
+        ref = official[official["variant"] == variant].sort_values("S")
+        if not ref.empty:
+            ax.plot(ref["S"], ref["min_eval_loss"], "--", color=colour, alpha=0.6,
+                    label=f"{variant} (official, seed 1)")
+        top = max(top, float(np.nanmax(group["mean"])) if group["mean"].notna().any() else top)
+    diverged = rows[rows["status"] == "diverged"]
+    for _, run in diverged.iterrows():
+        ax.plot(run["S"], top * 1.5, "x", color="red", ms=9)
+        ax.annotate(f"{run['variant']} diverged @ {run['diverged_at']}", (run["S"], top * 1.5), fontsize=6,
+                    xytext=(4, -10), textcoords="offset points", color="red")
+    ax.set_yscale("log")
+    ax.set_xlabel("number of unique keys S")
+    ax.set_ylabel("best evaluation loss ½‖v − v̂‖²")
+    ax.axhline(CAPACITY_THRESHOLD, color="grey", lw=0.8, ls=":")
+    ax.set_title(title)
+    # beside the axes: inside, two columns of labels covered the curves they name
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, path)
+
+
+def official_capacities(threshold: float = CAPACITY_THRESHOLD) -> pd.DataFrame:
+    """Setting 1 capacities of the official seed-1 runs (d_key 64): variant, d_dot, capacity, bound."""
+    from fwbench.variants import d_dot_of
+
+    official = official_synthetic()
+    rows = []
+    for variant, group in official[official["setting"] == 1].groupby("variant"):
+        d_dot = d_dot_of(variant, 64)
+        if d_dot is None:
+            continue
+        capacity = estimate_capacity(list(group["S"]), list(group["min_eval_loss"]), threshold)
+        bound = "≥" if capacity.lower_bound_only else "<" if capacity.upper_bound_only else ""
+        rows.append({"variant": variant, "d_dot": d_dot, "capacity": capacity.value, "bound": bound})
+    return pd.DataFrame(rows)
+
+
+def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataFrame | None = None) -> Path:
+    """Capacity against d_dot (log-log) with the line capacity = d_dot.
+
+    ``table``: rows of :func:`fwbench.analysis.capacity.capacity_intervals`. Filled markers: this run's seed
+    mean with its 95 % t-interval (solid bar), or with one seed the S-grid bracket (dotted bar); a
+    triangle up (down) marks a lower (upper) bound where the S grid did not bracket the capacity.
+    Hollow grey markers: the official seed-1 runs (d_key 64).
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    shown = table[table["capacity_mean"].notna()]
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, ((variant, d_key), group) in enumerate(shown.groupby(["variant", "d_key"], sort=True)):
+        colour = colours[index % len(colours)]
+        row = group.iloc[0]
+        marker = {"≥": "^", "<": "v"}.get(row["bound"], "o")
+        yerr, low, high, style = None, row.get("ci_low", math.nan), row.get("ci_high", math.nan), "-"
+        if math.isnan(low) and not row["bound"] and math.isfinite(row.get("grid_high", math.nan)):
+            low, high, style = row["grid_low"], row["grid_high"], ":"  # one seed: the S-grid bracket instead
+        if not math.isnan(low):
+            yerr = [[max(row["capacity_mean"] - low, 0)], [max(high - row["capacity_mean"], 0)]]
+        bars = ax.errorbar([row["d_dot"]], [row["capacity_mean"]], yerr=yerr, fmt=marker, color=colour, ms=7,
+                           capsize=3, label=f"{variant} (d_key {int(d_key)}) {row['bound']}".strip())
+        if yerr is not None:
+            bars[2][0].set_linestyle(style)
+    if official is not None and not official.empty:
+        ref = official[official["capacity"].notna()]
+        for bound, marker, note in (("", "o", ""), ("≥", "^", ", lower bound"), ("<", "v", ", upper bound")):
+            part = ref[ref["bound"] == bound]
+            if not part.empty:
+                ax.scatter(part["d_dot"], part["capacity"], marker=marker, facecolors="none", edgecolors="grey",
+                           s=70, label=f"official seed 1 (d_key 64{note})")
+        for _, row in ref.iterrows():
+            ax.annotate(row["variant"], (row["d_dot"], row["capacity"]), fontsize=6, color="grey",
+                        xytext=(4, 4), textcoords="offset points")
+    values = list(shown["d_dot"]) + list(shown["capacity_mean"])
+    if official is not None and not official.empty:
+        values += list(official["d_dot"]) + list(official["capacity"].dropna())
+    values = [v for v in values if v and v > 0 and math.isfinite(v)] or [10, 1000]
+    low, high = min(values) / 1.5, max(values) * 1.5
+    ax.plot([low, high], [low, high], "k--", lw=1, label="capacity = d_dot")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("d_dot (size of φ: columns of the fast weight)")
+    ax.set_ylabel(f"capacity: largest S with best loss ≤ {CAPACITY_THRESHOLD}")
+    ax.set_title("Setting 1: capacity vs d_dot (seed mean; bars: 95 % t-interval, dotted: S-grid bracket)",
+                 fontsize=10)
+    # beside the axes: inside, two columns of labels covered the curves they name
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, path)
+
+
+def mqar_figure(rows: pd.DataFrame, path: Path) -> Path:
+    """MQAR accuracy at the query positions vs d_model, one line per variant (seed mean, 95 % band)."""
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    rows = rows.copy()
+    rows["accuracy"] = rows["best_eval_accuracy"].astype(float)
+    stats = mean_ci(rows, ["variant", "d_model"], "accuracy")
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, (variant, group) in enumerate(sorted(stats.groupby("variant"), key=lambda kv: kv[0])):
+        colour = colours[index % len(colours)]
+        group = group.sort_values("d_model")
+        ax.plot(group["d_model"], group["mean"], "o-", color=colour, label=variant)
+        band = group[group["n"] > 1]
+        if not band.empty:
+            ax.fill_between(band["d_model"], band["ci_low"], band["ci_high"].clip(upper=1.0), color=colour, alpha=0.2)
+    for _, run in rows[rows["status"] == "diverged"].iterrows():
+        ax.plot(run["d_model"], 0.0, "x", color="red", ms=9)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("d_model")
+    ax.set_ylabel("accuracy at query positions (best evaluation)")
+    ax.set_title("Multi-query associative recall (Zoology generator)")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    return _save(fig, path)

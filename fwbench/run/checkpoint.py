@@ -1,0 +1,80 @@
+"""Training checkpoints: everything a run needs to continue exactly where it stopped.
+
+A checkpoint holds the model, optimiser and schedule states, every random number generator the
+loop draws from (torch's global RNG, which FAVOR+ redraws and dropout use; the data generators;
+CUDA's RNG on a GPU), the step, the learning curve so far and the loop's bookkeeping. Resuming
+from it on the same machine gives bit-for-bit the run that was never interrupted.
+
+Files are written to a temporary name and renamed into place, so a run killed while saving
+leaves the previous checkpoint intact, never half a file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fwbench.errors import FwbenchError
+
+#: Bump when the checkpoint layout changes; older files are then refused with a clear message.
+#: 2: the retrieval model stores W_k and W_β as their one-hot and embedding blocks.
+CHECKPOINT_FORMAT = 2
+
+
+def rng_states(generators: dict[str, torch.Generator], device: torch.device) -> dict[str, Any]:
+    """Snapshot of torch's global RNG, CUDA's RNG (on a GPU) and the named generators."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    states["generators"] = {name: g.get_state() for name, g in generators.items()}
+    return states
+
+
+def restore_rng_states(states: dict[str, Any], generators: dict[str, torch.Generator], device: torch.device) -> None:
+    """Inverse of :func:`rng_states`."""
+    torch.set_rng_state(states["torch"])
+    if device.type == "cuda" and "cuda" in states:
+        torch.cuda.set_rng_state(states["cuda"], device)
+    for name, generator in generators.items():
+        generator.set_state(states["generators"][name])
+
+
+def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
+    """Write ``payload`` (tensors, numbers, strings, lists, dicts) atomically to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
+    try:
+        torch.save({"format": CHECKPOINT_FORMAT, **payload}, temporary)
+        os.chmod(temporary, 0o644)  # mkstemp creates 0600; a checkpoint is an ordinary result file
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+    """The payload saved at ``path``, or ``None`` if there is no file.
+
+    Raises:
+        FwbenchError: the file is unreadable or from another checkpoint format (delete it to
+            restart the run from scratch).
+    """
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged file
+        raise FwbenchError(
+            f"checkpoint {path}: cannot be read ({type(exc).__name__}: {exc}); delete it to restart"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise FwbenchError(f"checkpoint {path}: format {got!r}, expected {CHECKPOINT_FORMAT}; delete it to restart")
+    return payload

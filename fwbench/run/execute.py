@@ -1,0 +1,86 @@
+"""Train one run and turn its outcome into a record (see DESIGN.md, "A run record").
+
+The one place where a :class:`~fwbench.run.grid.RunSpec` becomes a trained model and a JSON-ready
+record; the launchers call it in whatever process a run lands, the runner stores what it returns.
+"""
+
+from __future__ import annotations
+
+import resource
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+from fwbench.run.distributed import DistributedContext
+from fwbench.run.environment import describe_environment
+from fwbench.run.grid import RunSpec
+from fwbench.run.training import fit
+from fwbench.variants import d_dot_of, parse_spec
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _peak_memory_bytes(device: torch.device) -> dict[str, int]:
+    if device.type == "cuda":
+        return {"peak_mem_bytes": int(torch.cuda.max_memory_allocated(device))}
+    # ru_maxrss is the whole process's peak resident set, in KiB on Linux: an upper bound.
+    return {"max_rss_bytes": int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024}
+
+
+def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: Path | None = None,
+            distributed: DistributedContext | None = None) -> dict:
+    """Train one run and build its record (see DESIGN.md, "A run record").
+
+    ``checkpoint``: file to resume from and save to, for configs with ``checkpoint_every``.
+    ``distributed``: this process's rank under ``torchrun``; every rank returns the record, rank 0
+    stores it. ``tokens_per_s`` is then the throughput of all ranks together (global batch).
+    """
+    config = spec.task_config()
+    variant = parse_spec(spec.variant)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    started = _now()
+    result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint,
+                 distributed=distributed)
+    sequence_length = getattr(config, "sequence_length", 0)
+    tokens = result.steps * config.batch_size * sequence_length
+    metrics = {
+        "best_eval_loss": result.best_eval.get("loss"),
+        "final_eval_loss": result.final_eval.get("loss"),
+        "best_step": result.best_step,
+        **{f"best_eval_{k}": v for k, v in result.best_eval.items() if k != "loss"},
+        **{f"final_eval_{k}": v for k, v in result.final_eval.items() if k != "loss"},
+        "parameters": result.parameters,
+    }
+    final_evaluation = dict(result.final_evaluation)
+    metrics.update(final_evaluation.pop("metrics", {}))
+    return {
+        "run_id": spec.run_id,
+        "grid": spec.grid,
+        "task": spec.task,
+        "variant": {
+            "spec": spec.variant, "name": variant.name, "params": variant.params,
+            "d_dot": d_dot_of(variant, getattr(config, "d_key", 64)),
+        },
+        "seed": spec.seed,
+        "config": spec.config,
+        "status": result.status,
+        "diverged_at": result.diverged_at,
+        "diverged_reason": result.diverged_reason,
+        "metrics": metrics,
+        "curve": result.curve,
+        "steps": result.steps,
+        "wall_s": round(result.wall_s, 3),
+        "steps_per_s": round(result.steps / result.train_s, 2) if result.train_s else None,
+        "tokens_per_s": round(tokens / result.train_s, 1) if result.train_s else None,
+        **_peak_memory_bytes(device),
+        "resumed_at_step": result.resumed_at,
+        **({"final_evaluation": final_evaluation} if final_evaluation else {}),
+        **({"distributed": result.distributed} if result.distributed else {}),
+        "environment": describe_environment(device),
+        "started_at": started,
+        "ended_at": _now(),
+    }

@@ -1,0 +1,245 @@
+"""Grids are data: a TOML file names a task, shared defaults and named profiles; a profile expands
+into the product of its list-valued keys, one :class:`RunSpec` (a run) per cell.
+
+Example (``fwbench/grids/capacity.toml``)::
+
+    name = "capacity"
+    task = "retrieval"
+    description = "Setting 1: best eval loss vs number of unique keys S"
+
+    [defaults]            # any field of the task's config, plus `variant` and `seed`
+    setting = 1
+
+    [profiles.quick]      # a list makes an axis of the product
+    variant = ["softmax", "linear", "dpfp:nu=1"]
+    S = [20, 40, 80]
+    seed = [1]
+
+A profile may also be an array of tables (``[[profiles.quick]]`` blocks): its runs are the union of
+the blocks' products (each block over ``defaults``), so a profile can pick targeted cells, e.g. many
+variants at a small S and a few variants at a large S, without running the full product.
+
+A grid is named by a bundled name (``capacity``) or a path to a ``.toml`` file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from fwbench.errors import FwbenchError
+from fwbench.tasks import TASKS
+from fwbench.tasks.base import config_field_types
+from fwbench.variants import VariantError, parse_spec
+
+GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
+TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles"}
+RUN_KEYS = {"variant", "seed"}
+#: Bump when a change to the code makes old records incomparable; it is part of every run id.
+RECORD_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One cell of a grid: task, variant spec (canonical), seed and the full task config."""
+
+    grid: str
+    task: str
+    variant: str
+    seed: int
+    config: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        """Hash of the normalised config: equal configs get equal ids, whichever grid named them."""
+        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.variant,
+                   "seed": self.seed, "config": self.config}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    def task_config(self):
+        """The task's typed config dataclass for this run."""
+        return TASKS[self.task].config_class(**self.config)
+
+    @property
+    def label(self) -> str:
+        axes = ", ".join(f"{k}={v}" for k, v in self.config.items() if k in ("S", "setting", "d_model"))
+        return f"{self.variant} [{axes}] seed={self.seed}"
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid file."""
+
+    name: str
+    task: str
+    description: str
+    defaults: dict[str, Any]
+    profiles: dict[str, dict[str, Any]]
+    path: Path
+
+
+def available_grids() -> list[str]:
+    """Names of the grids bundled with fwbench."""
+    return sorted(p.stem for p in GRID_DIR.glob("*.toml"))
+
+
+def grid_path(name_or_path: str | Path) -> Path:
+    """Resolve a bundled grid name or a file path. Raises :class:`FwbenchError` if neither exists."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise FwbenchError(f"grid: file {str(path)!r} does not exist")
+        return path
+    bundled = GRID_DIR / f"{name_or_path}.toml"
+    if not bundled.is_file():
+        raise FwbenchError(
+            f"grid: got {str(name_or_path)!r}; expected a path to a .toml file or one of {', '.join(available_grids())}"
+        )
+    return bundled
+
+
+def load_grid(name_or_path: str | Path) -> Grid:
+    """Parse and validate a grid file.
+
+    Raises:
+        FwbenchError: unreadable or malformed TOML (with its line), unknown task, typo'd key
+            (listing the allowed keys), a value of the wrong type, a bad variant spec, or a
+            profile without runs.
+    """
+    path = grid_path(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise FwbenchError(f"grid {path}: malformed TOML: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FwbenchError(f"grid {path}: cannot read: {exc}") from None
+    unknown = set(data) - TOP_LEVEL_KEYS
+    if unknown:
+        raise FwbenchError(
+            f"grid {path}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}"
+        )
+    task = data.get("task")
+    if task not in TASKS:
+        raise FwbenchError(f"grid {path}: task: got {task!r}; expected one of {', '.join(TASKS)}")
+    profiles = data.get("profiles")
+    if not isinstance(profiles, dict) or not profiles:
+        raise FwbenchError(f"grid {path}: needs at least one [profiles.NAME] table")
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise FwbenchError(f"grid {path}: [defaults] must be a table")
+    for profile, table in profiles.items():
+        blocks = table if isinstance(table, list) and table else [table]
+        if not all(isinstance(block, dict) for block in blocks):
+            raise FwbenchError(
+                f"grid {path}: profiles.{profile}: got {table!r} ({type(table).__name__}); expected a table "
+                f"[profiles.{profile}] of keys (or an array of tables [[profiles.{profile}]])"
+            )
+    for key in ("name", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
+    grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path)
+    for profile in profiles:
+        expand(grid, profile)  # validates every profile up front
+    return grid
+
+
+def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
+    ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
+    if expected is float and not math.isfinite(value):
+        raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
+    if key == "seed" and not 0 <= value < 2**63:
+        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer below 2**63")
+    return value
+
+
+def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[RunSpec]:
+    """Every run of ``profile``: the product of its list-valued keys over ``defaults`` (for a
+    profile made of blocks, the union of the blocks' products, duplicates dropped, in order).
+
+    ``seeds`` replaces the profile's seed axis when given.
+
+    Raises:
+        FwbenchError: unknown profile (lists the profiles), typo'd key (lists the allowed keys),
+            wrong value type, bad variant spec, invalid task config, or an empty product.
+    """
+    if profile not in grid.profiles:
+        raise FwbenchError(f"--profile: got {profile!r}; grid {grid.name} has {', '.join(grid.profiles)}")
+    if seeds is not None and not seeds:
+        raise FwbenchError("--seeds: got an empty list; expected one or more integers")
+    blocks = grid.profiles[profile]
+    if isinstance(blocks, dict):
+        return _expand_block(grid, profile, blocks, seeds, f"grid {grid.name} profile {profile}")
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
+        raise FwbenchError(f"grid {grid.name} profile {profile}: expected a table or a non-empty array of tables")
+    specs: dict[str, RunSpec] = {}
+    for index, block in enumerate(blocks, start=1):
+        where = f"grid {grid.name} profile {profile} block {index}"
+        for spec in _expand_block(grid, profile, block, seeds, where):
+            specs.setdefault(spec.run_id, spec)
+    return list(specs.values())
+
+
+def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[int] | None,
+                  where: str) -> list[RunSpec]:
+    """The product of one profile table's list-valued keys over ``defaults``."""
+    entries = {**grid.defaults, **block}
+    if seeds is not None:
+        entries["seed"] = list(seeds)
+    task = TASKS[grid.task]
+    types = config_field_types(task.config_class)
+    allowed = sorted(RUN_KEYS | set(types))
+    for key in entries:
+        if key not in types and key not in RUN_KEYS:
+            raise FwbenchError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+    for key in RUN_KEYS:
+        if key not in entries:
+            raise FwbenchError(f"{where}: missing key {key!r} (a value or a list of values)")
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in entries.items()}
+    for key, values in axes.items():
+        if not values:
+            raise FwbenchError(f"{where}: {key} is an empty list; the grid would have no runs")
+        expected = {"variant": str, "seed": int}.get(key) or types[key]
+        axes[key] = [_check_value(where, key, v, expected) for v in values]
+    specs = []
+    keys = list(axes)
+    for combination in itertools.product(*(axes[k] for k in keys)):
+        cell = dict(zip(keys, combination))
+        try:
+            variant = str(parse_spec(cell.pop("variant")))
+        except VariantError as exc:
+            raise FwbenchError(f"{where}: {exc}") from None
+        seed = cell.pop("seed")
+        config = task.config_class(**cell)
+        try:
+            task.validate(config)
+        except ValueError as exc:
+            raise FwbenchError(f"{where}: {exc}") from None
+        specs.append(RunSpec(grid.name, grid.task, variant, seed, asdict(config)))
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.run_id in seen:
+            raise FwbenchError(
+                f"{where}: the run {spec.label} appears twice (two axis values name the same run, as "
+                "'dpfp' and 'dpfp:nu=1' do); list each value once"
+            )
+        seen.add(spec.run_id)
+    return specs
+
+
+def config_defaults(task_name: str) -> dict[str, Any]:
+    """Default value of every config field of a task (for documentation and ``fwbench grids``)."""
+    return {f.name: f.default for f in fields(TASKS[task_name].config_class)}

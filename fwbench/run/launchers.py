@@ -1,0 +1,152 @@
+"""Launchers decide where the runs of a grid execute; the results store stays the single writer.
+
+- ``local``: one run after another in this process (the default).
+- ``ray``: each unfinished run is a Ray task with its own CPU/GPU resources, on a cluster
+  (``--ray-address`` or ``RAY_ADDRESS``) or on a Ray instance started for this command. Records come
+  back to this process, which appends each one to the store as soon as its task finishes, so a
+  driver killed midway keeps every finished run and a rerun executes only the missing ones.
+
+A launcher yields records in completion order; a run that raises becomes a record with status
+``failed`` and its error, and the other runs go on. Failed runs are retried by the next invocation.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fwbench.errors import FwbenchError
+from fwbench.run.environment import resolve_device
+from fwbench.run.execute import execute
+from fwbench.run.grid import RunSpec
+from fwbench.tasks.corpus import CorpusError
+
+LAUNCHERS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """Where and with what resources runs execute.
+
+    Attributes:
+        launcher: ``local`` or ``ray``.
+        device: device string for each run (``cpu``, ``cuda``, ``auto``); resolved where it runs.
+        threads: torch CPU threads per run.
+        ray_address: Ray cluster address; ``None`` uses ``RAY_ADDRESS`` or starts a local instance.
+        cpus_per_run, gpus_per_run: Ray resources reserved for each run.
+        ray_num_cpus: CPUs of a local Ray instance started here (``None``: all of this machine's).
+        checkpoint_dir: where runs whose config asks for checkpoints keep ``<run_id>.pt``
+            (set by :func:`runner.run_grid` to ``<results_dir>/checkpoints``).
+    """
+
+    launcher: str = "local"
+    device: str = "auto"
+    threads: int = 1
+    ray_address: str | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+    ray_num_cpus: int | None = None
+    checkpoint_dir: str | None = None
+
+    def checkpoint_for(self, spec: RunSpec) -> Path | None:
+        return None if self.checkpoint_dir is None else Path(self.checkpoint_dir) / f"{spec.run_id}.pt"
+
+
+def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
+    """The record of a run that raised: kept for the report, retried on the next invocation."""
+    message = error if isinstance(error, str) else "".join(traceback.format_exception_only(error)).strip()
+    return {
+        "run_id": spec.run_id, "grid": spec.grid, "task": spec.task,
+        "variant": {"spec": spec.variant}, "seed": spec.seed, "config": spec.config,
+        "status": "failed", "error": message, "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,
+    }
+
+
+def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path | None = None) -> dict:
+    """Run one spec where it lands (a Ray worker or this process) and return its record."""
+    torch.set_num_threads(threads)
+    try:
+        return execute(spec, resolve_device(device), checkpoint=checkpoint)
+    except Exception as exc:  # a broken run must not take the grid down with it
+        return failed_record(spec, exc)
+
+
+def launch_local(specs: list[RunSpec], options: LaunchOptions,
+                 on_progress: Callable[[RunSpec], Callable[[int, float], None] | None]) -> Iterator[dict]:
+    """Run specs one after another in this process."""
+    device = resolve_device(options.device)
+    torch.set_num_threads(options.threads)
+    for spec in specs:
+        try:
+            yield execute(spec, device, on_progress(spec), options.checkpoint_for(spec))
+        except (FwbenchError, CorpusError):
+            raise  # the user's setup is wrong (a path, a missing corpus): every run would fail alike
+        except Exception as exc:
+            yield failed_record(spec, exc)
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise FwbenchError(
+            "--launcher: 'ray' needs Ray, which is not installed; install it with "
+            "pip install 'fwbench[ray]' (or pip install 'ray>=2.9')"
+        ) from None
+    return ray
+
+
+def launch_ray(specs: list[RunSpec], options: LaunchOptions,
+               on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
+    """Submit every spec as a Ray task and yield records as tasks finish."""
+    ray = _import_ray()
+    if options.cpus_per_run <= 0 or options.gpus_per_run < 0:
+        raise FwbenchError(
+            f"--cpus-per-run/--gpus-per-run: got {options.cpus_per_run}/{options.gpus_per_run}; "
+            "expected cpus > 0 and gpus >= 0"
+        )
+    address = options.ray_address or os.environ.get("RAY_ADDRESS")
+    started_here = not ray.is_initialized()
+    if started_here:
+        init_args = {"address": address} if address else {"num_cpus": options.ray_num_cpus}
+        # One torch thread per worker unless asked otherwise: idle OpenMP threads fight over cores.
+        ray.init(**init_args, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
+    device = options.device
+    if device == "auto":
+        device = "cuda" if options.gpus_per_run > 0 else "cpu"
+    remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
+        execute_in_worker
+    )
+    pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec)): spec for spec in specs}
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            spec = pending.pop(done[0])
+            try:
+                yield ray.get(done[0])
+            except Exception as exc:  # the worker process died (OOM, node lost)
+                yield failed_record(spec, exc)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started_here:
+            ray.shutdown()
+
+
+def launch(specs: list[RunSpec], options: LaunchOptions, on_progress) -> Iterator[dict]:
+    """Dispatch to the launcher named in ``options``.
+
+    Raises:
+        FwbenchError: unknown launcher, or Ray asked for where it is not installed.
+    """
+    if options.launcher == "local":
+        return launch_local(specs, options, on_progress)
+    if options.launcher == "ray":
+        return launch_ray(specs, options, on_progress)
+    raise FwbenchError(f"--launcher: got {options.launcher!r}; expected one of {', '.join(LAUNCHERS)}")

@@ -1,0 +1,158 @@
+"""Run the cells of a grid that the store does not hold yet, one record per finished run.
+
+A run interrupted before its record is written is simply run again next time; a finished run is
+never repeated, so an interrupted grid resumes without losing anything.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from fwbench.run.distributed import DistributedContext
+from fwbench.run.execute import execute
+from fwbench.run.grid import RunSpec
+from fwbench.run.launchers import LaunchOptions, launch
+from fwbench.run.store import ResultsStore
+
+#: Subdirectory of the results directory that holds run checkpoints (git-ignored).
+CHECKPOINT_DIR = "checkpoints"
+
+
+def checkpoint_path(store: ResultsStore, spec: RunSpec) -> Path:
+    """Where a run's checkpoint lives: ``<results_dir>/checkpoints/<run_id>.pt``."""
+    return store.directory / CHECKPOINT_DIR / f"{spec.run_id}.pt"
+
+
+def _progress_bar(total: int, quiet: bool):
+    """A tqdm bar over runs and the per-step callback that shows a run's step and loss on it."""
+    bar = tqdm(total=total, desc="runs", unit="run", disable=quiet, file=sys.stderr, dynamic_ncols=True)
+
+    def progress(step: int, loss: float) -> None:
+        if step % 50 == 0:
+            bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
+
+    return bar, progress
+
+
+def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
+             quiet: bool = False) -> dict:
+    """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
+
+    Safe to run in several processes on one store: each run is claimed while it trains
+    (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited for
+    and skipped if that process stored it (or run here if it died first). With the Ray launcher this
+    process claims every run it submits and stays the only writer of their records.
+    Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
+    ``diverged``, ``failed``.
+
+    Raises:
+        FwbenchError: the store cannot be written (checked before any training).
+    """
+    options = replace(options or LaunchOptions(), checkpoint_dir=str(store.directory / CHECKPOINT_DIR))
+    store.check_writable()
+    done = store.finished_ids()
+    todo = [s for s in specs if s.run_id not in done]
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
+    if not todo:
+        return summary
+    bar, progress = _progress_bar(len(todo), quiet)
+
+    def progress_for(spec: RunSpec):
+        if quiet:
+            return None
+        bar.set_description(spec.label)
+        return progress
+
+    def store_record(record: dict) -> None:
+        store.append(record)
+        summary["ran"] += 1
+        summary["diverged"] += record["status"] == "diverged"
+        summary["failed"] += record["status"] == "failed"
+        if record["status"] == "failed":
+            bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
+        bar.update(1)
+
+    def run_claimed(spec: RunSpec) -> None:
+        if spec.run_id in store.finished_ids():  # stored by another process since we looked
+            summary["skipped"] += 1
+            bar.update(1)
+            return
+        for record in launch([spec], options, progress_for):
+            store_record(record)
+
+    try:
+        if options.launcher == "local":
+            held_elsewhere = []
+            for spec in todo:
+                with store.claim(spec.run_id, wait=False) as claimed:
+                    if claimed:
+                        run_claimed(spec)
+                    else:
+                        held_elsewhere.append(spec)
+            for spec in held_elsewhere:
+                with store.claim(spec.run_id, wait=True):
+                    run_claimed(spec)
+        else:
+            with ExitStack() as claims:
+                mine = [spec for spec in todo if claims.enter_context(store.claim(spec.run_id, wait=False))]
+                summary["skipped"] += len(todo) - len(mine)  # another process is training those
+                for record in launch(mine, options, progress_for):
+                    store_record(record)
+    finally:
+        bar.close()
+        store.close()
+    return summary
+
+
+def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: DistributedContext,
+                         device: torch.device, quiet: bool = False) -> dict:
+    """:func:`run_grid` for one process of a ``torchrun`` group: every rank trains each run together.
+
+    Rank 0 reads the store, claims each run and tells the others (a broadcast) which runs to train,
+    so all ranks walk the same list; only rank 0 writes records and checkpoints and shows progress.
+    A run another process holds is skipped (rerun the command once it is done to pick up the rest).
+    A run that raises stops every rank (torchrun ends the group when one worker fails); finished
+    runs are kept. Summary keys as :func:`run_grid`'s.
+
+    Raises:
+        FwbenchError: the store cannot be written (checked on every rank before any training).
+    """
+    store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
+    if context.is_main:
+        done = store.finished_ids()
+        todo_ids = [s.run_id for s in specs if s.run_id not in done]
+    todo_ids = context.broadcast(todo_ids if context.is_main else None)
+    todo = [s for s in specs if s.run_id in set(todo_ids)]
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
+    show = context.is_main and not quiet
+    bar, progress = _progress_bar(len(todo), quiet=not show)
+
+    try:
+        for spec in todo:
+            with ExitStack() as held:
+                claimed = held.enter_context(store.claim(spec.run_id, wait=False)) if context.is_main else None
+                # another group may have stored the run since the to-do list was read
+                claimed = claimed and spec.run_id not in store.finished_ids() if context.is_main else None
+                if not context.broadcast(claimed):
+                    summary["skipped"] += 1
+                    bar.update(1)
+                    continue
+                bar.set_description(spec.label)
+                record = execute(spec, device, progress if show else None, checkpoint_path(store, spec),
+                                 distributed=context)
+                if context.is_main:
+                    store.append(record)
+                summary["ran"] += 1
+                summary["diverged"] += record["status"] == "diverged"
+                bar.update(1)
+    finally:
+        bar.close()
+        if context.is_main:
+            store.close()
+    return summary

@@ -1,0 +1,261 @@
+"""The results store: one JSON line per finished run in ``<results_dir>/runs.jsonl``.
+
+Appends are serialised and all-or-nothing: a record is written while an exclusive ``flock`` on
+``runs.lock`` is held, on a file opened with O_APPEND, then fsync'ed; a short or failed write is
+cut back off, so the file never keeps half a record from a live process. A process killed in the
+middle of a write (``kill -9``, power loss) can still leave an unterminated last line: readers
+report it like any corrupt line, and the next append, under the lock, moves the fragment to
+``runs.jsonl.torn`` before writing, so the store is clean again. Readers take a shared lock when
+they can, so they never see a record being written.
+
+Two processes may run grids on the same directory: besides the lock that makes each append
+atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
+run while training it (a POSIX byte-range lock on ``claims.lock``, one byte per run id, released
+by the kernel if the process dies), so the other process waits for that run instead of repeating it.
+
+Reading tolerates a corrupt or truncated line anywhere: it is reported with its line number and
+the rest is still read.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fwbench.errors import FwbenchError
+
+RECORDS_FILE = "runs.jsonl"
+LOCK_FILE = "runs.lock"
+CLAIMS_FILE = "claims.lock"
+#: Where the next append moves an unterminated last line left by a process killed mid-write.
+TORN_FILE = "runs.jsonl.torn"
+
+
+@dataclass
+class LoadedRecords:
+    """Records read from a store, with a message for each line that could not be parsed."""
+
+    records: list[dict]
+    problems: list[str] = field(default_factory=list)
+
+
+class ResultsStore:
+    """Append-only JSONL store of run records, keyed by ``run_id`` (``records_file`` in ``directory``;
+    ``fwbench bench`` keeps its records in ``bench.jsonl`` beside the runs).
+
+    Raises:
+        FwbenchError: the directory cannot be created or written.
+    """
+
+    def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
+        self.directory = Path(directory)
+        self.path = self.directory / records_file
+        # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
+        lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
+        self.lock_path = self.directory / lock
+        self._claims_fd: int | None = None
+
+    def _ensure_writable(self) -> None:
+        if self.directory.exists() and not self.directory.is_dir():
+            raise FwbenchError(
+                f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
+            )
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FwbenchError(f"--results-dir: cannot create {str(self.directory)!r}: {exc.strerror}") from None
+        if not os.access(self.directory, os.W_OK):
+            raise FwbenchError(f"--results-dir: {str(self.directory)!r} is not writable; choose a writable directory")
+
+    def check_writable(self) -> None:
+        """Fail now, before any training, if records could not be stored here.
+
+        Creates the directory if needed and opens the lock and records files for appending
+        (writing nothing). Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
+        """
+        with self._locked():
+            try:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+            except OSError as exc:
+                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+
+    @contextmanager
+    def _locked(self, shared: bool = False) -> Iterator[None]:
+        """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
+        to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
+        results directory)."""
+        if shared:
+            try:
+                lock = open(self.lock_path, "a")
+            except OSError:
+                yield
+                return
+        else:
+            self._ensure_writable()
+            try:
+                lock = open(self.lock_path, "a")
+            except OSError as exc:
+                raise FwbenchError(
+                    f"--results-dir: cannot open {str(self.lock_path)!r}: {exc.strerror}"
+                ) from None
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def load(self) -> LoadedRecords:
+        """Every parseable record in file order; a later record with the same run_id wins.
+
+        A line that is not a JSON object with a ``run_id`` (corrupt, or truncated by a crash) is
+        skipped and reported in ``problems`` as ``PATH:LINE: corrupt or truncated record skipped``.
+        """
+        if not self.path.exists():
+            return LoadedRecords([])
+        with self._locked(shared=True):
+            return self._load_unlocked()
+
+    def _load_unlocked(self) -> LoadedRecords:
+        if not self.path.exists():
+            return LoadedRecords([])
+        records: dict[str, dict] = {}
+        problems = []
+        with open(self.path, "rb") as handle:
+            for number, raw in enumerate(handle, start=1):
+                text = raw.decode("utf-8", errors="replace").strip()
+                if not text:
+                    continue
+                try:
+                    record = json.loads(text)
+                    run_id = record["run_id"]
+                    if not isinstance(run_id, str):
+                        raise TypeError(run_id)
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    problems.append(f"{self.path}:{number}: corrupt or truncated record skipped")
+                    continue
+                records[run_id] = record
+        return LoadedRecords(list(records.values()), problems)
+
+    def records(self) -> list[dict]:
+        return self.load().records
+
+    def finished_ids(self) -> set[str]:
+        """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
+        return {r["run_id"] for r in self.records() if r.get("status") != "failed"}
+
+    def append(self, record: dict) -> bool:
+        """Append ``record`` unless its run_id is already stored. Returns whether it was written.
+
+        All or nothing: if the write fails part-way (disk full, quota), what was written is cut
+        off again and :class:`FwbenchError` is raised.
+        """
+        line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
+        with self._locked():
+            finished = {r["run_id"] for r in self._load_unlocked().records if r.get("status") != "failed"}
+            if record["run_id"] in finished:
+                return False  # another process finished this run first
+            try:
+                self._set_aside_torn_tail()
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            except OSError as exc:
+                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+            try:
+                size_before = os.fstat(fd).st_size
+                try:
+                    view = memoryview(line)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fsync(fd)
+                except OSError as exc:
+                    os.ftruncate(fd, size_before)  # no half record left behind
+                    raise FwbenchError(
+                        f"--results-dir: cannot write a record to {str(self.path)!r}: {exc.strerror}"
+                    ) from None
+            finally:
+                os.close(fd)
+        return True
+
+    def _set_aside_torn_tail(self) -> None:
+        """Move an unterminated last line (a write cut short by a killed process) to ``runs.jsonl.torn``.
+
+        Called with the exclusive lock held, so no live writer can be mid-line.
+        """
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            handle.seek(end - 1)
+            if handle.read(1) == b"\n":
+                return
+            start = end
+            while start > 0:  # find the start of the last line, reading backwards in blocks
+                block = min(65536, start)
+                handle.seek(start - block)
+                chunk = handle.read(block)
+                newline = chunk.rfind(b"\n")
+                if newline >= 0:
+                    start = start - block + newline + 1
+                    break
+                start -= block
+            handle.seek(start)
+            fragment = handle.read()
+            if _is_record(fragment):  # complete but for its newline: keep it
+                handle.write(b"\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+                return
+            with open(self.directory / TORN_FILE, "ab") as torn:
+                torn.write(fragment + b"\n")
+                torn.flush()
+                os.fsync(torn.fileno())
+            handle.truncate(start)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    @contextmanager
+    def claim(self, run_id: str, wait: bool = True) -> Iterator[bool]:
+        """Hold ``run_id`` while training it, so that another process on this store skips or waits.
+
+        Yields True once held; with ``wait=False`` yields False at once if another process holds
+        it. Claims are POSIX byte-range locks (one byte of ``claims.lock`` per run id): the kernel
+        drops them when the process exits or is killed, so a crash never leaves a run claimed.
+        Within one process claims never conflict (one runner runs one cell at a time).
+        """
+        if self._claims_fd is None:
+            self._ensure_writable()
+            self._claims_fd = os.open(self.directory / CLAIMS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        offset = int(hashlib.sha256(run_id.encode()).hexdigest()[:15], 16)  # stable across processes
+        try:
+            fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, offset)
+        except OSError as exc:
+            if wait or exc.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, offset)
+
+    def close(self) -> None:
+        """Release the claims file (and with it any claim still held)."""
+        if self._claims_fd is not None:
+            os.close(self._claims_fd)
+            self._claims_fd = None
+
+
+def _is_record(raw: bytes) -> bool:
+    """Whether ``raw`` is one whole record: a JSON object with a string ``run_id``."""
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(record, dict) and isinstance(record.get("run_id"), str)

@@ -1,0 +1,275 @@
+"""Specification of ``fwbench bench`` and of the performance-regression check.
+
+- The measuring primitives are exact where they can be: peak memory of a known allocation
+  pattern, FLOPs of a matmul.
+- A small bench run writes one record per (variant, form, mode, T) to ``bench.jsonl``, and the
+  acceptance ratios, tables, CLI and report section are built from them.
+- The regression comparison flags a ratio past the threshold, naming the benchmark and both
+  ratios; benchmarks without a baseline are not judged.
+- CI's short check: the short benchmarks measured now are within the gross threshold of the
+  committed baseline (a chunk form falling back to the token loop would fail it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from fwbench.bench.measure import count_flops, peak_memory_bytes, time_call, time_interleaved
+from fwbench.bench.regression import (
+    BASELINE_PATH,
+    GROSS_THRESHOLD,
+    PERF_CASES,
+    compare,
+    load_baseline,
+    measure_ratio,
+    write_baseline,
+)
+from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
+from fwbench.bench.summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
+from fwbench.cli import main
+from fwbench.report.bench_section import section_bench
+from fwbench.run.store import ResultsStore
+
+CPU = torch.device("cpu")
+
+
+def test_peak_memory_counts_tensor_bytes_alive_at_the_peak():
+    def allocate():
+        a = torch.ones(1000, 1000)  # 4 MB
+        b = a * 2  # 8 MB alive
+        del a
+        c = torch.ones(2000, 1000)  # 4 + 8 = 12 MB alive: the peak
+        return b.sum() + c.sum()
+
+    assert 12_000_000 <= peak_memory_bytes(allocate, CPU) <= 12_000_100
+
+
+def test_flop_count_of_a_matmul_and_its_backward():
+    a = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(16, 4)
+    assert count_flops(lambda: a @ b) == 2 * 8 * 16 * 4
+    assert count_flops(lambda: (a @ b).sum().backward()) == 2 * (2 * 8 * 16 * 4)
+
+
+def test_flop_count_includes_in_place_matmuls():
+    """The delta rule's forward updates its state with baddbmm_, which torch's counter skips."""
+    state, a, b = torch.zeros(3, 5, 7), torch.randn(3, 5, 6), torch.randn(3, 6, 7)
+    assert count_flops(lambda: state.baddbmm_(a, b)) == 2 * 3 * 5 * 6 * 7
+    assert count_flops(lambda: torch.baddbmm(state, a, b)) == 2 * 3 * 5 * 6 * 7
+    m = torch.zeros(5, 7)
+    assert count_flops(lambda: m.addmm_(a[0], b[0])) == 2 * 5 * 6 * 7
+
+
+def test_long_calls_are_timed_once():
+    timing = time_call(lambda: None, CPU, repeats=4, long_call_s=0.0)
+    assert timing.repeats == 1
+    assert time_call(lambda: None, CPU, repeats=4).repeats == 4
+
+
+def test_a_slow_first_call_is_warm_up_not_the_measurement():
+    """A first call that compiles (as fla's Triton kernels do) is long; the calls after it are not."""
+    import time
+
+    calls = []
+
+    def compiles_on_first_call():
+        calls.append(None)
+        time.sleep(0.3 if len(calls) == 1 else 0.001)
+
+    timing = time_call(compiles_on_first_call, CPU, repeats=3, long_call_s=0.2)
+    assert timing.repeats == 3 and timing.median_s < 0.1
+    assert len(calls) == 1 + 1 + 3  # warm-up, the check that it was a one-off, three timed calls
+
+
+def test_interleaved_timing_alternates_the_sides_of_a_ratio():
+    import time
+
+    calls = []
+    fns = {"ours": lambda: calls.append("ours"), "fla": lambda: (calls.append("fla"), time.sleep(0.01))}
+    timings = time_interleaved(fns, CPU, rounds=3)
+    assert calls == ["ours", "fla"] + ["ours", "fla", "fla", "ours", "ours", "fla"]  # warm-ups, then turns
+    assert timings["fla"].median_s >= 0.01 > timings["ours"].median_s and timings["ours"].repeats == 3
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved(fns, CPU, rounds=0)
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved(fns, CPU, rounds=True)
+    # long calls get fewer rounds, never more than asked for
+    assert time_interleaved(fns, CPU, rounds=5, long_call_s=0.0, long_rounds=2)["ours"].repeats == 2
+    assert time_interleaved(fns, CPU, rounds=1, long_call_s=0.0, long_rounds=3)["ours"].repeats == 1
+
+
+TINY = BenchProfile(
+    "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
+                                                   "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
+    repeats=1, memory_max_recurrent=32, comparison_length=64, precision_length=64, chunk_sweep=(16, 32),
+    sweep_length=64, train_steps=3,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bench")
+    store = ResultsStore(directory, records_file=BENCH_RECORDS)
+    result = run_bench(TINY, CPU, store=store, variants=["softmax", "dpfp", "dpfp-delta"], quiet=True)
+    return directory, store, result
+
+
+def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
+    directory, store, result = tiny_run
+    stored = store.records()
+    assert len(stored) == len(result.records) and (directory / BENCH_RECORDS).exists()
+    assert not (directory / "runs.jsonl").exists(), "bench records go to their own file"
+    frame = bench_frame(stored)
+    main_cases = frame[frame["sweep"].isna() & (frame["form"] != "anchor")]
+    # softmax: parallel, recurrent; dpfp and dpfp-delta: chunk, parallel, recurrent; × 2 modes × 2 lengths
+    assert len(main_cases) == (2 + 3 + 3) * 2 * 2
+    skipped = main_cases[main_cases["status"] == "skipped"]
+    assert set(skipped["form"]) == {"recurrent"} and set(skipped["T"]) == {64}, "recurrent is capped at T=32"
+    ok = main_cases[main_cases["status"] == "ok"]
+    assert (ok["median_s"] > 0).all() and (ok["tokens_per_s"] > 0).all()
+    chunk = ok[ok["form"] == "chunk"]
+    assert (chunk["gflop"] > 0).all() and chunk["peak_mem_bytes"].notna().all()
+    # each case's fraction of peak uses the matmul peak timed beside it, not the one from the start
+    stored_chunk = [r for r in stored if r.get("form") == "chunk" and r.get("status") == "ok" and "gflop" in r]
+    assert stored_chunk and all(
+        r["fraction_of_peak"] == pytest.approx(r["gflops_per_s"] / r["matmul_peak_gflops_adjacent"])
+        and r["matmul_peak_gflops_adjacent"] > 0 for r in stored_chunk)
+    delta_fb = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD_BACKWARD)]
+    delta_fwd = chunk[(chunk["variant"] == "dpfp-delta:nu=1") & (chunk["mode"] == FORWARD)]
+    assert delta_fb["gflop"].min() > delta_fwd["gflop"].max() / 2, "the backward's FLOPs are counted too"
+    assert {"sdpa (torch)", "fla delta_rule_chunkwise"} <= set(frame["variant"])
+    assert {"C=16 (ms)", "C=32 (ms)"}, set(frame[frame["sweep"] == "chunk_size"]["chunk_size"]) == {16, 32}
+
+
+def test_bench_ratios_cover_every_acceptance_figure(tiny_run):
+    _, _, result = tiny_run
+    ratios = acceptance_ratios(bench_frame(result.records), result.extras)
+    names = " | ".join(r.name for r in ratios)
+    for expected in ("speed-up over recurrent", "dpfp chunk time", "fla delta_rule_chunkwise", "GFLOP/s",
+                     "SDPA", "peak memory", "Setting 2 training", "fp16/bf16"):
+        assert expected in names
+    comparison = result.extras["fla_comparison"]
+    assert comparison["rel_rmse"] <= 1e-5, "ours and fla's chunkwise delta rule compute the same outputs"
+    assert all(row["finite"] for row in result.extras["precision"]["rows"])
+    training = result.extras["setting2_training"]
+    assert training["steps"] == 3
+    # fewer steps than the warm-up: no median step to take, the figure is the plain mean
+    assert training["timed_steps"] == 0 and training["steps_per_s"] == training["mean_steps_per_s"] > 0
+    text = format_ratios(ratios)
+    assert "PASS" in text or "FAIL" in text
+    assert not math.isnan(ratios[0].value), "recurrent and chunk at T=32 give the speed-up"
+    paired = result.extras["paired"]
+    assert paired["chunk_vs_recurrent"]["T"] == 32 and paired["sdpa_vs_linear"]["T"] == 64  # the profile's caps
+    for name, ratio in zip(("chunk_vs_recurrent", "delta_vs_sum"), ratios[:2]):
+        pair = paired[name]
+        assert ratio.value == pair["ratio"] == pair["first_s"] / pair["second_s"] and "timed in turns" in ratio.detail
+
+
+def test_ratios_fall_back_to_the_grid_without_paired_timings(tiny_run):
+    _, _, result = tiny_run
+    extras = {k: v for k, v in result.extras.items() if k != "paired"}
+    frame = bench_frame(result.records)
+    ratio = acceptance_ratios(frame, extras)[0]
+    rows = frame[(frame["variant"] == "dpfp-delta:nu=1") & (frame["mode"] == FORWARD_BACKWARD) & (frame["T"] == 32)]
+    times = rows.set_index("form")["median_s"]
+    assert ratio.detail == "from the grid" and ratio.value == pytest.approx(times["recurrent"] / times["chunk"])
+    # older or damaged records: no paired block, a skipped pair, a NaN or incomplete pair
+    for paired in (None, {"chunk_vs_recurrent": {"T": 32, "skipped": "OutOfMemoryError: …"}},
+                   {"chunk_vs_recurrent": {**result.extras["paired"]["chunk_vs_recurrent"], "ratio": math.nan}},
+                   {"chunk_vs_recurrent": {"ratio": 50.0}}):
+        assert acceptance_ratios(frame, {**extras, "paired": paired})[0].detail == "from the grid"
+
+
+def test_paired_ratios_skip_out_of_memory_but_raise_other_errors(monkeypatch):
+    import fwbench.bench.suite as bench
+
+    runner = bench._Runner(TINY, CPU, 1, 2, 8, True, None)
+    monkeypatch.setattr(bench, "time_interleaved", lambda *a, **k: (_ for _ in ()).throw(torch.OutOfMemoryError("x")))
+    bench._paired_ratios(runner)
+    assert all("skipped" in pair for pair in runner.result.extras["paired"].values())
+    monkeypatch.setattr(bench, "time_interleaved", lambda *a, **k: (_ for _ in ()).throw(NotImplementedError("bug")))
+    with pytest.raises(NotImplementedError, match="bug"):
+        bench._paired_ratios(runner)
+
+
+def test_time_table_has_one_row_per_variant_and_form(tiny_run):
+    _, _, result = tiny_run
+    table = time_table(bench_frame(result.records), FORWARD)
+    assert list(table.columns) == ["variant", "form", "T=32", "T=64"]
+    assert ("dpfp-delta:nu=1", "chunk") in set(zip(table["variant"], table["form"], strict=True))
+
+
+def test_report_section_draws_the_latest_session(tiny_run, tmp_path):
+    directory, store, result = tiny_run
+    ratios = acceptance_ratios(bench_frame(result.records), result.extras)
+    store.append(summary_record(result.session, result.extras, ratios, {}))
+    import pandas as pd
+
+    frame = pd.DataFrame()
+    frame.attrs["results_dir"] = str(directory)
+    markdown = section_bench(frame, tmp_path)
+    assert "## Speed and memory" in markdown and "Acceptance ratios" in markdown
+    assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
+    empty = pd.DataFrame()
+    empty.attrs["results_dir"] = str(tmp_path / "nothing")
+    assert "No benchmark records" in section_bench(empty, tmp_path)
+
+
+def test_bench_command_prints_tables_and_ratios(tmp_path, capsys):
+    code = main(["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                 "--results-dir", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "forward: median ms" in out and "acceptance ratios" in out and "T=32" in out
+    kinds = [json.loads(line)["kind"] for line in (tmp_path / BENCH_RECORDS).read_text().splitlines()]
+    assert kinds.count("bench-summary") == 1 and kinds.count("bench") > 1
+
+
+@pytest.mark.parametrize("argv", [["--profile", "huge"], ["--variants", "nope"], ["--lengths", "0"]])
+def test_bench_command_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
+    code = main(["bench", *argv, "--results-dir", str(tmp_path), "--quiet", "--no-extras"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("fwbench: error:") and err.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Regression comparison.
+# --------------------------------------------------------------------------------------------
+
+
+def test_compare_flags_only_ratios_past_the_threshold_and_names_both():
+    baseline = {"fast": 1.0, "slow": 2.0}
+    regressions = compare({"fast": 1.49, "slow": 3.2, "new": 99.0}, baseline, threshold=1.5)
+    assert [r.name for r in regressions] == ["slow"]
+    message = regressions[0].message()
+    assert "slow" in message and "3.200" in message and "2.000" in message and "1.60×" in message
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.5])
+def test_compare_rejects_a_threshold_that_is_not_a_slowdown(threshold):
+    with pytest.raises(ValueError, match="threshold"):
+        compare({"a": 1.0}, {"a": 1.0}, threshold)
+
+
+def test_baseline_round_trip_keeps_benchmarks_not_measured_now(tmp_path):
+    path = tmp_path / "baseline.json"
+    write_baseline({"a": 1.5, "b": 2.0}, {"a": 0.1}, {"torch": "x"}, path)
+    write_baseline({"a": 1.25}, {}, {"torch": "y"}, path)
+    assert load_baseline(path) == {"a": 1.25, "b": 2.0}
+    assert load_baseline(tmp_path / "missing.json") == {}
+
+
+def test_committed_baseline_names_every_tracked_benchmark():
+    assert set(load_baseline(BASELINE_PATH)) == {case.name for case in PERF_CASES}
+
+
+def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
+    """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
+    torch.set_num_threads(1)
+    measured = {case.name: measure_ratio(case, repeats=3)[0] for case in PERF_CASES if case.short}
+    regressions = compare(measured, load_baseline(BASELINE_PATH), GROSS_THRESHOLD)
+    assert not regressions, "; ".join(r.message() for r in regressions)

@@ -1,0 +1,132 @@
+"""The training-free probe, the `fwbench capacity` and `fwbench probe` commands, and the report's new
+sections (Setting 2, capacity vs d_dot, MQAR, probe, statistics) rendered from tiny real runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from fwbench.cli import PAPER_GRIDS, main
+from fwbench.report.probe import least_squares_bound, probe_variant, run_probe
+
+TINY_SETTING2 = """
+name = "tiny2"
+task = "retrieval"
+[defaults]
+setting = 2
+eval_every = 5
+eval_sequences = 4
+batch_size = 8
+max_steps = 10
+d_key = 8
+[profiles.quick]
+variant = ["dpfp:nu=1", "dpfp-delta:nu=1", "dpfp-delta-unnorm:nu=1", "tanh-fwm"]
+S = [4]
+seed = [1, 2]
+"""
+
+TINY_NU = """
+name = "tiny_nu"
+task = "retrieval"
+[defaults]
+setting = 1
+eval_every = 5
+eval_sequences = 4
+batch_size = 8
+max_steps = 10
+d_key = 4
+[profiles.quick]
+variant = ["dpfp:nu=1", "dpfp:nu=2"]
+S = [3, 6]
+seed = [1, 2]
+"""
+
+TINY_MQAR = """
+name = "tiny_mqar"
+task = "mqar"
+[defaults]
+vocab_size = 16
+seq_len = 16
+num_kv_pairs = 2
+n_layers = 1
+batch_size = 4
+eval_sequences = 8
+eval_every = 5
+max_steps = 10
+[profiles.quick]
+variant = ["linear", "dpfp-fwm:nu=1"]
+d_model = [4, 8]
+seed = [1]
+"""
+
+
+def test_probe_is_perfect_for_orthogonal_one_hot_features_and_degrades_past_d_dot():
+    """With the sum rule and few pairs the error is small; it grows with S / d_dot, and past d_dot it
+    can never beat the least-squares bound 1 − d_dot/S."""
+    rows = pd.DataFrame(probe_variant("dpfp:nu=1", d_key=8, ratios=(0.125, 1.0, 4.0), trials=2))
+    assert list(rows["S"]) == [2, 16, 64]
+    errors = list(rows["error"])
+    assert errors[0] < errors[1] < errors[2] <= 1.0
+    assert (rows["error"] >= rows["bound"] - 0.02).all()
+    assert least_squares_bound(10, 20) == 0.0 and least_squares_bound(40, 10) == pytest.approx(0.75)
+
+
+def test_probe_covers_every_rule_and_is_deterministic():
+    variants = ["linear", "dpfp-delta:nu=1", "tanh-fwm", "favor:m=4"]
+    a = run_probe(variants, d_key=8, ratios=(0.5, 2.0), trials=1, seed=3)
+    b = run_probe(variants, d_key=8, ratios=(0.5, 2.0), trials=1, seed=3)
+    pd.testing.assert_frame_equal(a, b)
+    assert set(a["rule"]) == {"sum", "delta", "fwm"} and a["error"].between(0, 1).all()
+    with pytest.raises(ValueError, match="softmax"):
+        probe_variant("softmax", d_key=8)
+
+
+def test_probe_command_writes_csv_and_figure(tmp_path, capsys):
+    torch.set_num_threads(1)
+    assert main(["probe", "--out", str(tmp_path), "--d-key", "8", "--trials", "1"]) == 0
+    table = pd.read_csv(tmp_path / "probe.csv")
+    assert {"variant", "rule", "d_dot", "S", "error", "bound"} <= set(table.columns)
+    assert (tmp_path / "probe.png").stat().st_size > 1000
+    assert main(["probe", "--trials", "0"]) == 2
+
+
+def test_capacity_command_writes_a_csv_with_intervals_and_a_figure(tmp_path, capsys):
+    grid = tmp_path / "tiny_nu.toml"
+    grid.write_text(TINY_NU)
+    out, results = tmp_path / "reports", tmp_path / "results"
+    assert main(["capacity", "--grid", str(grid), "--results-dir", str(results), "--out", str(out), "--quiet"]) == 0
+    table = pd.read_csv(out / "tiny_nu.csv")
+    assert list(table["variant"]) == ["dpfp:nu=1", "dpfp:nu=2"]
+    assert set(table["d_dot"]) == {8, 16} and (table["n_seeds"] == 2).all()
+    assert {"capacity_mean", "ci_low", "ci_high", "bound", "per_seed"} <= set(table.columns)
+    assert (out / "tiny_nu.png").stat().st_size > 1000
+    assert "capacities written to" in capsys.readouterr().out
+
+
+def test_reproduce_runs_the_new_grids():
+    assert PAPER_GRIDS[0] == "capacity" and {"setting2", "capacity_nu", "mqar"} <= set(PAPER_GRIDS)
+
+
+def test_report_renders_setting2_mqar_capacity_probe_and_statistics_sections(tmp_path):
+    results, out = tmp_path / "results", tmp_path / "reports"
+    for name, text in (("tiny2", TINY_SETTING2), ("tiny_nu", TINY_NU), ("tiny_mqar", TINY_MQAR)):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        assert main(["run", str(path), "--results-dir", str(results), "--quiet"]) == 0
+    assert main(["probe", "--out", str(out), "--d-key", "8", "--trials", "1"]) == 0
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    text = (out / "REPORT.md").read_text()
+    for heading in ("## Setting 2", "## Capacity vs d_dot", "## Multi-query associative recall", "## Training-free",
+                    "## Statistics"):
+        assert heading in text
+    assert "length 2S" in text and "length S" in text, "the evaluation-length difference is documented"
+    for figure in ("setting2.png", "capacity_vs_d_dot.png", "mqar.png", "probe.png"):
+        assert (out / figure).stat().st_size > 1000 and f"({figure})" in text
+    claims = text.split("## Claims")[1].split("##")[0]
+    for i in range(1, 8):
+        assert f"C{i}:" in claims
+    # two seeds per Setting 2 cell: the table shows an interval
+    setting2 = text.split("## Setting 2")[1].split("\n## ")[0]
+    assert "[" in setting2.split("| S |")[1]
+    assert pd.read_csv(out / "capacities.csv")["n_seeds"].max() == 2

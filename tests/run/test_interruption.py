@@ -1,0 +1,228 @@
+"""Nothing is lost or duplicated when ``fwbench run`` is killed, or when two of them share a store.
+
+The end-to-end tests run the real command line in subprocesses on a tiny grid: ``kill -9`` at
+seeded random moments and a rerun must end with exactly one record per cell, no corrupt line, and
+the same numbers as an uninterrupted run; two processes started together on one results directory
+must do the same between them, training each cell once. The unit tests below them pin the store's
+all-or-nothing writes.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fwbench.errors import FwbenchError
+from fwbench.run.grid import expand, load_grid
+from fwbench.run.launchers import LaunchOptions
+from fwbench.run.runner import run_grid
+from fwbench.run.store import TORN_FILE, ResultsStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+GRID = """\
+name = "interrupt"
+task = "retrieval"
+
+[defaults]
+setting = 1
+d_key = 8
+batch_size = 8
+eval_every = 10
+eval_sequences = 4
+max_steps = 40
+patience = 100
+target_loss = 0.0
+
+[profiles.quick]
+variant = ["favor:m=8", "dpfp-delta:nu=1"]
+S = [4, 8]
+seed = [1]
+"""
+
+
+@pytest.fixture(scope="module")
+def grid_path(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("grid") / "interrupt.toml"
+    path.write_text(GRID)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cells(grid_path) -> set[str]:
+    return {spec.run_id for spec in expand(load_grid(grid_path), "quick")}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(grid_path, tmp_path_factory) -> dict[str, dict]:
+    """Records of one uninterrupted run of the grid, in this process: run_id → record."""
+    store = ResultsStore(tmp_path_factory.mktemp("baseline"))
+    run_grid(expand(load_grid(grid_path), "quick"), store, LaunchOptions(device="cpu"), quiet=True)
+    return {r["run_id"]: r for r in store.records()}
+
+
+def start_run(grid_path: Path, results: Path) -> subprocess.Popen:
+    """``python -m fwbench run GRID`` from the repository root (so this checkout is imported)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fwbench", "run", str(grid_path), "--results-dir", str(results), "--quiet",
+         "--device", "cpu"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def complete_lines(path: Path) -> int:
+    return path.read_bytes().count(b"\n") if path.exists() else 0
+
+
+def assert_one_clean_record_per_cell(results: Path, cells: set[str], uninterrupted: dict[str, dict]) -> None:
+    store = ResultsStore(results)
+    loaded = store.load()
+    assert loaded.problems == []
+    lines = [json.loads(line) for line in store.path.read_text().splitlines()]
+    assert sorted(r["run_id"] for r in lines) == sorted(cells)  # one line per cell: no duplicate, no gap
+    for record in lines:  # and the numbers of an uninterrupted run, bit for bit
+        expected = uninterrupted[record["run_id"]]
+        assert (record["metrics"], record["curve"], record["steps"], record["status"]) == (
+            expected["metrics"], expected["curve"], expected["steps"], expected["status"])
+
+
+def test_kill_9_at_random_moments_then_rerun_gives_one_record_per_cell(grid_path, cells, uninterrupted, tmp_path):
+    results = tmp_path / "results"
+    rng = random.Random(8)
+    killed = 0
+    for _ in range(2):
+        # A random moment in training: after 1 to n-1 finished cells, plus a random fraction of a cell.
+        wait_for, extra = rng.randrange(1, len(cells)), rng.uniform(0.0, 0.4)
+        process = start_run(grid_path, results)
+        deadline = time.monotonic() + 120
+        while complete_lines(results / "runs.jsonl") < wait_for and process.poll() is None:
+            assert time.monotonic() < deadline, "fwbench run made no progress"
+            time.sleep(0.02)
+        time.sleep(extra)
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            killed += 1
+        process.communicate(timeout=60)
+    assert killed >= 1, "the grid finished before any kill; the test did not interrupt anything"
+    assert complete_lines(results / "runs.jsonl") < len(cells)
+
+    rerun = start_run(grid_path, results)
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    assert "Traceback" not in err
+    assert_one_clean_record_per_cell(results, cells, uninterrupted)
+    rerun = start_run(grid_path, results)  # and a finished grid trains nothing
+    out, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0 and f"0 trained now, {len(cells)} already" in out, out + err
+
+
+def test_two_processes_on_one_store_train_each_cell_once(grid_path, cells, uninterrupted, tmp_path):
+    results = tmp_path / "results"
+    processes = [start_run(grid_path, results) for _ in range(2)]
+    outputs = [p.communicate(timeout=300) for p in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err
+        assert "Traceback" not in err
+    assert_one_clean_record_per_cell(results, cells, uninterrupted)
+    trained = [int(out.split(" trained now, ")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]  # "…: N trained now, M already"
+    assert sum(trained) == len(cells), outputs
+
+
+# ------------------------------------------------------------------------------------------------
+# The store's writes, one failure at a time.
+# ------------------------------------------------------------------------------------------------
+
+
+def test_failed_write_leaves_no_half_record(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    store.append({"run_id": "a", "pad": "x" * 100})
+    real_write = os.write
+
+    def disk_full_halfway(fd, data):
+        real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", disk_full_halfway)
+    with pytest.raises(FwbenchError, match="No space left on device"):
+        store.append({"run_id": "b", "pad": "y" * 100})
+    monkeypatch.undo()
+    assert store.load().problems == []
+    assert [r["run_id"] for r in store.records()] == ["a"]
+    assert store.append({"run_id": "b"})
+    assert [r["run_id"] for r in store.records()] == ["a", "b"]
+
+
+def test_short_writes_are_completed(tmp_path, monkeypatch):
+    store = ResultsStore(tmp_path)
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:7])))  # 7 bytes at a time
+    store.append({"run_id": "a", "metrics": {"loss": 0.25}})
+    monkeypatch.undo()
+    assert store.load().records == [{"run_id": "a", "metrics": {"loss": 0.25}}]
+
+
+def test_unterminated_but_complete_last_record_is_kept_not_set_aside(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.path.write_text('{"run_id": "a"}\n{"run_id": "b"}')  # e.g. edited by hand, newline lost
+    assert [r["run_id"] for r in store.records()] == ["a", "b"]
+    store.append({"run_id": "c"})
+    assert [r["run_id"] for r in store.records()] == ["a", "b", "c"]
+    assert not (tmp_path / TORN_FILE).exists()
+
+
+def test_torn_tail_longer_than_a_read_block_is_set_aside_whole(tmp_path):
+    store = ResultsStore(tmp_path)
+    store.append({"run_id": "a"})
+    fragment = '{"run_id": "b", "curve": [' + "0.5, " * 30000  # 150 kB, several 64 kB blocks
+    with open(store.path, "a") as handle:
+        handle.write(fragment)
+    store.append({"run_id": "c"})
+    assert store.load().problems == []
+    assert [r["run_id"] for r in store.records()] == ["a", "c"]
+    assert (tmp_path / TORN_FILE).read_text() == fragment + "\n"
+
+
+def test_unwritable_store_fails_before_any_training(tmp_path, monkeypatch):
+    import fwbench.run.runner as runner
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("trained a run although its record could not be stored")
+
+    monkeypatch.setattr(runner, "execute", must_not_train)
+    (tmp_path / "file").write_text("")
+    specs = expand(load_grid("capacity"), "quick")[:1]
+    with pytest.raises(FwbenchError, match="--results-dir"):
+        run_grid(specs, ResultsStore(tmp_path / "file" / "results"), LaunchOptions(device="cpu"), quiet=True)
+
+
+def test_claim_is_exclusive_between_processes_and_released_when_the_holder_dies(tmp_path):
+    store = ResultsStore(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from fwbench.run.store import ResultsStore\n"
+         "store = ResultsStore(sys.argv[1])\n"
+         "with store.claim('abc123'):\n    print('held', flush=True); time.sleep(60)\n",
+         str(tmp_path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with store.claim("abc123", wait=False) as claimed:
+            assert not claimed
+        with store.claim("def456", wait=False) as claimed:  # other runs are free
+            assert claimed
+    finally:
+        holder.kill()
+        holder.communicate()
+    with store.claim("abc123", wait=False) as claimed:  # the kernel released the dead holder's claim
+        assert claimed
+    store.close()

@@ -1,0 +1,85 @@
+"""The Ray launcher gives the same records as the local one, and resumes like it (issue 7).
+
+Needs Ray (`pip install 'fwbench[ray]'`); skipped without it, since the default install does not.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from fwbench.cli import main
+from fwbench.run.store import ResultsStore
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fwbench[ray]'")
+
+GRID = """
+name = "ray-tiny"
+task = "retrieval"
+
+[defaults]
+setting = 1
+eval_every = 5
+eval_sequences = 4
+batch_size = 8
+d_key = 8
+
+[profiles.quick]
+variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
+S = [4, 6]
+seed = [1]
+max_steps = 10
+
+[profiles.slow]
+variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
+S = [8, 10]
+seed = [1, 2]
+max_steps = 400
+target_loss = 0.0
+eval_every = 50
+"""
+
+
+def comparable(records):
+    return {r["run_id"]: (r["status"], r["steps"], r["metrics"], r["curve"]) for r in records}
+
+
+def test_ray_launcher_gives_the_same_records_as_local(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    local, remote = tmp_path / "local", tmp_path / "ray"
+    assert main(["run", str(grid), "--results-dir", str(local), "--quiet"]) == 0
+    assert main(["run", str(grid), "--results-dir", str(remote), "--quiet", "--launcher", "ray",
+                 "--ray-num-cpus", "2"]) == 0
+    local_records, ray_records = ResultsStore(local).records(), ResultsStore(remote).records()
+    assert len(ray_records) == 6
+    assert comparable(ray_records) == comparable(local_records)
+
+
+def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    results = tmp_path / "results"
+    command = [sys.executable, "-m", "fwbench", "run", str(grid), "--profile", "slow", "--results-dir",
+               str(results), "--quiet", "--launcher", "ray", "--ray-num-cpus", "2"]
+    driver = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = ResultsStore(results)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(store.records()) < 2:
+        time.sleep(0.5)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    ray_stop = subprocess.run(["ray", "stop", "--force"], capture_output=True)  # workers of the killed driver
+    del ray_stop
+    before = {r["run_id"] for r in store.records()}
+    assert 2 <= len(before) < 12, "the driver should have been killed midway"
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert f"{12 - len(before)} trained now, {len(before)} already" in done.stdout
+    after = store.records()
+    assert len(after) == 12 and len({r["run_id"] for r in after}) == 12

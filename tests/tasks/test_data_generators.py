@@ -1,0 +1,144 @@
+"""Invariants of the data generators, checked on thousands of generated sequences.
+
+- Setting 2 (overwriting): keys and values in [0, S), length 2S, drawn with replacement; the target
+  of every query is the value at the queried key's *last* occurrence (checked against a plain loop).
+- MQAR (Zoology's definition): keys and values from disjoint halves of the vocabulary, distinct within
+  a sequence, context of interleaved pairs at the start; every scored label is the value paired with
+  the key at that position; each key is queried exactly once, after the context, at an even offset;
+  query gaps follow the power law.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fwbench.tasks.mqar import IGNORE, MQARConfig, MQARTask, generate_mqar, power_law_probabilities
+from fwbench.tasks.retrieval import RetrievalConfig, RetrievalTask, generate_sequences, last_occurrence_values, sample_batch
+
+
+def test_setting2_sequences_have_length_2S_and_repeat_keys():
+    keys, values = generate_sequences(2, 15, 2000, torch.Generator().manual_seed(3))
+    assert keys.shape == values.shape == (2000, 30)
+    assert keys.min() >= 0 and keys.max() < 15 and values.min() >= 0 and values.max() < 15
+    # drawn uniformly with replacement: every id about 2000·30/15 = 4000 times, and the number of
+    # distinct keys per sequence matches its expectation 15·(1 − (14/15)^30) ≈ 13.1 (a permutation: 15)
+    for ids in (keys, values):
+        counts = torch.bincount(ids.flatten(), minlength=15).double()
+        assert ((counts - 4000).abs() < 300).all()
+    distinct = torch.tensor([row.unique().numel() for row in keys]).double().mean().item()
+    assert distinct == pytest.approx(15 * (1 - (14 / 15) ** 30), abs=0.1)
+
+
+def test_setting2_training_target_is_the_value_at_the_last_occurrence_for_thousands_of_sequences():
+    generator = torch.Generator().manual_seed(11)
+    checked = 0
+    for S in (2, 5, 20, 64):
+        batch = sample_batch(2, S, 1000, generator)
+        keys, values = batch["keys"].tolist(), batch["values"].tolist()
+        for row, (query, target) in enumerate(zip(batch["queries"][:, 0].tolist(), batch["targets"][:, 0].tolist(),
+                                                  strict=True)):
+            positions = [i for i, k in enumerate(keys[row]) if k == query]
+            assert positions, "the query is always drawn among the sequence's keys"
+            assert target == values[row][positions[-1]]
+            checked += 1
+    assert checked == 4000
+
+
+def test_setting2_every_present_key_is_scored_at_its_last_occurrence():
+    """The evaluation queries all S keys; a key that occurs is scored with its last value, one that
+    does not is masked out (``present`` False)."""
+    generator = torch.Generator().manual_seed(5)
+    S = 12
+    keys, values = generate_sequences(2, S, 1500, generator)
+    queries = torch.arange(S).expand(1500, -1)
+    targets, present = last_occurrence_values(keys, values, queries)
+    for row in range(1500):
+        last = {}
+        for i, k in enumerate(keys[row].tolist()):
+            last[k] = values[row, i].item()
+        for q in range(S):
+            assert present[row, q].item() == (q in last)
+            if q in last:
+                assert targets[row, q].item() == last[q]
+
+
+def test_setting2_evaluation_runs_on_length_2S():
+    task = RetrievalTask()
+    config = RetrievalConfig(setting=2, S=6, d_key=8, eval_sequences=3)
+    torch.manual_seed(0)
+    model = task.build_model(config, "dpfp-delta:nu=1")
+    metrics = task.evaluate(model, config, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert config.sequence_length == 12
+    assert set(metrics) == {"loss", "accuracy"} and 0 <= metrics["accuracy"] <= 1
+
+
+# --------------------------------------------------------------------------------------------
+# MQAR
+# --------------------------------------------------------------------------------------------
+
+
+def test_mqar_every_scored_label_is_the_value_paired_with_the_queried_key():
+    generator = torch.Generator().manual_seed(7)
+    V, L, n = 128, 64, 8
+    inputs, labels = generate_mqar(3000, V, L, n, 0.01, generator)
+    assert inputs.shape == labels.shape == (3000, L)
+    assert inputs.min() >= 0 and inputs.max() < V
+    context = 2 * n
+    keys, values = inputs[:, 0:context:2], inputs[:, 1:context:2]
+    assert ((keys >= 1) & (keys < V // 2)).all(), "keys come from the lower half, 0 excluded"
+    assert ((values >= V // 2) & (values < V)).all(), "values come from the upper half"
+    for row in range(3000):
+        pairs = dict(zip(keys[row].tolist(), values[row].tolist(), strict=True))
+        assert len(pairs) == n and len(set(values[row].tolist())) == n, "distinct keys and values"
+        scored = (labels[row] != IGNORE).nonzero().flatten().tolist()
+        assert len(scored) == n, "each key is queried exactly once"
+        queried = [inputs[row, p].item() for p in scored]
+        assert sorted(queried) == sorted(pairs), "the queried tokens are exactly the context keys"
+        for position, key in zip(scored, queried, strict=True):
+            assert position >= context and (position - context) % 2 == 0
+            assert labels[row, position].item() == pairs[key]
+    assert (labels[:, :context] == IGNORE).all()
+
+
+def test_mqar_without_random_fillers_leaves_zeros():
+    inputs, labels = generate_mqar(50, 32, 32, 4, 0.01, torch.Generator().manual_seed(0), random_non_queries=False)
+    filler = (labels == IGNORE)
+    filler[:, :8] = False
+    assert (inputs[filler] == 0).all()
+
+
+def test_mqar_query_gaps_follow_the_power_law():
+    """Gap 0 (query right after the context) is the most likely slot; the empirical distribution of
+    the first drawn gap matches p(i) ∝ i^(a−1) within sampling error."""
+    space, a = 24, 0.01
+    p = power_law_probabilities(space, a)
+    assert p.sum().item() == pytest.approx(1.0) and (p[:-1] > p[1:]).all()
+    inputs, labels = generate_mqar(20000, 64, 2 * space + 2, 1, a, torch.Generator().manual_seed(2))
+    gaps = ((labels != IGNORE).nonzero()[:, 1] - 2) // 2
+    counts = torch.bincount(gaps, minlength=space).double() / 20000
+    assert (counts - p).abs().max().item() < 0.01
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"seq_len": 33}, "seq_len"),
+    ({"num_kv_pairs": 20, "seq_len": 64}, "num_kv_pairs"),
+    ({"vocab_size": 10, "num_kv_pairs": 8}, "vocab_size"),
+])
+def test_mqar_bad_config_names_the_field(kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        MQARTask().validate(MQARConfig(**kwargs))
+
+
+def test_mqar_loss_is_scored_only_at_query_positions():
+    """Changing the model's output anywhere but at query positions cannot change the loss: the
+    logits returned are exactly the scored positions, in order."""
+    task = MQARTask()
+    config = MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2, d_model=8, batch_size=4)
+    torch.manual_seed(0)
+    model = task.build_model(config, "linear")
+    batch = task.train_batch(config, torch.Generator().manual_seed(0))
+    logits, labels = model(batch["inputs"], batch["labels"])
+    assert logits.shape == (4 * 2, 32) and labels.tolist() == batch["labels"][batch["labels"] != IGNORE].tolist()
+    loss = task.loss(model, batch, config)
+    assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item())

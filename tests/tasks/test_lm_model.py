@@ -1,0 +1,149 @@
+"""The decoder language model: teacher forcing equals generation token by token, carried state
+across segments, constant-memory generation, sampling, and its input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import SPECS, assert_close
+
+from fwbench.tasks.lm_model import DecoderConfig, DecoderLM, sample_next, states_nbytes
+from fwbench.variants import VariantError
+
+#: The acceptance tolerance: relative RMSE between teacher-forced and token-by-token logits in fp32.
+GENERATION_RTOL = 1e-5
+VOCAB = 11
+
+
+def tiny_model(spec: str, positional: str = "none", context: int = 8, n_layers: int = 2) -> DecoderLM:
+    """A small random model; weights are perturbed so that every layer matters to the logits."""
+    config = DecoderConfig(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=n_layers, d_ff=32, context=context,
+                           positional=positional)
+    model = DecoderLM(spec, config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+@pytest.mark.parametrize("positional", ["none", "learned"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_teacher_forced_logits_equal_token_by_token_generation(spec, positional):
+    model = tiny_model(spec, positional)
+    tokens = torch.randint(0, VOCAB, (2, 21))  # 21 tokens: two segment boundaries of context 8
+    with torch.no_grad():
+        teacher_forced, _ = model(tokens)
+        states, steps = None, []
+        for t in range(tokens.shape[1]):
+            logits, states = model(tokens[:, t : t + 1], states, form="recurrent")
+            steps.append(logits)
+    assert_close(torch.cat(steps, dim=1), teacher_forced, GENERATION_RTOL)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear", "dpfp-delta:nu=2"])
+def test_a_stream_split_anywhere_equals_one_call(spec):
+    model = tiny_model(spec, "learned")
+    tokens = torch.randint(0, VOCAB, (1, 30))
+    with torch.no_grad():
+        whole, _ = model(tokens)
+        first, states = model(tokens[:, :5], form="parallel")
+        second, states = model(tokens[:, 5:19], states, form="chunk")
+        third, _ = model(tokens[:, 19:], states)
+    assert_close(torch.cat([first, second, third], dim=1), whole, GENERATION_RTOL)
+
+
+def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():
+    tokens = torch.randint(0, VOCAB, (1, 16))
+    with torch.no_grad():
+        for spec, carries in (("linear-delta", True), ("softmax", False)):
+            model = tiny_model(spec)
+            stream, _ = model(tokens)
+            fresh, _ = model(tokens[:, 8:])  # the second segment read from an empty memory
+            same = torch.allclose(stream[:, 8:], fresh, atol=1e-6)
+            assert same != carries, spec
+
+
+@pytest.mark.parametrize("spec", [s for s in SPECS if s != "softmax"])
+def test_generation_memory_is_constant_per_token_for_fast_weights(spec):
+    model = tiny_model(spec, n_layers=1)
+    prompt = torch.tensor([[1, 2, 3]])
+    generator = torch.Generator().manual_seed(0)
+    _, short_states = model.generate(prompt, 10, temperature=1.0, generator=generator)
+    sampled, long_states = model.generate(prompt, 500, temperature=1.0, generator=generator)
+    assert sampled.shape == (1, 500)
+    assert states_nbytes(long_states) == states_nbytes(short_states) > 0
+
+
+def test_softmax_generation_memory_is_bounded_by_its_segment():
+    model = tiny_model("softmax", n_layers=1, context=8)
+    _, states = model.generate(torch.tensor([[1]]), 500, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    # at most one segment of keys and values: 8 tokens × 2 heads × (8 + 8) fp32 numbers
+    assert states_nbytes(states) <= 8 * 2 * 16 * 4
+
+
+def test_greedy_generation_follows_the_argmax_of_the_teacher_forced_logits():
+    model = tiny_model("dpfp-delta:nu=1")
+    prompt = torch.tensor([[4, 5]])
+    sampled, _ = model.generate(prompt, 12, temperature=0.0)
+    sequence = torch.cat([prompt, sampled], dim=1)
+    with torch.no_grad():
+        logits, _ = model(sequence[:, :-1])
+    assert torch.equal(logits[:, 1:].argmax(-1), sampled)
+
+
+def test_sampling_is_reproducible_from_its_seed_and_top_k_restricts_it():
+    model = tiny_model("linear")
+    prompt = torch.tensor([[1, 2]])
+    a, _ = model.generate(prompt, 40, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    b, _ = model.generate(prompt, 40, temperature=1.0, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b)
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]])
+    draws = torch.cat([sample_next(logits, 1.0, torch.Generator().manual_seed(i), top_k=2) for i in range(50)])
+    assert set(draws.flatten().tolist()) <= {1, 2}
+
+
+def test_tied_output_shares_the_embedding_and_untied_does_not():
+    tied = DecoderLM("linear", DecoderConfig(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=1, d_ff=32))
+    untied = DecoderLM("linear", DecoderConfig(vocab_size=VOCAB, d_model=16, n_heads=2, n_layers=1, d_ff=32,
+                                               tied_output=False))
+    assert tied.output.weight is tied.embedding.weight
+    assert untied.num_parameters() == tied.num_parameters() + VOCAB * 16
+
+
+def test_vocabulary_travels_with_the_weights():
+    config = DecoderConfig(vocab_size=3, d_model=8, n_heads=2, n_layers=1, d_ff=8)
+    model = DecoderLM("softmax", config, vocabulary="ab\n")
+    copy = DecoderLM("softmax", config)
+    copy.load_state_dict(model.state_dict())
+    assert copy.vocabulary == "ab\n" and DecoderLM("softmax", config).vocabulary is None
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: DecoderConfig(vocab_size=0), "vocab_size: got 0"),
+        (lambda: DecoderConfig(vocab_size=5, d_model=10, n_heads=4), "d_model: got 10"),
+        (lambda: DecoderConfig(vocab_size=5, positional="rotary"), "positional: got 'rotary'"),
+        (lambda: DecoderConfig(vocab_size=5, dropout=1.0), "dropout: got 1.0"),
+        (lambda: tiny_model("linear")(torch.zeros(2, 3)), "tokens: got"),
+        (lambda: tiny_model("linear")(torch.zeros(2, 3, dtype=torch.int64), states=[None]), "states: got"),
+        (lambda: tiny_model("linear").generate(torch.zeros(1, 0, dtype=torch.int64), 5), "prompt: got"),
+        (lambda: tiny_model("linear").generate(torch.zeros(1, 1, dtype=torch.int64), 5, temperature=-1), "temperature"),
+        (lambda: tiny_model("linear").generate(torch.zeros(1, 1, dtype=torch.int64), 5, top_k=99), "top_k: got 99"),
+    ],
+)
+def test_bad_input_is_a_clear_error(build, expected):
+    with pytest.raises(VariantError, match=expected):
+        build()
+
+
+def test_sampling_at_a_tiny_temperature_is_greedy_and_finite():
+    logits = torch.tensor([[2.0, 5.0, -1.0], [0.5, 0.1, 0.4]])
+    generator = torch.Generator().manual_seed(0)
+    assert sample_next(logits, 1e-45, generator).tolist() == [[1], [0]]
+    assert sample_next(logits, 0.0).tolist() == [[1], [0]]
+
+
+def test_sampling_from_non_finite_logits_names_them():
+    with pytest.raises(VariantError, match="logits: got non-finite values"):
+        sample_next(torch.tensor([[0.0, float("nan")]]), 0.8, torch.Generator().manual_seed(0))
