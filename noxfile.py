@@ -1,24 +1,69 @@
 """Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`, `nox -s bench`.
 
-Every session runs in the current Python environment (no virtualenv), so a CPU build of torch
-installed once is reused rather than replaced by a multi-GB CUDA download. Each session first
-installs this project (editable, with its dev extras) into that environment.
+Every session runs in the current Python environment (no virtualenv) and first installs what it needs
+there, so a machine with nothing but Python and nox can run any of them:
+
+1. torch, only when the environment has none (an installed torch is always kept, whatever its build):
+   where no CUDA device is visible, the CPU build (`torch==VERSION+cpu` from PyTorch's CPU index,
+   about 200 MB instead of a multi-GB CUDA download; macOS wheels are CPU builds already); where one
+   is, the default build. `FWBENCH_TORCH="torch==…"` (plus `FWBENCH_TORCH_INDEX=URL`) overrides the choice.
+2. this project, editable, with its dev extras (`pip install -e '.[dev]'`): a no-op apart from the
+   editable link once everything is present.
 """
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
 
 import nox
 
 nox.options.default_venv_backend = "none"
 nox.options.sessions = ["tests"]
 
+#: The torch release installed where none is: the one CI and the committed baselines use.
+TORCH_VERSION = "2.13.0"
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def cuda_device_visible() -> bool:
+    """True when an NVIDIA driver is installed and CUDA_VISIBLE_DEVICES does not hide every device."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1")
+    return shutil.which("nvidia-smi") is not None and not hidden
+
+
+def torch_requirement() -> tuple[str, list[str]]:
+    """(requirement, extra pip arguments) for installing torch on this machine."""
+    if os.environ.get("FWBENCH_TORCH"):
+        index = os.environ.get("FWBENCH_TORCH_INDEX")
+        return os.environ["FWBENCH_TORCH"], ["--extra-index-url", index] if index else []
+    if cuda_device_visible() or platform.system() == "Darwin":
+        return f"torch=={TORCH_VERSION}", []
+    # Linux and Windows wheels on PyPI bundle CUDA; the +cpu build lives on PyTorch's own index.
+    return f"torch=={TORCH_VERSION}+cpu", ["--extra-index-url", TORCH_CPU_INDEX]
+
+
+def ensure_torch(session: nox.Session) -> None:
+    has_torch = session.run(
+        "python", "-c", "import importlib.util; print(importlib.util.find_spec('torch') is not None)",
+        silent=True,
+    )
+    if "True" in (has_torch or ""):
+        return
+    requirement, extra = torch_requirement()
+    session.log(f"no torch in this environment: installing {requirement}")
+    session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *extra, requirement)
+
 
 def install_project(session: nox.Session) -> None:
-    # Quiet and idempotent: a no-op apart from the editable link once the dependencies are present.
+    ensure_torch(session)
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", ".[dev]")
 
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """The test suite, on CPU (extra pytest arguments after --)."""
+    """The test suite, on CPU (extra pytest arguments after --; `-- -m "not slow"`: the fast subset)."""
     install_project(session)
     session.run("python", "-m", "pytest", "-q", *session.posargs)
 
@@ -27,7 +72,7 @@ def tests(session: nox.Session) -> None:
 def reproduce(session: nox.Session) -> None:
     """Run every paper grid and render reports/REPORT.md (`-- --profile quick|full`, `--device cuda`)."""
     install_project(session)
-    session.run("fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))
+    session.run("python", "-m", "fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))
 
 
 @nox.session(venv_backend="none")
@@ -36,7 +81,7 @@ def capacity(session: nox.Session) -> None:
     capacities with 95 % t-intervals (`-- --profile full`, `--device cuda`). Seed 1 is shared with
     `reproduce --profile quick`, so after it only seeds 2 and 3 train."""
     install_project(session)
-    session.run("fwbench", "capacity", *(session.posargs or ["--profile", "quick", "--seeds", "1", "2", "3"]))
+    session.run("python", "-m", "fwbench", "capacity", *(session.posargs or ["--profile", "quick", "--seeds", "1", "2", "3"]))
 
 
 @nox.session(venv_backend="none")

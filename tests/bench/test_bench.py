@@ -118,6 +118,7 @@ def tiny_run(tmp_path_factory):
     return directory, store, result
 
 
+@pytest.mark.slow
 def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
     directory, store, result = tiny_run
     stored = store.records()
@@ -145,6 +146,7 @@ def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
     assert {"C=16 (ms)", "C=32 (ms)"}, set(frame[frame["sweep"] == "chunk_size"]["chunk_size"]) == {16, 32}
 
 
+@pytest.mark.slow
 def test_bench_ratios_cover_every_acceptance_figure(tiny_run):
     _, _, result = tiny_run
     ratios = acceptance_ratios(bench_frame(result.records), result.extras)
@@ -169,6 +171,7 @@ def test_bench_ratios_cover_every_acceptance_figure(tiny_run):
         assert ratio.value == pair["ratio"] == pair["first_s"] / pair["second_s"] and "timed in turns" in ratio.detail
 
 
+@pytest.mark.slow
 def test_ratios_fall_back_to_the_grid_without_paired_timings(tiny_run):
     _, _, result = tiny_run
     extras = {k: v for k, v in result.extras.items() if k != "paired"}
@@ -196,6 +199,7 @@ def test_paired_ratios_skip_out_of_memory_but_raise_other_errors(monkeypatch):
         bench._paired_ratios(runner)
 
 
+@pytest.mark.slow
 def test_time_table_has_one_row_per_variant_and_form(tiny_run):
     _, _, result = tiny_run
     table = time_table(bench_frame(result.records), FORWARD)
@@ -203,6 +207,7 @@ def test_time_table_has_one_row_per_variant_and_form(tiny_run):
     assert ("dpfp-delta:nu=1", "chunk") in set(zip(table["variant"], table["form"], strict=True))
 
 
+@pytest.mark.slow
 def test_report_section_draws_the_latest_session(tiny_run, tmp_path):
     directory, store, result = tiny_run
     ratios = acceptance_ratios(bench_frame(result.records), result.extras)
@@ -219,6 +224,7 @@ def test_report_section_draws_the_latest_session(tiny_run, tmp_path):
     assert "No benchmark records" in section_bench(empty, tmp_path)
 
 
+@pytest.mark.slow
 def test_bench_command_prints_tables_and_ratios(tmp_path, capsys):
     code = main(["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
                  "--results-dir", str(tmp_path), "--quiet"])

@@ -108,6 +108,7 @@ def test_reproduce_runs_the_new_grids():
     assert PAPER_GRIDS[0] == "capacity" and {"setting2", "capacity_nu", "mqar"} <= set(PAPER_GRIDS)
 
 
+@pytest.mark.slow
 def test_report_renders_setting2_mqar_capacity_probe_and_statistics_sections(tmp_path):
     results, out = tmp_path / "results", tmp_path / "reports"
     for name, text in (("tiny2", TINY_SETTING2), ("tiny_nu", TINY_NU), ("tiny_mqar", TINY_MQAR)):

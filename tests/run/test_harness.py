@@ -172,6 +172,7 @@ def test_cuda_requested_where_none_is_exits_2(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_console_command_lists_variants_with_d_dot():
     out = subprocess.run([sys.executable, "-m", "fwbench", "variants", "--d-key", "32"],
                          capture_output=True, text=True, check=True).stdout
@@ -182,6 +183,7 @@ def test_console_command_lists_variants_with_d_dot():
     assert rows["tanh-fwm"][2] == "32" and rows["dpfp-fwm"][1] == "fwm"
 
 
+@pytest.mark.slow
 def test_console_command_grid_error_exits_2_without_traceback(tmp_path):
     bad = write_grid(tmp_path, 'task = "retrieval"\n[profiles.quick]\nvariant = "favor:m=-1"\nseed = 1\n')
     done = subprocess.run([sys.executable, "-m", "fwbench", "run", str(bad)], capture_output=True, text=True)

@@ -95,6 +95,7 @@ def assert_one_clean_record_per_cell(results: Path, cells: set[str], uninterrupt
             expected["metrics"], expected["curve"], expected["steps"], expected["status"])
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_moments_then_rerun_gives_one_record_per_cell(grid_path, cells, uninterrupted, tmp_path):
     results = tmp_path / "results"
     rng = random.Random(8)
@@ -125,6 +126,7 @@ def test_kill_9_at_random_moments_then_rerun_gives_one_record_per_cell(grid_path
     assert rerun.returncode == 0 and f"0 trained now, {len(cells)} already" in out, out + err
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_store_train_each_cell_once(grid_path, cells, uninterrupted, tmp_path):
     results = tmp_path / "results"
     processes = [start_run(grid_path, results) for _ in range(2)]

@@ -219,6 +219,7 @@ def write_tiny_grid(tmp_path: Path, variants: list[str], **overrides) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_run_record_report_and_sample_from_the_command_line(tmp_path, capsys):
     grid = write_tiny_grid(tmp_path, ["softmax", "linear", "linear-delta"])
     results, out = tmp_path / "results", tmp_path / "reports"
@@ -285,6 +286,7 @@ def test_rule_pairs_match_feature_map_and_parameters():
         ("favor:m=32", "favor-delta:m=32")]
 
 
+@pytest.mark.slow
 def test_fwbench_run_killed_with_sigkill_resumes_to_the_same_record(tmp_path):
     """The acceptance test with a real process: kill -9 mid-training, rerun, compare to an
     uninterrupted run. Uses the real corpus (a subprocess cannot be handed the fake one)."""

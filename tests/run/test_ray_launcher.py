@@ -49,6 +49,7 @@ def comparable(records):
     return {r["run_id"]: (r["status"], r["steps"], r["metrics"], r["curve"]) for r in records}
 
 
+@pytest.mark.slow
 def test_ray_launcher_gives_the_same_records_as_local(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)
@@ -61,6 +62,7 @@ def test_ray_launcher_gives_the_same_records_as_local(tmp_path):
     assert comparable(ray_records) == comparable(local_records)
 
 
+@pytest.mark.slow
 def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)

@@ -113,6 +113,7 @@ def check_two_process_records(results, expected_runs: int) -> None:
         assert [p["step"] for p in record["curve"]] == [p["step"] for p in alone["curve"]]
 
 
+@pytest.mark.slow
 def test_two_processes_train_retrieval_like_one(tmp_path):
     results = train_both(tmp_path, RETRIEVAL_GRID)
     check_two_process_records(results, expected_runs=2)
@@ -123,6 +124,7 @@ def test_two_processes_train_retrieval_like_one(tmp_path):
     assert len((results[2][0] / "runs.jsonl").read_text().splitlines()) == 2
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL_DATA_DIR, reason=f"needs the Tiny Shakespeare corpus ({DATA_DIR_ENV}; CI sets it)")
 def test_two_processes_train_the_language_model_like_one(tmp_path):
     results = train_both(tmp_path, LM_GRID, {DATA_DIR_ENV: REAL_DATA_DIR})
@@ -135,6 +137,7 @@ def test_two_processes_train_the_language_model_like_one(tmp_path):
         assert record["metrics"]["val_bpc"] > 0
 
 
+@pytest.mark.slow
 def test_batch_size_must_split_across_ranks(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(RETRIEVAL_GRID.replace("batch_size = 8", "batch_size = 7"))
@@ -148,6 +151,7 @@ def test_batch_size_must_split_across_ranks(tmp_path):
 
 @pytest.mark.parametrize("argv", [["reproduce", "--profile", "quick"], ["bench", "--variants", "linear"],
                                   ["report", "--out", "OUT"], ["variants"]])
+@pytest.mark.slow
 def test_torchrun_only_drives_run(tmp_path, argv):
     """Any other command would run once per process (two reports written at once, two benchmarks
     competing for the CPU): every process that reaches the check refuses it with one line, and

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_close, build
+from helpers import LOW_PRECISION_REL_RMSE, assert_close, build
 
 from fwbench.bench.measure import peak_memory_bytes
-from fwbench.bench.suite import LOW_PRECISION_TOLERANCE
 from fwbench.variants import FastWeightState
 from fwbench.variants.kernels.chunking import chunk_length, split_chunks
 from fwbench.variants.kernels.dpfp import dpfp
@@ -309,7 +308,7 @@ def _low_precision_error(spec: str, dtype: torch.dtype, T: int, d_key: int = 64,
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("spec", ["softmax", "dpfp:nu=1", "dpfp-delta:nu=1", "favor-delta:m=64"])
 def test_low_precision_forward_is_finite_and_close_to_fp32(spec, dtype):
-    tolerance = LOW_PRECISION_TOLERANCE[str(dtype).removeprefix("torch.")]
+    tolerance = LOW_PRECISION_REL_RMSE[dtype]
     assert _low_precision_error(spec, dtype, T=512) <= tolerance
 
 
@@ -317,7 +316,7 @@ def test_low_precision_forward_is_finite_and_close_to_fp32(spec, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("spec", ["softmax", "linear", "favor", "dpfp", "linear-delta", "favor-delta", "dpfp-delta"])
 def test_low_precision_forward_at_T_8192_every_variant(spec, dtype):
-    tolerance = LOW_PRECISION_TOLERANCE[str(dtype).removeprefix("torch.")]
+    tolerance = LOW_PRECISION_REL_RMSE[dtype]
     assert _low_precision_error(spec, dtype, T=8192) <= tolerance
 
 
