@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import socket
+from urllib.parse import urlparse
 
 import nox
 
@@ -33,6 +35,15 @@ def cuda_device_visible() -> bool:
     return shutil.which("nvidia-smi") is not None and not hidden
 
 
+def index_reachable(url: str) -> bool:
+    """Whether ``url``'s host resolves: pip retries an unreachable extra index for every package."""
+    try:
+        socket.getaddrinfo(urlparse(url).hostname, 443)
+    except OSError:
+        return False
+    return True
+
+
 def torch_requirement() -> tuple[str, list[str]]:
     """(requirement, extra pip arguments) for installing torch on this machine."""
     if os.environ.get("FWBENCH_TORCH"):
@@ -40,8 +51,10 @@ def torch_requirement() -> tuple[str, list[str]]:
         return os.environ["FWBENCH_TORCH"], ["--extra-index-url", index] if index else []
     if cuda_device_visible() or platform.system() == "Darwin":
         return f"torch=={TORCH_VERSION}", []
-    # Linux and Windows wheels on PyPI bundle CUDA; the +cpu build lives on PyTorch's own index.
-    return f"torch=={TORCH_VERSION}+cpu", ["--extra-index-url", TORCH_CPU_INDEX]
+    # Linux and Windows wheels on PyPI bundle CUDA; the +cpu build lives on PyTorch's own index (or on
+    # whatever index or wheel folder pip is configured with, where that index cannot be reached).
+    extra = ["--extra-index-url", TORCH_CPU_INDEX] if index_reachable(TORCH_CPU_INDEX) else []
+    return f"torch=={TORCH_VERSION}+cpu", extra
 
 
 def ensure_torch(session: nox.Session) -> None:
