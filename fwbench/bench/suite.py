@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from fwbench.bench import anchors as bench_anchors
 from fwbench.bench.measure import (
     count_flops,
     is_out_of_memory,
@@ -38,7 +39,6 @@ from fwbench.bench.measure import (
     time_call,
     time_interleaved,
 )
-from fwbench.bench import anchors as bench_anchors
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import describe_environment
 from fwbench.variants import DEFAULT_CHUNK_SIZE, build_attention, parse_spec
