@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tune_malloc()  # before the first large tensor: freed CPU memory is reused instead of re-faulted
         refuse_outside_run(args.command)
-        import_variant_modules(getattr(args, "variant_module", None) or [], relative_to=Path.cwd())
+        import_variant_modules(getattr(args, "variant_module", None) or [], Path.cwd(), "--variant-module")
         return args.func(args)
     except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)

@@ -76,9 +76,11 @@ def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:
     ``path``: the attention form the task's model runs, or ``write`` / ``write_read``.
 
     Raises:
-        VariantError: a form the variant's rule has no kernel for.
+        VariantError: a form the variant's rule has no kernel for (``config.form`` or ``path``).
     """
     acting = asdict(config)
+    if "form" in acting:
+        chunk_size_in_use(variant, acting["form"])  # refuses a form the rule has no kernel for
     if "chunk_size" in acting:
         used = chunk_size_in_use(variant, path, acting["chunk_size"])
         if used is None:

@@ -207,12 +207,7 @@ class FastWeightAttention(Attention):
 
     def _kernel_form(self, form: str) -> str:
         """The rule's kernel form that ``form`` runs; raises for a form the rule has no kernel for."""
-        kernel_form = self.update_rule.resolve_form(form)
-        if kernel_form not in self.update_rule.kernels:
-            why = f": {self.update_rule.why_forms}" if self.update_rule.why_forms else ""
-            choices = " or ".join(f"'{f}'" for f in (*self.update_rule.forms, "auto"))
-            raise bad_value("form", form, f"{choices} for the {self.rule} rule{why}")
-        return kernel_form
+        return self.update_rule.kernel_form(form)
 
     def _chunk_size(self, path: str, chunk_size: int | None) -> int:
         """The chunk size ``path`` runs with: the call's, else the module's, else the rule's default."""

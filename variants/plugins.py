@@ -26,15 +26,17 @@ def _is_path(entry: str) -> bool:
     return entry.endswith(".py") or "/" in entry or "\\" in entry
 
 
-def resolve_variant_module(entry: str, relative_to: str | Path | None = None) -> str:
+def resolve_variant_module(entry: str, relative_to: str | Path | None = None,
+                           argument: str = "variant_modules") -> str:
     """An entry as it is passed to workers: a file path made absolute (relative paths against
-    ``relative_to``, e.g. the grid file's folder), or a module name unchanged.
+    ``relative_to``, e.g. the grid file's folder), or a module name unchanged. ``argument`` names
+    the setting in errors (``variant_modules`` in a grid, ``--variant-module`` on the command line).
 
     Raises:
         VariantError: an empty entry, or a file that does not exist.
     """
     if not isinstance(entry, str) or not entry.strip():
-        raise VariantError(f"variant_modules: got {entry!r}; expected a path to a .py file or a module name")
+        raise VariantError(f"{argument}: got {entry!r}; expected a path to a .py file or a module name")
     entry = entry.strip()
     if not _is_path(entry):
         return entry
@@ -43,12 +45,13 @@ def resolve_variant_module(entry: str, relative_to: str | Path | None = None) ->
         path = Path(relative_to) / path
     path = path.resolve()
     if not path.is_file():
-        raise VariantError(f"variant_modules: file {str(path)!r} does not exist; expected a .py file "
-                           "(relative paths are read from the grid file's folder)")
+        where = f" (relative paths are read from {relative_to})" if relative_to is not None else ""
+        raise VariantError(f"{argument}: file {str(path)!r} does not exist; expected a .py file{where}")
     return str(path)
 
 
-def import_variant_module(entry: str, relative_to: str | Path | None = None) -> str:
+def import_variant_module(entry: str, relative_to: str | Path | None = None,
+                          argument: str = "variant_modules") -> str:
     """Import one variant module (a ``.py`` path or a module name) unless this process already has;
     returns the resolved entry.
 
@@ -56,7 +59,7 @@ def import_variant_module(entry: str, relative_to: str | Path | None = None) -> 
         VariantError: the entry cannot be found, or importing it raised (the error names the file
             and the exception's first line).
     """
-    entry = resolve_variant_module(entry, relative_to)
+    entry = resolve_variant_module(entry, relative_to, argument)
     try:
         if not _is_path(entry):
             importlib.import_module(entry)
@@ -78,12 +81,13 @@ def import_variant_module(entry: str, relative_to: str | Path | None = None) -> 
     except Exception as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raise VariantError(
-            f"variant_modules: importing {entry!r} failed: {type(exc).__name__}: {first_line}; expected a module "
+            f"{argument}: importing {entry!r} failed: {type(exc).__name__}: {first_line}; expected a module "
             "that imports cleanly (and registers its variants)"
         ) from exc
     return entry
 
 
-def import_variant_modules(entries: Iterable[str], relative_to: str | Path | None = None) -> tuple[str, ...]:
+def import_variant_modules(entries: Iterable[str], relative_to: str | Path | None = None,
+                           argument: str = "variant_modules") -> tuple[str, ...]:
     """Import every entry (see :func:`import_variant_module`); returns the resolved entries in order."""
-    return tuple(import_variant_module(entry, relative_to) for entry in entries)
+    return tuple(import_variant_module(entry, relative_to, argument) for entry in entries)

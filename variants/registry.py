@@ -263,9 +263,8 @@ def chunk_size_in_use(spec: str | VariantSpec, path: str, chunk_size: int | None
         raise bad_value("path", path, f"one of {', '.join(paths)}")
     if rule is None:
         return None
-    path = rule.resolve_form(path)
-    if path in FORMS and path not in rule.kernels:
-        raise bad_value("form", path, f"one of the {rule.name} rule's forms: {', '.join((*rule.forms, 'auto'))}")
+    if path in FORMS:
+        path = rule.kernel_form(path)
     if not rule.chunk_size_acts(path):
         return None
     return rule.default_chunk_size(path) if chunk_size is None else chunk_size

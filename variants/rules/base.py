@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from torch import Tensor
 
+from ..errors import bad_value
 from ..kernels.chunking import DEFAULT_CHUNK_SIZE
 
 #: A kernel in the rule calling convention (module docstring).
@@ -78,6 +79,19 @@ class UpdateRule:
     def resolve_form(self, form: str) -> str:
         """The kernel form a requested form runs: ``auto`` → :attr:`auto_form`."""
         return self.auto_form if form == "auto" else form
+
+    def kernel_form(self, form: str) -> str:
+        """The form of the kernel that ``form`` runs (``auto``: :attr:`auto_form`).
+
+        Raises:
+            VariantError: a form the rule has no kernel for, saying why where the rule says.
+        """
+        kernel_form = self.resolve_form(form)
+        if kernel_form not in self.kernels:
+            why = f": {self.why_forms}" if self.why_forms else ""
+            choices = " or ".join(f"'{f}'" for f in (*self.forms, "auto"))
+            raise bad_value("form", form, f"{choices} for the {self.name} rule{why}")
+        return kernel_form
 
     def default_chunk_size(self, path: str) -> int:
         """Chunk size of ``path`` (``chunk``, ``write``, ``write_read``) when none is chosen."""
