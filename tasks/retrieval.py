@@ -227,6 +227,9 @@ class RetrievalTask:
 
     name: ClassVar[str] = "retrieval"
     config_class: ClassVar[type] = RetrievalConfig
+    #: 2: ``chunk_size`` reaches the delta rule's write-then-read kernel (schema 1 ran it at 24 whatever
+    #: the config said, so a schema-1 record with another chunk size names a run that never happened)
+    record_schema: ClassVar[int] = 2
 
     def validate(self, config: RetrievalConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""

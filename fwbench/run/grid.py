@@ -51,7 +51,8 @@ from fwbench.variants import VariantError, import_variant_modules, parse_spec
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
 RUN_KEYS = {"variant", "seed"}
-#: Bump when a change to the code makes old records incomparable; it is part of every run id.
+#: Bump when a change to the code makes old records incomparable; it is part of every run id. A task
+#: whose own records alone changed meaning declares ``record_schema`` instead (hashed when set).
 RECORD_SCHEMA = 1
 
 
@@ -81,6 +82,8 @@ class RunSpec:
             config = task.acting_config(self.task_config(), self.variant)
         payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.variant,
                    "seed": self.seed, "config": config}
+        if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
+            payload["task_schema"] = task.record_schema
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def task_config(self):
