@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,41 @@ def test_a_user_variant_runs_through_the_cli_from_a_grid(tmp_path, user_file):
                              str(user_file)], capture_output=True, text=True, env=env, timeout=600)
     assert listed.returncode == 0, listed.stderr
     assert any(line.split()[:3] == ["relu-delta", "delta", "8"] for line in listed.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_a_fresh_worker_process_imports_the_modules_a_run_carries(tmp_path, user_file, clean_registry):
+    """What a Ray worker does: unpickle a run expanded elsewhere, then train it."""
+    from fwbench.run.grid import expand, load_grid
+
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(USER_GRID)
+    spec = expand(load_grid(grid), "quick")[1]
+    assert spec.variant == "relu-delta" and spec.variant_modules == (str(user_file.resolve()),)
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    worker = (
+        "import pickle, sys\n"
+        "from fwbench.run.launchers import execute_in_worker\n"
+        "from fwbench.variants import REGISTRY\n"
+        "assert 'relu-delta' not in REGISTRY\n"
+        f"spec = pickle.loads(open({str(tmp_path / 'spec.pkl')!r}, 'rb').read())\n"
+        "record = execute_in_worker(spec, 'cpu', 1)\n"
+        "print(record['status'], record['run_id'], record['variant']['d_dot'])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", worker], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["max_steps", spec.run_id, "8"], done.stdout + done.stderr[-2000:]
+
+
+def test_a_user_rule_is_named_for_every_feature_map(clean_registry):
+    rule = replace(rules.SUM, key="sum-again", description="the sum rule, registered again")
+    names = variants.register_rule(rule)
+    assert names == ["linear-sum-again", "favor-sum-again", "dpfp-sum-again"]  # tanh: φ can be negative
+    assert variants.register_rule(rule) == []  # registering the same object again is a no-op
+    with pytest.raises(variants.VariantError, match="rule.key: got 'sum-again', which another rule already has"):
+        variants.register_rule(replace(rule, description="another"))
+    q = torch.randn(1, 2, 7, 4)
+    y, _ = variants.build_attention("linear-sum-again", 4)(q, q, q)
+    y_ref, _ = variants.build_attention("linear", 4)(q, q, q)
+    assert torch.equal(y, y_ref)
