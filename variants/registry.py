@@ -69,9 +69,20 @@ REGISTRY: dict[str, VariantInfo] = {
 }
 
 
+def _accepts(rule: UpdateRule, feature_map: FeatureMapInfo) -> bool:
+    return feature_map.non_negative or not rule.needs_non_negative_features
+
+
+def _refuse_taken(names: list[str]) -> None:
+    """Raise before registering anything if a composed spec name is already a variant."""
+    taken = [name for name in names if name in REGISTRY]
+    if taken:
+        raise VariantError(f"name: the variant {taken[0]!r} it would add is already registered; expected a new name")
+
+
 def _compose(feature_map: FeatureMapInfo, rule: UpdateRule) -> None:
     """Register ``MAP<rule suffix>`` (``dpfp``, ``dpfp-delta``, ...) when the rule accepts the map."""
-    if rule.needs_non_negative_features and not feature_map.non_negative:
+    if not _accepts(rule, feature_map):
         return
     name = feature_map.name + rule.suffix
     REGISTRY[name] = VariantInfo(
@@ -113,10 +124,9 @@ def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: 
         if known.factory is factory:
             return []
         raise VariantError(f"name: got {name!r}, which is already a registered feature map; expected a new name")
-    if name in REGISTRY:
-        raise VariantError(f"name: got {name!r}, which is already a registered variant; expected a new name")
     info = FeatureMapInfo(name, factory, dict(params or {}), description or name, source or "user-registered",
                           bool(non_negative))
+    _refuse_taken([name + rule.suffix for rule in RULES.values() if _accepts(rule, info)])
     FEATURE_MAPS[name] = info
     before = set(REGISTRY)
     for rule in RULES.values():
@@ -133,6 +143,8 @@ def register_rule(rule: UpdateRule) -> list[str]:
     """
     if isinstance(rule, UpdateRule) and RULES.get(rule.key) is rule:
         return []
+    if isinstance(rule, UpdateRule) and rule.key not in RULES:
+        _refuse_taken([m.name + rule.suffix for m in FEATURE_MAPS.values() if _accepts(rule, m)])
     add_rule(rule)
     before = set(REGISTRY)
     for feature_map in FEATURE_MAPS.values():

@@ -165,6 +165,11 @@ def test_a_user_variant_runs_through_the_cli_from_a_grid(tmp_path, user_file):
                              str(user_file)], capture_output=True, text=True, env=env, timeout=600)
     assert listed.returncode == 0, listed.stderr
     assert any(line.split()[:3] == ["relu-delta", "delta", "8"] for line in listed.stdout.splitlines())
+    # the report reads the records even where the module is not named (it needs no variant object)
+    report = subprocess.run([sys.executable, "-m", "fwbench", "report", "--results-dir", str(results), "--out",
+                             str(tmp_path / "reports")], capture_output=True, text=True, env=env, timeout=600)
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "| relu | relu-delta |" in (tmp_path / "reports" / "REPORT.md").read_text()
 
 
 @pytest.mark.slow
