@@ -208,3 +208,24 @@ def test_a_user_rule_is_named_for_every_feature_map(clean_registry):
     y, _ = variants.build_attention("linear-sum-again", 4)(q, q, q)
     y_ref, _ = variants.build_attention("linear", 4)(q, q, q)
     assert torch.equal(y, y_ref)
+
+
+@pytest.mark.slow
+def test_a_user_variant_runs_on_ray_workers(tmp_path, user_file):
+    """Ray workers import the grid's variant modules from the run they receive: the same records as local."""
+    pytest.importorskip("ray")
+    grid = tmp_path / "tiny.toml"
+    grid.write_text(USER_GRID)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    stores = {}
+    for launcher in ("local", "ray"):
+        out = tmp_path / launcher
+        extra = ["--ray-num-cpus", "1"] if launcher == "ray" else []
+        done = subprocess.run([sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", str(out), "--quiet",
+                               "--launcher", launcher, *extra], capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        stores[launcher] = {r["run_id"]: r for r in ResultsStore(out).records()}
+    assert sorted(stores["ray"]) == sorted(stores["local"]) and len(stores["ray"]) == 2
+    for run_id, record in stores["ray"].items():
+        assert record["status"] == "max_steps", record.get("error")
+        assert record["metrics"]["best_eval_loss"] == stores["local"][run_id]["metrics"]["best_eval_loss"]
