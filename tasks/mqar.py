@@ -149,7 +149,8 @@ class MQARModel(nn.Module):
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))
         self.attention_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
-        self.attentions = nn.ModuleList(AttentionLayer(variant, d_model, n_heads, form=form, chunk_size=chunk_size) for _ in range(n_layers)
+        self.attentions = nn.ModuleList(
+            AttentionLayer(variant, d_model, n_heads, form=form, chunk_size=chunk_size) for _ in range(n_layers)
         )
         self.final_norm = nn.LayerNorm(d_model)
         self.read_out = nn.Linear(d_model, vocab_size)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fwbench.run.grid import RECORD_SCHEMA, RunSpec, expand, load_grid
-from fwbench.tasks import MQARConfig, RetrievalConfig, RetrievalTask
+from fwbench.tasks import RetrievalConfig, RetrievalTask
 from fwbench.variants import AttentionLayer, build_attention, chunk_size_in_use
 from fwbench.variants.kernels import delta_rule, sum_rule
 from fwbench.variants.kernels.chunking import DEFAULT_CHUNK_SIZE

@@ -157,7 +157,7 @@ def test_a_user_variant_runs_through_the_cli_from_a_grid(tmp_path, user_file):
     assert "2 trained now" in done.stdout and "0 failed" in done.stdout, done.stdout
     records = {r["variant"]["spec"]: r for r in ResultsStore(results).records()}
     assert sorted(records) == ["relu", "relu-delta"]
-    for spec, record in records.items():
+    for record in records.values():
         assert record["status"] == "max_steps", json.dumps(record)[:2000]
         assert record["variant"]["d_dot"] == 8 and record["steps"] == 4 and record["config"]["chunk_size"] == 3
         assert 0 < record["metrics"]["best_eval_loss"] < 1
