@@ -12,6 +12,9 @@
                                                   text from a trained language model
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
 
+``variants``, ``report``, ``bench`` and ``probe`` take ``--variant-module PATH_OR_MODULE`` (repeatable):
+the user's own variant modules, imported first (a grid names its own with ``variant_modules``).
+
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
 """
@@ -30,13 +33,16 @@ from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
-from fwbench.variants import VariantError, d_dot_of, list_variants, parse_spec
+from fwbench.variants import VariantError, d_dot_of, import_variant_modules, list_variants, parse_spec
 
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims.
 PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar"]
 #: The grid ``fwbench capacity`` runs.
 CAPACITY_GRID = "capacity_nu"
 EXIT_USAGE = 2
+#: Commands that accept ``--variant-module`` (``run`` reads the grid's ``variant_modules`` instead, so
+#: that every worker process imports the same modules).
+VARIANT_MODULE_COMMANDS = ("variants", "report", "bench", "probe")
 
 
 def _cmd_variants(args: argparse.Namespace) -> int:
@@ -292,6 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sample)
 
     add_bench_parser(sub)
+    for command in VARIANT_MODULE_COMMANDS:
+        sub.choices[command].add_argument(
+            "--variant-module", action="append", default=[], metavar="PATH_OR_MODULE",
+            help="a .py file or module name that registers your own variants (repeatable; see README)",
+        )
     return parser
 
 
@@ -318,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tune_malloc()  # before the first large tensor: freed CPU memory is reused instead of re-faulted
         refuse_outside_run(args.command)
+        import_variant_modules(getattr(args, "variant_module", None) or [], Path.cwd(), "--variant-module")
         return args.func(args)
     except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)

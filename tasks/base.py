@@ -8,11 +8,13 @@ records; a task owns the data and the maths of its loss.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor, nn
+
+from fwbench.variants import chunk_size_in_use
 
 
 class TaskConfig(Protocol):
@@ -47,6 +49,8 @@ class Task(Protocol):
                  device: torch.device) -> dict[str, float]:
         """Evaluation metrics; must contain ``loss``, the quantity early stopping watches."""
 
+    # Optional: ``acting_config(config, variant) -> dict``, the config keys that act for this variant
+    # (the run id hashes only these; default: every key). See :func:`acting_config`.
     # Optional: ``final_evaluation(model, config, device, seed) -> dict``, run once after training.
     # Its ``metrics`` entry (name → float) joins the record's metrics; everything else (JSON-ready)
     # is stored in the record under ``final_evaluation`` (the LM task's long-context evaluation
@@ -61,6 +65,29 @@ def config_field_types(config_class: type) -> dict[str, type]:
         t = f.type if isinstance(f.type, type) else resolved.get(str(f.type).split("|")[0].strip(), str)
         out[f.name] = t
     return out
+
+
+def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:
+    """``config`` as a dict of the keys that change what a run computes, for the run id.
+
+    ``chunk_size`` is written as the chunk size the variant's attention runs ``path`` with (the
+    config's, or the rule's default where it is unset) and left out where no chunk size acts there
+    (softmax, FWM, the parallel and recurrent forms; see :func:`variants.chunk_size_in_use`).
+    ``path``: the attention form the task's model runs, or ``write`` / ``write_read``.
+
+    Raises:
+        VariantError: a form the variant's rule has no kernel for (``config.form`` or ``path``).
+    """
+    acting = asdict(config)
+    if "form" in acting:
+        chunk_size_in_use(variant, acting["form"])  # refuses a form the rule has no kernel for
+    if "chunk_size" in acting:
+        used = chunk_size_in_use(variant, path, acting["chunk_size"])
+        if used is None:
+            del acting["chunk_size"]
+        else:
+            acting["chunk_size"] = used
+    return acting
 
 
 def map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:

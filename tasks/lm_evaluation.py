@@ -58,8 +58,7 @@ def evenly_spaced(items: list, count: int) -> list:
 
 @torch.no_grad()
 def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: bool,
-                 batch_size: int = 64, max_segments: int = 0, form: str = "auto",
-                 chunk_size: int | None = None) -> Tensor:
+                 batch_size: int = 64, max_segments: int = 0) -> Tensor:
     """Cross-entropy (nats) of every predicted token of ``ids`` (1-D int64), as a 1-D fp32 tensor.
 
     Entry i is the loss of predicting ids[i + 1] from what came before it: all previous tokens of
@@ -81,7 +80,7 @@ def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: 
         states = None
         for start in starts:
             window = ids[start : start + context + 1].to(device)
-            logits, states = model(window[None, :-1], states, form=form, chunk_size=chunk_size)
+            logits, states = model(window[None, :-1], states)
             losses.append(F.cross_entropy(logits[0].float(), window[1:], reduction="none"))
     else:
         chosen = evenly_spaced(starts, max_segments)
@@ -90,12 +89,12 @@ def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: 
         for first in range(0, len(full), batch_size):
             group = torch.tensor(full[first : first + batch_size])
             windows = ids[group[:, None] + torch.arange(context + 1)].to(device)
-            logits, _ = model(windows[:, :-1], form=form, chunk_size=chunk_size)
+            logits, _ = model(windows[:, :-1])
             per_token = F.cross_entropy(logits.float().transpose(1, 2), windows[:, 1:], reduction="none")
             losses.append(per_token.reshape(-1))
         for start in tail:
             window = ids[start:].to(device)
-            logits, _ = model(window[None, :-1], form=form, chunk_size=chunk_size)
+            logits, _ = model(window[None, :-1])
             losses.append(F.cross_entropy(logits[0].float(), window[1:], reduction="none"))
     model.train(was_training)
     return torch.cat(losses).cpu() if losses else torch.zeros(0)
@@ -116,8 +115,7 @@ def bucket_losses(losses: Tensor, buckets: list[tuple[int, int]]) -> list[float]
     return [losses[lo:hi].double().mean().item() for lo, hi in buckets]
 
 
-def long_context_evaluation(model, ids: Tensor, context: int, device: torch.device, batch_size: int = 64,
-                            form: str = "auto", chunk_size: int | None = None) -> dict:
+def long_context_evaluation(model, ids: Tensor, context: int, device: torch.device, batch_size: int = 64) -> dict:
     """Score ``ids`` with and without the carried state; perplexity per position bucket.
 
     Returns a JSON-ready dict: ``context``, ``tokens`` (scored), ``buckets`` ([lo, hi) pairs),
@@ -125,9 +123,8 @@ def long_context_evaluation(model, ids: Tensor, context: int, device: torch.devi
     ``reset_loss`` (nats) with their ``_ppl``. The first bucket is identical in both (the
     memory starts empty), a built-in check.
     """
-    carried = token_losses(model, ids, context, device, carry=True, form=form, chunk_size=chunk_size)
-    reset = token_losses(model, ids, context, device, carry=False, batch_size=batch_size, form=form,
-                         chunk_size=chunk_size)
+    carried = token_losses(model, ids, context, device, carry=True)
+    reset = token_losses(model, ids, context, device, carry=False, batch_size=batch_size)
     buckets = position_buckets(carried.numel(), context)
     carried_loss, reset_loss = carried.double().mean().item(), reset.double().mean().item()
     return {

@@ -19,7 +19,8 @@ trained on. So, for a stream split anywhere,
     logits_a, states = model(tokens[:, :t])
     logits_b, states = model(tokens[:, t:], states)
 
-equals one call on the whole stream (up to rounding), whichever ``form`` each call uses; generation
+equals one call on the whole stream (up to rounding), whichever form each call runs (the model's, or
+one set for a block with :func:`variants.using_form`); generation
 one token at a time is the special case t = 1, 2, ….
 """
 
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.variants import AttentionLayer, VariantSpec, parse_spec
+from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
 from fwbench.variants.errors import VariantError, bad_value
 
 POSITIONAL = ("none", "learned")
@@ -50,6 +51,9 @@ class DecoderConfig:
         dropout: dropout on the embedding and on each residual branch (training only).
         tied_output: output layer shares the token embedding matrix (Press & Wolf 2017).
         positional: ``"none"`` or ``"learned"`` (an embedding of the position inside the segment).
+        form, chunk_size: the attention form and longest chunk of every layer (``auto`` / unset:
+            the variant's fastest form and the rule's default chunk size); see
+            :func:`variants.build_attention`. Generation switches to the recurrent form itself.
     """
 
     vocab_size: int
@@ -61,6 +65,8 @@ class DecoderConfig:
     dropout: float = 0.0
     tied_output: bool = True
     positional: str = "none"
+    form: str = "auto"
+    chunk_size: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context"):
@@ -93,13 +99,14 @@ class DecoderBlock(nn.Module):
     def __init__(self, variant: VariantSpec, config: DecoderConfig):
         super().__init__()
         self.attention_norm = nn.LayerNorm(config.d_model)
-        self.attention = AttentionLayer(variant, config.d_model, config.n_heads)
+        self.attention = AttentionLayer(variant, config.d_model, config.n_heads, form=config.form,
+                                        chunk_size=config.chunk_size)
         self.ffn_norm = nn.LayerNorm(config.d_model)
         self.ffn = FeedForward(config.d_model, config.d_ff)
         self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x: Tensor, state=None, form: str = "auto", chunk_size: int | None = None):
-        y, state = self.attention(self.attention_norm(x), state=state, form=form, chunk_size=chunk_size)
+    def forward(self, x: Tensor, state=None):
+        y, state = self.attention(self.attention_norm(x), state=state)
         x = x + self.dropout(y)
         x = x + self.dropout(self.ffn(self.ffn_norm(x)))
         return x, state
@@ -176,15 +183,13 @@ class DecoderLM(nn.Module):
         than a KV cache emptied at every segment boundary (softmax)."""
         return self.blocks[0].attention.d_dot is not None
 
-    def forward(self, tokens: Tensor, states: list | None = None, form: str = "auto",
-                chunk_size: int | None = None) -> tuple[Tensor, list]:
+    def forward(self, tokens: Tensor, states: list | None = None) -> tuple[Tensor, list]:
         """Next-token logits for every position.
 
         Args:
             tokens: (B, T) int64 ids in [0, vocab_size), continuing the stream that ``states``
                 summarises (``None``: a new stream).
             states: per-layer states returned by the previous call.
-            form: attention form, ``auto`` | ``parallel`` | ``chunk`` | ``recurrent``.
 
         Returns:
             logits (B, T, vocab_size) (unnormalised; log-softmax gives nats) and the list of
@@ -203,15 +208,14 @@ class DecoderLM(nn.Module):
             stop = min(tokens.shape[1], start + context - (offset + start) % context)
             if (offset + start) % context == 0 and states is not None and not self.carries_state:
                 states = None  # a KV cache does not cross a segment boundary
-            logits, states = self._segment(tokens[:, start:stop], (offset + start) % context, states, form, chunk_size)
+            logits, states = self._segment(tokens[:, start:stop], (offset + start) % context, states)
             pieces.append(logits)
             start = stop
         if not pieces:
             return self.output.weight.new_zeros(tokens.shape[0], 0, self.config.vocab_size), states or []
         return torch.cat(pieces, dim=1), states
 
-    def _segment(self, tokens: Tensor, first_position: int, states: list | None, form: str,
-                 chunk_size: int | None) -> tuple[Tensor, list]:
+    def _segment(self, tokens: Tensor, first_position: int, states: list | None) -> tuple[Tensor, list]:
         """Tokens inside one segment, the first at position ``first_position`` of it."""
         x = self.embedding(tokens)
         if self.position_embedding is not None:
@@ -219,7 +223,7 @@ class DecoderLM(nn.Module):
         x = self.embedding_dropout(x)
         new_states = []
         for index, block in enumerate(self.blocks):
-            x, state = block(x, None if states is None else states[index], form=form, chunk_size=chunk_size)
+            x, state = block(x, None if states is None else states[index])
             new_states.append(state)
         return self.output(self.final_norm(x)), new_states
 
@@ -229,7 +233,7 @@ class DecoderLM(nn.Module):
                  states: list | None = None) -> tuple[Tensor, list]:
         """Sample ``n_tokens`` continuations of ``prompt`` one token at a time.
 
-        The prompt is read in one call (chunk form), then every new token goes through the
+        The prompt is read in one call (the model's form), then every new token goes through the
         recurrent form with the carried state: O(1) memory per token for fast-weight variants
         (the state is W and z), a KV cache of at most ``context`` tokens for softmax (emptied at
         every segment boundary; see the module docstring).
@@ -260,11 +264,12 @@ class DecoderLM(nn.Module):
         logits, states = self(prompt, states)
         next_logits = logits[:, -1]
         sampled = []
-        for _ in range(n_tokens):
-            token = sample_next(next_logits, temperature, generator, top_k)
-            sampled.append(token)
-            logits, states = self(token, states, form="recurrent")
-            next_logits = logits[:, -1]
+        with using_form(self, "recurrent"):
+            for _ in range(n_tokens):
+                token = sample_next(next_logits, temperature, generator, top_k)
+                sampled.append(token)
+                logits, states = self(token, states)
+                next_logits = logits[:, -1]
         self.train(was_training)
         out = torch.cat(sampled, dim=1) if sampled else prompt.new_zeros(prompt.shape[0], 0)
         return out, states

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fwbench.tasks.base import acting_config
 from fwbench.variants import AttentionLayer, parse_spec
 
 #: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
@@ -47,7 +48,8 @@ class MQARConfig:
         batch_size, lr: Adam with this learning rate on batches of this many sequences.
         eval_every, eval_sequences: evaluation cadence (steps) and fresh sequences per evaluation.
         target_loss, patience, max_steps: early stopping (see :mod:`fwbench.run.training`).
-        form, chunk_size: attention form (``auto`` picks the fastest the variant has).
+        form, chunk_size: attention form (``auto`` picks the fastest the variant has) and longest
+            chunk (unset: :data:`variants.DEFAULT_CHUNK_SIZE`), chosen when the model is built.
     """
 
     vocab_size: int = 512
@@ -66,7 +68,7 @@ class MQARConfig:
     patience: int = 5
     max_steps: int = 5000
     form: str = "auto"
-    chunk_size: int = 32
+    chunk_size: int | None = None
 
     @property
     def sequence_length(self) -> int:
@@ -140,31 +142,33 @@ class TokenShift(nn.Module):
 class MQARModel(nn.Module):
     """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out."""
 
-    def __init__(self, variant: str, vocab_size: int, d_model: int, n_heads: int = 1, n_layers: int = 2):
+    def __init__(self, variant: str, vocab_size: int, d_model: int, n_heads: int = 1, n_layers: int = 2,
+                 form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))
         self.attention_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
-        self.attentions = nn.ModuleList(AttentionLayer(variant, d_model, n_heads) for _ in range(n_layers))
+        self.attentions = nn.ModuleList(
+            AttentionLayer(variant, d_model, n_heads, form=form, chunk_size=chunk_size) for _ in range(n_layers)
+        )
         self.final_norm = nn.LayerNorm(d_model)
         self.read_out = nn.Linear(d_model, vocab_size)
 
-    def hidden(self, tokens: Tensor, form: str = "auto", chunk_size: int | None = None) -> Tensor:
+    def hidden(self, tokens: Tensor) -> Tensor:
         """(B, T) token ids → (B, T, d_model) final hidden states."""
         x = self.embedding(tokens)
         for shift_norm, shift, attention_norm, attention in zip(
             self.shift_norms, self.shifts, self.attention_norms, self.attentions, strict=True
         ):
             x = x + shift(shift_norm(x))
-            y, _ = attention(attention_norm(x), form=form, chunk_size=chunk_size)
+            y, _ = attention(attention_norm(x))
             x = x + y
         return self.final_norm(x)
 
-    def forward(self, tokens: Tensor, labels: Tensor, form: str = "auto",
-                chunk_size: int | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, tokens: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
         """Logits (N, V) at the N scored positions (row-major order) and their labels (N,)."""
-        h = self.hidden(tokens, form, chunk_size)
+        h = self.hidden(tokens)
         scored = labels != IGNORE
         return self.read_out(h[scored]), labels[scored]
 
@@ -180,7 +184,7 @@ class MQARTask:
         for name in ("vocab_size", "seq_len", "num_kv_pairs", "d_model", "n_heads", "n_layers", "batch_size",
                      "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
             value = getattr(config, name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
         if config.lr <= 0 or config.power_a <= 0:
             raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
@@ -193,7 +197,12 @@ class MQARTask:
 
     def build_model(self, config: MQARConfig, variant: str) -> MQARModel:
         parse_spec(variant)
-        return MQARModel(variant, config.vocab_size, config.d_model, config.n_heads, config.n_layers)
+        return MQARModel(variant, config.vocab_size, config.d_model, config.n_heads, config.n_layers,
+                         form=config.form, chunk_size=config.chunk_size)
+
+    def acting_config(self, config: MQARConfig, variant: str) -> dict:
+        """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
+        return acting_config(config, variant, config.form)
 
     def _batch(self, config: MQARConfig, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
         inputs, labels = generate_mqar(batch, config.vocab_size, config.seq_len, config.num_kv_pairs,
@@ -204,7 +213,7 @@ class MQARTask:
         return self._batch(config, config.batch_size, generator)
 
     def loss(self, model: MQARModel, batch: dict[str, Tensor], config: MQARConfig) -> Tensor:
-        logits, labels = model(batch["inputs"], batch["labels"], config.form, config.chunk_size)
+        logits, labels = model(batch["inputs"], batch["labels"])
         return F.cross_entropy(logits.float(), labels)
 
     @torch.no_grad()
@@ -212,8 +221,7 @@ class MQARTask:
                  device: torch.device) -> dict[str, float]:
         """Cross-entropy (nats) and accuracy over the query positions of fresh sequences."""
         batch = self._batch(config, config.eval_sequences, generator)
-        logits, labels = model(batch["inputs"].to(device), batch["labels"].to(device), config.form,
-                               config.chunk_size)
+        logits, labels = model(batch["inputs"].to(device), batch["labels"].to(device))
         loss = F.cross_entropy(logits.float(), labels)
         accuracy = (logits.argmax(-1) == labels).float().mean()
         return {"loss": loss.item(), "accuracy": accuracy.item()}

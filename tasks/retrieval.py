@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from fwbench.variants import build_attention, parse_spec
+from fwbench.tasks.base import acting_config
+from fwbench.variants import build_attention, parse_spec, write_read_path
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,11 @@ class RetrievalConfig:
         target_loss: stop once the evaluation loss is at most this.
         patience: stop after this many evaluations without a new best.
         max_steps: hard cap on training steps.
-        form, chunk_size: attention form used for writing (``auto`` picks the fastest).
+        form: attention form of the write (``auto``: the rule's fused write-then-read, the fastest;
+            ``chunk``: the write without outputs; ``parallel``/``recurrent``: the full forward).
+        chunk_size: longest chunk of the chunked kernels; unset (``None``), the rule's default for the
+            path (the delta rule's fused write-then-read: 24). It acts only where the variant's
+            kernels are chunked (:func:`variants.chunk_size_acts`), and only there enters the run id.
     """
 
     setting: int = 1
@@ -55,7 +60,7 @@ class RetrievalConfig:
     patience: int = 10
     max_steps: int = 100_000
     form: str = "auto"
-    chunk_size: int = 64
+    chunk_size: int | None = None
 
     @property
     def sequence_length(self) -> int:
@@ -104,7 +109,8 @@ def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -
 class RetrievalModel(nn.Module):
     """One-layer, one-head associative memory around any attention variant (official setup)."""
 
-    def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None):
+    def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None,
+                 form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.S = S
         self.embedding_size = embedding_size or int(2.2 * S)
@@ -119,7 +125,7 @@ class RetrievalModel(nn.Module):
         W_k = nn.Linear(token_size, d_key)
         self.W_q = nn.Linear(self.embedding_size, d_key)
         W_beta = nn.Linear(token_size, 1)
-        self.attention = build_attention(variant, d_key)
+        self.attention = build_attention(variant, d_key, form=form, chunk_size=chunk_size)
         nn.init.normal_(self.key_embedding.weight, mean=0.0, std=1.0)
         bound = d_key**-0.5
         nn.init.uniform_(W_k.weight, -bound, bound)
@@ -154,21 +160,16 @@ class RetrievalModel(nn.Module):
         W_beta = torch.cat([self.beta_by_value.T, self.beta_projection.weight], dim=1)
         return W_k, self.key_projection.bias, W_beta, self.beta_projection.bias
 
-    def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
-                chunk_size: int | None = None) -> Tensor:
-        """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
+    def forward(self, keys: Tensor, values: Tensor, queries: Tensor) -> Tensor:
+        """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32.
+        The attention's form and chunk size (chosen when built) pick the path; see
+        :meth:`variants.Attention.write_read`."""
         key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
         k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
         beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
         value_codes = rows(self.value_codes, values)[:, None]
         q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
-        if form == "auto":  # the fastest: read the memory without forming it
-            return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
-        if form == "chunk":
-            state = self.attention.write(k, value_codes, beta=beta, chunk_size=chunk_size)
-        else:
-            _, state = self.attention(k, k, value_codes, beta=beta, form=form, chunk_size=chunk_size)
-        return self.attention.read(q, state)[:, 0].float()
+        return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
 
 
 def rows(table: Tensor, ids: Tensor) -> Tensor:
@@ -226,6 +227,9 @@ class RetrievalTask:
 
     name: ClassVar[str] = "retrieval"
     config_class: ClassVar[type] = RetrievalConfig
+    #: 2: ``chunk_size`` reaches the delta rule's write-then-read kernel (schema 1 ran it at 24 whatever
+    #: the config said, so a schema-1 record with another chunk size names a run that never happened)
+    record_schema: ClassVar[int] = 2
 
     def validate(self, config: RetrievalConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
@@ -233,7 +237,7 @@ class RetrievalTask:
             raise ValueError(f"setting: got {config.setting!r}; expected 1 (capacity) or 2 (overwriting)")
         for name in ("S", "d_key", "batch_size", "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
             value = getattr(config, name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
         if config.S < 2:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
@@ -244,13 +248,21 @@ class RetrievalTask:
 
     def build_model(self, config: RetrievalConfig, variant: str) -> RetrievalModel:
         parse_spec(variant)
-        return RetrievalModel(variant, config.S, config.d_key, int(config.embedding_factor * config.S))
+        return RetrievalModel(variant, config.S, config.d_key, int(config.embedding_factor * config.S),
+                              form=config.form, chunk_size=config.chunk_size)
+
+    def acting_config(self, config: RetrievalConfig, variant: str) -> dict:
+        """The config keys that change what ``variant`` computes (the run id hashes these): the
+        chunk size only where the write-then-read path of ``config.form`` is chunked (the delta
+        rule's fused kernel and write), as the chunk size it runs with (see
+        :func:`fwbench.tasks.base.acting_config`)."""
+        return acting_config(config, variant, write_read_path(config.form))
 
     def train_batch(self, config: RetrievalConfig, generator: torch.Generator) -> dict[str, Tensor]:
         return sample_batch(config.setting, config.S, config.batch_size, generator)
 
     def loss(self, model: RetrievalModel, batch: dict[str, Tensor], config: RetrievalConfig) -> Tensor:
-        predicted = model(batch["keys"], batch["values"], batch["queries"], config.form, config.chunk_size)
+        predicted = model(batch["keys"], batch["values"], batch["queries"])
         return retrieval_loss(predicted, batch["targets"], config.S)
 
     @torch.no_grad()
@@ -261,7 +273,7 @@ class RetrievalTask:
         keys, values = keys.to(device), values.to(device)
         queries = torch.arange(config.S, device=device).expand(config.eval_sequences, -1)
         targets, present = last_occurrence_values(keys, values, queries)
-        predicted = model(keys, values, queries, config.form, config.chunk_size)
+        predicted = model(keys, values, queries)
         mask = present.float()
         loss = retrieval_loss(predicted, targets, config.S, mask)
         correct = (predicted.argmax(-1) == targets).float()

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fwbench.tasks.base import acting_config
 from fwbench.variants import parse_spec
 
 from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
@@ -65,7 +66,8 @@ class ShakespeareConfig:
             validation segments scored per evaluation (0 = the whole split).
         patience, target_loss: early stopping (off by default: LM runs use their whole budget).
         checkpoint_every: save a resumable checkpoint every this many steps (0 = never).
-        form, chunk_size: attention form for training and evaluation.
+        form, chunk_size: attention form and longest chunk of the model, for training and
+            evaluation (unset chunk size: :data:`variants.DEFAULT_CHUNK_SIZE`); chosen when it is built.
         stream_eval: run the long-context evaluation after training, on the first
             ``stream_characters`` characters of the validation split (0 = all of it).
         prompt, sample_tokens, temperature: the text sample stored in the record.
@@ -93,7 +95,7 @@ class ShakespeareConfig:
     target_loss: float = 0.0
     checkpoint_every: int = 100
     form: str = "auto"
-    chunk_size: int = 64
+    chunk_size: int | None = None
     stream_eval: bool = True
     stream_characters: int = 0
     prompt: str = "It is"
@@ -115,7 +117,7 @@ class ShakespeareConfig:
         return DecoderConfig(
             vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads, n_layers=self.n_layers,
             d_ff=self.d_ff, context=self.context, dropout=self.dropout, tied_output=self.tied_output,
-            positional=self.positional,
+            positional=self.positional, form=self.form, chunk_size=self.chunk_size,
         )
 
 
@@ -224,7 +226,7 @@ class ShakespeareTask:
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "context", "train_segments", "batch_size", "max_steps",
                      "eval_every", "patience", "chunk_size"):
             value = getattr(config, name)
-            if value < 1:
+            if value is not None and value < 1:
                 raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
         for name in ("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens", "stream_characters"):
             if getattr(config, name) < 0:
@@ -259,6 +261,10 @@ class ShakespeareTask:
                               f"validation characters; expected at least context + 1 = {config.context + 1}")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
+    def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:
+        """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
+        return acting_config(config, variant, config.form)
+
     def train_batch(self, config: ShakespeareConfig, generator: torch.Generator) -> Tensor:
         """(batch_size, train_segments · context + 1) ids: random windows of the training split."""
         train = self.corpus(config.train_fraction).train
@@ -272,7 +278,7 @@ class ShakespeareTask:
     def loss(self, model: DecoderLM, batch: Tensor, config: ShakespeareConfig) -> Tensor:
         """Mean next-character cross-entropy (nats) over the batch; the model reads each sequence in
         segments of ``context``, carrying fast-weight states across them (see :class:`DecoderLM`)."""
-        logits, _ = model(batch[:, :-1], form=config.form, chunk_size=config.chunk_size)
+        logits, _ = model(batch[:, :-1])
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
 
     @torch.no_grad()
@@ -282,7 +288,7 @@ class ShakespeareTask:
         (deterministic: the same segments every time; ``generator`` is unused)."""
         valid = self.corpus(config.train_fraction).valid
         losses = token_losses(model, valid, config.context, device, carry=False, batch_size=eval_batch(config),
-                              max_segments=config.eval_segments, form=config.form, chunk_size=config.chunk_size)
+                              max_segments=config.eval_segments)
         return language_model_metrics(losses.double().mean().item())
 
     @torch.no_grad()
@@ -295,17 +301,16 @@ class ShakespeareTask:
         "long_context": {...} (if ``stream_eval``), "sample": {prompt, temperature, seed, text}}``.
         """
         corpus = self.corpus(config.train_fraction)
-        options = {"form": config.form, "chunk_size": config.chunk_size}
         out: dict = {}
         val_loss = token_losses(model, corpus.valid, config.context, device, carry=False,
-                                batch_size=eval_batch(config), **options).double().mean().item()
+                                batch_size=eval_batch(config)).double().mean().item()
         val = language_model_metrics(val_loss)
         metrics = {"val_loss": val["loss"], "val_ppl": val["ppl"], "val_bpc": val["bpc"],
                    "unigram_bpc": bits_per_character(unigram_loss(corpus.train, corpus.valid, len(corpus.vocabulary)))}
         if config.stream_eval:
             stream = corpus.valid[: config.stream_characters] if config.stream_characters else corpus.valid
             out["long_context"] = long_context_evaluation(model, stream, config.context, device,
-                                                          batch_size=eval_batch(config), **options)
+                                                          batch_size=eval_batch(config))
             metrics["stream_ppl"] = out["long_context"]["carried_ppl_all"]
             metrics["stream_bpc"] = bits_per_character(out["long_context"]["carried_loss"])
             metrics["stream_reset_ppl"] = out["long_context"]["reset_ppl_all"]

@@ -376,6 +376,26 @@ def _(ctx):
     return raised(NonFiniteError, layer, x)
 
 
+@row("L60")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "dpfp-fwm", 8, form="chunk")
+
+
+@row("L61")
+def _(ctx):
+    return raised(VariantError, variants.build_attention, "linear", 8, chunk_size=0)
+
+
+@row("L62")
+def _(ctx):
+    return raised(VariantError, variants.register_feature_map, "linear", variants.Tanh)
+
+
+@row("L63")
+def _(ctx):
+    return raised(VariantError, variants.register_feature_map, "my:map", variants.Tanh)
+
+
 @row("L41")
 def _(ctx):
     """Not an error: an empty sequence returns an empty output and leaves the state as it was."""
@@ -723,6 +743,29 @@ def _(ctx):
 @row("G18")
 def _(ctx):
     return grid_error(ctx, GRID_HEAD + 'variant = "linear"\nseed = [1, -2]\n')
+
+
+@row("G60")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\nvariant_modules = ["nothere.py"]\n[profiles.quick]\n'
+                      'variant = "linear"\nseed = 1\n')
+
+
+@row("G61")
+def _(ctx):
+    (ctx.tmp_path / "broken.py").write_text('raise RuntimeError("boom")\n')
+    return grid_error(ctx, 'task = "retrieval"\nvariant_modules = ["broken.py"]\n[profiles.quick]\n'
+                      'variant = "linear"\nseed = 1\n')
+
+
+@row("G62")
+def _(ctx):
+    return grid_error(ctx, 'task = "retrieval"\nvariant_modules = "my.py"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n')
+
+
+@row("G63")
+def _(ctx):
+    return grid_error(ctx, GRID_HEAD + 'variant = "tanh-fwm"\nseed = 1\nform = "chunk"\n')
 
 
 # ------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Every module maps already-projected queries, keys and values to outputs, and carries a state:
 
-    y, state = attention(q, k, v, beta=None, state=None, form="auto")
+    attention = build_attention(spec, d_key, form="auto", chunk_size=None)   # settings chosen once
+    y, state = attention(q, k, v, beta=None, state=None)
 
 q, k: (B, H, T, d_key); v: (B, H, T, d_v); beta: (B, H, T) write strengths in (0, 1), required by
 rules that use it (``attention.uses_beta``); y: (B, H, T, d_v). Passing the returned state into the
@@ -11,6 +12,11 @@ next call continues the sequence: two calls on a split sequence equal one call o
 ``write(k, v, beta, state)`` stores tokens without reading and ``read(q, state)`` queries the memory
 without writing: the paper's view of a linear Transformer as a fast-weight programmer (Section 3),
 used by the retrieval tasks, which write a sequence and then ask one query.
+
+The attention ``form`` (``auto``, ``parallel``, ``chunk``, ``recurrent``) and ``chunk_size`` are
+chosen when the module is built and kept on it (``attention.form``, ``attention.chunk_size``); every
+call uses them. ``forward(..., form=, chunk_size=)`` and ``write(..., chunk_size=)`` accept a per-call
+override for tests and streaming; task models never pass one.
 
 An empty sequence (T = 0) is not an error: it returns an empty output (B, H, 0, d_v) and the state
 unchanged. Bad calls raise :class:`VariantError` naming the argument: wrong rank, mismatched
@@ -22,23 +28,29 @@ or the state raises :class:`~variants.errors.NonFiniteError`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor, nn
 
 from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
-from .kernels import delta_rule as delta_kernels
-from .kernels import fwm_rule as fwm_kernels
 from .kernels import softmax as softmax_kernels
-from .kernels import sum_rule as sum_kernels
+from .kernels.chunking import DEFAULT_CHUNK_SIZE
+from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
 FORMS = ("auto", "parallel", "chunk", "recurrent")
-#: Chunk size of the chunk form when none is given. Chosen by ``fwbench bench --profile full`` on
-#: CPU (B=2, H=8, d_head=64, T=4096): C=32 was fastest forward+backward for DPFP with both rules
-#: and forward for the delta rule (16 and 128 slower); see the chunk-size sweep in the report.
-DEFAULT_CHUNK_SIZE = 32
+__all__ = ["DEFAULT_CHUNK_SIZE", "FORMS", "Attention", "FastWeightAttention", "SoftmaxAttention", "set_check_finite",
+           "using_form"]
+
+
+def write_read_path(form: str) -> str:
+    """The path :meth:`Attention.write_read` takes for a module built with ``form``: ``write_read``
+    (the rule's fused kernel) for ``auto``, ``write`` for ``chunk``, else the form itself."""
+    return {"auto": "write_read", "chunk": "write"}.get(form, form)
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
@@ -85,9 +97,15 @@ class Attention(nn.Module):
     #: raise NonFiniteError on NaN/inf in q, k, v, β or the state (one pass over them; off by default)
     check_finite = False
 
-    def __init__(self, d_key: int):
+    def __init__(self, d_key: int, form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.d_key = positive_int("d_key", d_key)
+        check_form(form, chunk_size)
+        #: the form every call runs (``auto``: the variant's fastest); chosen once, when built
+        self.form = form
+        #: the longest chunk of chunked kernels; ``None``: the rule's default for each path
+        #: (:data:`DEFAULT_CHUNK_SIZE`, or a measured per-path value the rule declares)
+        self.chunk_size = None if chunk_size is None else int(chunk_size)
 
     @property
     def d_dot(self) -> int | None:
@@ -103,7 +121,12 @@ class Attention(nn.Module):
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None, state=None) -> Tensor:
         """``read(q, write(k, v, beta, state))``: the memory's answer (B, H, T_q, d_v) to queries q
-        after storing every (k_t, v_t). Variants override it with a cheaper fused computation."""
+        after storing every (k_t, v_t), through the module's form: ``parallel`` and ``recurrent``
+        write with :meth:`forward` in that form, the others with :meth:`write`. Variants override it
+        with a cheaper fused computation for ``auto``."""
+        if write_read_path(self.form) in ("parallel", "recurrent"):
+            _, state = self(k, k, v, beta=beta, state=state)
+            return self.read(q, state)
         return self.read(q, self.write(k, v, beta, state))
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
@@ -125,33 +148,47 @@ class Attention(nn.Module):
 class FastWeightAttention(Attention):
     """Linear attention as a fast-weight programmer: feature map φ plus an update rule.
 
-    ``rule="sum"``: W += v φ(k)ᵀ with the attention normaliser (paper Eq. 16–18).
-    ``rule="delta"``: sum-normalised φ, W += β (v − W φ(k)) φ(k)ᵀ, y = W φ(q) (Eq. 23–26).
-    ``rule="fwm"``: the FWM of Schlag et al. 2021 (ICLR): the delta-rule write on φ that is not
+    The rule (:mod:`variants.rules`) holds the kernels of each form, the state and whether β and
+    sum normalisation are used; this module checks the calls and delegates. Built-in rules:
+    ``"sum"``: W += v φ(k)ᵀ with the attention normaliser (paper Eq. 16–18).
+    ``"delta"``: sum-normalised φ, W += β (v − W φ(k)) φ(k)ᵀ, y = W φ(q) (Eq. 23–26).
+    ``"delta-unnorm"``: the delta rule on φ that is not sum-normalised (Section 4.2 ablation).
+    ``"fwm"``: the FWM of Schlag et al. 2021 (ICLR): the delta-rule write on φ that is not
     sum-normalised, W rescaled by max(1, ‖W‖_F) after each write, y = LayerNorm(W φ(q)); it has
-    only the recurrent form (``form="auto"`` picks it; ``"parallel"`` and ``"chunk"`` raise), see
-    :mod:`variants.kernels.fwm_rule`.
+    only the recurrent form (``form="auto"`` picks it; ``"parallel"`` and ``"chunk"`` raise).
 
-    ``sum_normalize`` overrides whether φ(k), φ(q) are divided by their sum (default: only for the
-    delta rule). ``rule="delta", sum_normalize=False`` is the ablation of paper Section 4.2: the
-    write W += β (v − W φ(k)) φ(k)ᵀ is then only stable while β ‖φ(k)‖² < 2.
+    ``sum_normalize`` overrides whether φ(k), φ(q) are divided by their sum (default: the rule's).
+    ``rule="delta", sum_normalize=False`` is the ablation of paper Section 4.2: the write
+    W += β (v − W φ(k)) φ(k)ᵀ is then only stable while β ‖φ(k)‖² < 2. ``form`` and ``chunk_size``:
+    see :class:`Attention`.
 
     Raises:
-        VariantError: for an unknown rule, or for bad shapes, form, chunk size or state at call time.
+        VariantError: for an unknown rule, a form the rule lacks, or for bad shapes, form, chunk
+            size or state at call time.
     """
 
-    RULES = ("sum", "delta", "fwm")
-    #: rules whose only kernel is the recurrent one
-    RECURRENT_ONLY = ("fwm",)
-
-    def __init__(self, feature_map: FeatureMap, rule: str = "sum", sum_normalize: bool | None = None):
-        super().__init__(feature_map.d_key)
-        if rule not in self.RULES:
-            raise bad_value("rule", rule, f"one of {', '.join(self.RULES)}")
+    def __init__(self, feature_map: FeatureMap, rule: str | UpdateRule = "sum", sum_normalize: bool | None = None,
+                 form: str = "auto", chunk_size: int | None = None):
+        super().__init__(feature_map.d_key, form, chunk_size)
+        update_rule = get_rule(rule)
+        if sum_normalize is not None:
+            update_rule = update_rule.with_sum_normalize(bool(sum_normalize))
+        self.update_rule = update_rule
         self.feature_map = feature_map
-        self.rule = rule
-        self.sum_normalize = (rule == "delta") if sum_normalize is None else bool(sum_normalize)
-        self.uses_beta = rule in ("delta", "fwm")
+        self._kernel_form(form)  # refuse, at construction, a form the rule has no kernel for
+
+    @property
+    def rule(self) -> str:
+        """The rule family's name (``sum``, ``delta``, ``fwm``), as written in records."""
+        return self.update_rule.name
+
+    @property
+    def uses_beta(self) -> bool:
+        return self.update_rule.uses_beta
+
+    @property
+    def sum_normalize(self) -> bool:
+        return self.update_rule.sum_normalize
 
     @property
     def d_dot(self) -> int:
@@ -161,19 +198,28 @@ class FastWeightAttention(Attention):
         self.feature_map.redraw_features()
 
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
-        z = self.d_dot if self.rule == "sum" else 0
+        z = self.d_dot if self.update_rule.carries_normalizer else 0
         return 4 * batch * n_heads * (d_v * self.d_dot + z)
 
     def phi(self, x: Tensor) -> Tensor:
-        """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule)."""
+        """φ applied to keys or queries, sum-normalised where the rule asks for it (the delta rule)."""
         return self.feature_map.normalized(x) if self.sum_normalize else self.feature_map(x)
+
+    def _kernel_form(self, form: str) -> str:
+        """The rule's kernel form that ``form`` runs; raises for a form the rule has no kernel for."""
+        return self.update_rule.kernel_form(form)
+
+    def _chunk_size(self, path: str, chunk_size: int | None) -> int:
+        """The chunk size ``path`` runs with: the call's, else the module's, else the rule's default."""
+        chosen = chunk_size if chunk_size is not None else self.chunk_size
+        return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
     def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
         if state is None:
             return
         if not isinstance(state, FastWeightState):
             raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
-        if (state.z is None) == (self.rule == "sum"):  # only the sum rule keeps a normaliser z
+        if (state.z is not None) != self.update_rule.carries_normalizer:  # only the sum rule keeps z
             other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
             raise VariantError(
                 f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
@@ -188,48 +234,30 @@ class FastWeightAttention(Attention):
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
 
+    def _check_finite_values(self, state: FastWeightState | None, **tensors: Tensor | None) -> None:
+        if self.check_finite:
+            check_finite(**tensors, state_W=None if state is None else state.W,
+                         state_z=None if state is None else state.z)
+
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
-        state: FastWeightState | None = None, form: str = "auto", chunk_size: int | None = None,
+        state: FastWeightState | None = None, form: str | None = None, chunk_size: int | None = None,
     ) -> tuple[Tensor, FastWeightState]:
-        """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring."""
+        """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring.
+        ``form``/``chunk_size``: a per-call override of the module's (tests, streaming)."""
         check_qkv(q, k, v, beta, self.uses_beta)
+        form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, beta)
-        if self.rule in self.RECURRENT_ONLY and form not in ("auto", "recurrent"):
-            raise bad_value(
-                "form", form,
-                f"'recurrent' or 'auto' for the {self.rule} rule: its rescaling by max(1, ‖W‖_F) after each write "
-                "is not associative, so it has no parallel or chunk form",
-            )
+        kernel_form = self._kernel_form(form)
         B, H, T, _ = q.shape
         self._check_state(state, B, H, v.shape[-1], q.device)
-        if self.check_finite:
-            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
-                         state_z=None if state is None else state.z)
-        chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
-        pq, pk = self.phi(q), self.phi(k)
-        W0 = None if state is None else state.W
-        position = (0 if state is None else state.position) + T
-        if self.rule == "sum":
-            z0 = None if state is None else state.z
-            if form == "parallel":
-                y, W, z = sum_kernels.sum_rule_parallel(pq, pk, v, W0, z0)
-            elif form == "recurrent":
-                y, W, z = sum_kernels.sum_rule_recurrent(pq, pk, v, W0, z0)
-            else:
-                y, W, z = sum_kernels.sum_rule_chunk(pq, pk, v, W0, z0, chunk_size=chunk_size)
-            return y, FastWeightState(W, z, position)
-        if self.rule == "fwm":
-            y, W = fwm_kernels.fwm_rule_recurrent(pq, pk, v, beta, W0)
-            return y, FastWeightState(W, None, position)
-        if form == "parallel":
-            y, W = delta_kernels.delta_rule_parallel(pq, pk, v, beta, W0)
-        elif form == "recurrent":
-            y, W = delta_kernels.delta_rule_recurrent(pq, pk, v, beta, W0)
-        else:
-            y, W = delta_kernels.delta_rule_chunk(pq, pk, v, beta, W0, chunk_size=chunk_size)
-        return y, FastWeightState(W, None, position)
+        self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
+        W0, z0 = (None, None) if state is None else (state.W, state.z)
+        y, W, z = self.update_rule.kernels[kernel_form](
+            self.phi(q), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
+        )
+        return y, FastWeightState(W, z, (0 if state is None else state.position) + T)
 
     def write(
         self, k: Tensor, v: Tensor, beta: Tensor | None = None, state: FastWeightState | None = None,
@@ -241,44 +269,34 @@ class FastWeightAttention(Attention):
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
         self._check_state(state, B, H, v.shape[-1], k.device)
-        if self.check_finite:
-            check_finite(k=k, v=v, beta=beta, state_W=None if state is None else state.W,
-                         state_z=None if state is None else state.z)
-        pk = self.phi(k)
-        W0 = None if state is None else state.W
-        position = (0 if state is None else state.position) + T
-        if self.rule == "sum":
-            W, z = sum_kernels.sum_rule_write(pk, v, W0, None if state is None else state.z)
-            return FastWeightState(W, z, position)
-        if self.rule == "fwm":
-            return FastWeightState(fwm_kernels.fwm_rule_write(pk, v, beta, W0), None, position)
-        _, W = delta_kernels.delta_rule_chunk(None, pk, v, beta, W0, chunk_size or DEFAULT_CHUNK_SIZE)
-        return FastWeightState(W, None, position)
+        self._check_finite_values(state, k=k, v=v, beta=beta)
+        W0, z0 = (None, None) if state is None else (state.W, state.z)
+        W, z = self.update_rule.write(self.phi(k), v, beta, W0, z0, self._chunk_size("write", chunk_size))
+        return FastWeightState(W, z, (0 if state is None else state.position) + T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
                    state: FastWeightState | None = None) -> Tensor:
-        """Write every (k_t, v_t), then read with q, without forming the fast weight W.
+        """Write every (k_t, v_t), then read with q: (B, H, T_q, d_v) fp32.
 
-        Equal to ``read(q, write(k, v, beta, state))``. The delta rule carries the queries back
-        through the chunks instead of carrying W forward (:func:`delta_rule_write_read`), so no
-        (d_dot × d_v) state is formed: the fastest path for tasks that write a sequence and then
-        ask a few queries (the retrieval tasks). Returns (B, H, T_q, d_v) fp32.
+        Equal to ``read(q, write(k, v, beta, state))``. With the module's form ``auto`` the rule's
+        fused kernel runs, which forms no fast weight W where the rule has one (the delta rule
+        carries the queries back through the chunks, :func:`delta_rule_write_read`; the sum rule
+        reads Vᵀ(Kq)): the fastest path for tasks that write a sequence and then ask a few queries
+        (the retrieval tasks). With ``chunk`` it runs :meth:`write`; with ``parallel`` or
+        ``recurrent`` it runs :meth:`forward` in that form, then :meth:`read`.
         """
-        if self.rule in self.RECURRENT_ONLY:
+        path = write_read_path(self.form)
+        if path != "write_read":
             return super().write_read(k, v, q, beta, state)
         check_qkv(k, k, v, beta, self.uses_beta)
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device)
-        if self.check_finite:
-            check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
-                         state_z=None if state is None else state.z)
-        pq, pk = self.phi(q), self.phi(k)
-        W0 = None if state is None else state.W
-        if self.rule == "sum":
-            return sum_kernels.sum_rule_write_read(pq, pk, v, W0, None if state is None else state.z)
-        return delta_kernels.delta_rule_write_read(pq, pk, v, beta, W0)
+        self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
+        W0, z0 = (None, None) if state is None else (state.W, state.z)
+        return self.update_rule.write_read(self.phi(q), self.phi(k), v, beta, W0, z0,
+                                           self._chunk_size("write_read", None))
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""
@@ -287,17 +305,12 @@ class FastWeightAttention(Attention):
         self._check_query(q)
         d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
         self._check_state(state, q.shape[0], q.shape[1], d_v, q.device)
-        if self.check_finite:
-            check_finite(q=q, state_W=state.W, state_z=state.z)
-        pq = self.phi(q)
-        if self.rule == "sum":
-            return sum_kernels.sum_rule_read(pq, state.W, state.z)
-        if self.rule == "fwm":
-            return fwm_kernels.fwm_rule_read(pq, state.W)
-        return delta_kernels.delta_rule_read(pq, state.W)
+        self._check_finite_values(state, q=q)
+        return self.update_rule.read(self.phi(q), state.W, state.z)
 
     def extra_repr(self) -> str:
-        return f"rule={self.rule}, sum_normalize={self.sum_normalize}"
+        return (f"rule={self.update_rule.key}, sum_normalize={self.sum_normalize}, form={self.form}, "
+                f"chunk_size={self.chunk_size}")
 
 
 class SoftmaxAttention(Attention):
@@ -307,8 +320,8 @@ class SoftmaxAttention(Attention):
     form attends one query at a time against the growing cache.
     """
 
-    def __init__(self, d_key: int, window: int | None = None):
-        super().__init__(d_key)
+    def __init__(self, d_key: int, window: int | None = None, form: str = "auto", chunk_size: int | None = None):
+        super().__init__(d_key, form, chunk_size)
         self.window = None if window is None else positive_int("window", window)
 
     def state_nbytes(self, batch: int, n_heads: int, d_v: int, tokens: int) -> int:
@@ -331,9 +344,12 @@ class SoftmaxAttention(Attention):
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
-        state: KVCacheState | None = None, form: str = "auto", chunk_size: int | None = None,
+        state: KVCacheState | None = None, form: str | None = None, chunk_size: int | None = None,
     ) -> tuple[Tensor, KVCacheState]:
+        """Outputs and the KV cache after the last token; ``form``: a per-call override (the chunk
+        size never acts: no softmax kernel is chunked)."""
         check_qkv(q, k, v, None, False)
+        form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, None)
         self._check_state(state, q, v)
@@ -375,7 +391,7 @@ class SoftmaxAttention(Attention):
         return softmax_kernels.softmax_read(q, state.k, state.v)
 
     def extra_repr(self) -> str:
-        return f"d_key={self.d_key}, window={self.window}"
+        return f"d_key={self.d_key}, window={self.window}, form={self.form}"
 
 
 def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
@@ -390,3 +406,27 @@ def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
             sub.check_finite = enabled
             changed += 1
     return changed
+
+
+@contextmanager
+def using_form(module: nn.Module, form: str) -> Iterator[int]:
+    """Run every attention module inside ``module`` in ``form`` for the ``with`` block, then restore
+    the forms they were built with (generation reads a prompt in the model's form, then samples token
+    by token in the recurrent form). Yields the number of attention modules switched.
+
+    Raises:
+        VariantError: ``form`` outside :data:`FORMS`, or one a module's rule has no kernel for.
+    """
+    check_form(form, None)
+    modules = [sub for sub in module.modules() if isinstance(sub, Attention)]
+    for sub in modules:
+        if isinstance(sub, FastWeightAttention):
+            sub._kernel_form(form)
+    before = [sub.form for sub in modules]
+    try:
+        for sub in modules:
+            sub.form = form
+        yield len(modules)
+    finally:
+        for sub, form_before in zip(modules, before):
+            sub.form = form_before

@@ -64,6 +64,16 @@ class FeatureMap(nn.Module):
         """Output size of φ (the number of columns of the fast weight W)."""
         raise NotImplementedError
 
+    @classmethod
+    def output_size(cls, d_key: int, **params: int) -> int:
+        """d_dot of the map built as ``cls(d_key, **params)``, declared without building it.
+
+        Maps whose size follows from their arguments override this; the default builds one map
+        (with the global RNG left as it was) and asks its :attr:`d_dot`.
+        """
+        with torch.random.fork_rng(devices=[]):
+            return cls(d_key, **params).d_dot
+
     def redraw_features(self) -> None:
         """Draw new random features; a no-op for deterministic maps (see :class:`Favor`)."""
 
@@ -80,6 +90,10 @@ class EluPlusOne(FeatureMap):
 
     name = "elu+1"
 
+    @classmethod
+    def output_size(cls, d_key: int) -> int:
+        return d_key
+
     @property
     def d_dot(self) -> int:
         return self.d_key
@@ -92,6 +106,10 @@ class Tanh(FeatureMap):
     """φ(x) = tanh(x) (the FWM of Schlag et al. 2021); d_dot = d_key. Not non-negative."""
 
     name = "tanh"
+
+    @classmethod
+    def output_size(cls, d_key: int) -> int:
+        return d_key
 
     @property
     def d_dot(self) -> int:
@@ -118,9 +136,13 @@ class DPFP(FeatureMap):
         if self.nu >= 2 * self.d_key:
             raise bad_value("nu", nu, f"an integer in [1, {2 * self.d_key - 1}] (< 2·d_key)")
 
+    @classmethod
+    def output_size(cls, d_key: int, nu: int = 1) -> int:
+        return 2 * d_key * nu
+
     @property
     def d_dot(self) -> int:
-        return 2 * self.d_key * self.nu
+        return self.output_size(self.d_key, self.nu)
 
     def forward(self, x: Tensor) -> Tensor:
         """(…, d_key) → (…, 2·d_key·ν) fp32 (one fused autograd op, :mod:`variants.kernels.dpfp`)."""
@@ -174,9 +196,13 @@ class Favor(FeatureMap):
         self.m = positive_int("m", m)
         self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
 
+    @classmethod
+    def output_size(cls, d_key: int, m: int = 64) -> int:
+        return 2 * m
+
     @property
     def d_dot(self) -> int:
-        return 2 * self.m
+        return self.output_size(self.d_key, self.m)
 
     def redraw_features(self) -> None:
         """Replace Ω with a fresh draw from the global torch RNG (seeded by the harness)."""

@@ -30,6 +30,8 @@ class AttentionLayer(nn.Module):
         d_value: per-head value size (default d_key).
         check_finite: raise :class:`~variants.errors.NonFiniteError` on NaN/inf in ``x`` or in
             the attention's inputs and state (default off; the harness switches it on).
+        form, chunk_size: the attention form and chunk size every call runs with (see
+            :func:`variants.build_attention`); kept on ``layer.attention``.
 
     Raises:
         VariantError: bad spec, non-positive sizes, or d_model not divisible by n_heads.
@@ -37,7 +39,7 @@ class AttentionLayer(nn.Module):
 
     def __init__(self, variant: str | VariantSpec, d_model: int, n_heads: int,
                  d_key: int | None = None, d_value: int | None = None, bias: bool = False,
-                 check_finite: bool = False):
+                 check_finite: bool = False, form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.spec = parse_spec(variant)
         self.d_model = positive_int("d_model", d_model)
@@ -51,7 +53,8 @@ class AttentionLayer(nn.Module):
             d_key = d_model // n_heads
         self.d_key = positive_int("d_key", d_key)
         self.d_value = positive_int("d_value", d_value if d_value is not None else self.d_key)
-        self.attention: Attention = build_attention(self.spec, self.d_key, check_finite=check_finite)
+        self.attention: Attention = build_attention(self.spec, self.d_key, check_finite=check_finite, form=form,
+                                                     chunk_size=chunk_size)
         H = self.n_heads
         self.q_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
         self.k_proj = nn.Linear(d_model, H * self.d_key, bias=bias)
@@ -67,8 +70,8 @@ class AttentionLayer(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, size).transpose(1, 2)
 
-    def forward(self, x: Tensor, state=None, form: str = "auto", chunk_size: int | None = None):
-        """(B, T, d_model) → ((B, T, d_model), state after the last token)."""
+    def forward(self, x: Tensor, state=None):
+        """(B, T, d_model) → ((B, T, d_model), state after the last token), in the layer's form."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
@@ -82,7 +85,7 @@ class AttentionLayer(nn.Module):
         beta = None
         if self.beta_proj is not None:
             beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
-        y, state = self.attention(q, k, v, beta=beta, state=state, form=form, chunk_size=chunk_size)
+        y, state = self.attention(q, k, v, beta=beta, state=state)
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_value).to(x.dtype)
         return self.out_proj(y), state

@@ -1,9 +1,11 @@
 """Variant registry: spec strings such as ``dpfp-delta:nu=2`` or ``favor:m=128`` → modules.
 
-A spec is ``NAME`` or ``NAME:key=value,key=value``. Each registry entry names a feature map and an
-update rule; a new variant is one entry here (plus, at most, a new feature map or rule). Names are
-``MAP`` (the sum rule), ``MAP-delta``, ``MAP-delta-unnorm`` (the delta rule without sum normalisation
-of φ: the ablation of paper Section 4.2) and ``MAP-fwm`` (the FWM rule of Schlag et al. 2021).
+A spec is ``NAME`` or ``NAME:key=value,key=value``. Each registry entry pairs a feature map with an
+update rule (:mod:`variants.rules`); names are composed from both: ``MAP`` (the sum rule),
+``MAP-delta``, ``MAP-delta-unnorm`` (the delta rule without sum normalisation of φ: the ablation of
+paper Section 4.2), ``MAP-fwm`` (the FWM rule of Schlag et al. 2021). A new feature map is one
+:func:`register_feature_map` call, a new rule one :func:`register_rule` call, from fwbench or from a
+user's own module (see :mod:`variants.plugins`).
 
 >>> spec = parse_spec("dpfp-delta:nu=2")
 >>> spec.name, spec.params
@@ -17,9 +19,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .attention import Attention, FastWeightAttention, SoftmaxAttention
+import torch
+
+from .attention import FORMS, Attention, FastWeightAttention, SoftmaxAttention
 from .errors import VariantError, bad_value
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh
+from .rules import RULES, UpdateRule, add_rule
+
+
+@dataclass(frozen=True)
+class FeatureMapInfo:
+    """A registered feature map: how to build it, its parameters and whether φ ≥ 0."""
+
+    name: str
+    factory: Callable[..., FeatureMap]  # factory(d_key, **params) -> FeatureMap
+    params: dict[str, int | None]  # name → default value
+    description: str
+    source: str
+    #: whether φ ≥ 0 everywhere; rules with a normaliser (sum, delta) are composed only with such maps
+    non_negative: bool = True
 
 
 @dataclass(frozen=True)
@@ -28,47 +46,119 @@ class VariantInfo:
 
     name: str
     description: str
-    rule: str  # "softmax", "sum", "delta" or "fwm"
+    rule: str  # "softmax", or the update rule's family: "sum", "delta" or "fwm"
     feature_map: Callable[..., FeatureMap] | None
     params: dict[str, int | None] = field(default_factory=dict)  # name → default value
     source: str = ""
-    #: whether φ(k), φ(q) are sum-normalised; None: the rule's default (only the delta rule)
-    sum_normalize: bool | None = None
+    #: the update rule object (``None`` for softmax)
+    update_rule: UpdateRule | None = None
+
+    @property
+    def sum_normalize(self) -> bool | None:
+        """Whether φ(k), φ(q) are sum-normalised (``None`` for softmax)."""
+        return None if self.update_rule is None else self.update_rule.sum_normalize
 
 
-_FEATURE_MAPS = {
-    "linear": (EluPlusOne, {}, "φ = elu(x) + 1", "Katharopoulos et al. 2020"),
-    "favor": (Favor, {"m": 64}, "FAVOR+ positive orthogonal random features, d_dot = 2m", "Choromanski et al. 2021"),
-    "dpfp": (DPFP, {"nu": 1}, "DPFP, d_dot = 2·d_key·ν", "paper Section 5.3"),
-    "tanh": (Tanh, {}, "φ = tanh(x)", "Schlag et al. 2021 (FWM)"),
-}
-#: Feature maps that only make sense with the FWM rule: tanh can be negative, so Σφ (the delta
-#: rule's normaliser) and zᵀφ(q) (the sum rule's) can be 0.
-_FWM_ONLY = {"tanh"}
-_FWM_SOURCE = "Schlag, Munkhdalai & Schmidhuber 2021 (ICLR); paper Section 6.1, Setting 2"
-
+#: feature-map name → feature map, in registration order
+FEATURE_MAPS: dict[str, FeatureMapInfo] = {}
 REGISTRY: dict[str, VariantInfo] = {
     "softmax": VariantInfo(
         "softmax", "causal softmax attention (KV cache as state)", "softmax", None,
         {"window": None}, "Vaswani et al. 2017",
     ),
 }
-for _name, (_cls, _params, _what, _source) in _FEATURE_MAPS.items():
-    if _name not in _FWM_ONLY:
-        REGISTRY[_name] = VariantInfo(
-            _name, f"{_what}, sum rule", "sum", _cls, dict(_params), f"{_source}; paper Eq. 16-18"
-        )
-        REGISTRY[f"{_name}-delta"] = VariantInfo(
-            f"{_name}-delta", f"{_what}, delta rule", "delta", _cls, dict(_params), f"{_source}; paper Eq. 23-26"
-        )
-        REGISTRY[f"{_name}-delta-unnorm"] = VariantInfo(
-            f"{_name}-delta-unnorm", f"{_what}, delta rule without sum normalisation (ablation)", "delta", _cls,
-            dict(_params), f"{_source}; paper Section 4.2", sum_normalize=False,
-        )
-    REGISTRY[f"{_name}-fwm"] = VariantInfo(
-        f"{_name}-fwm", f"{_what}, FWM rule (rescaled W, layer-normed read-out)", "fwm", _cls, dict(_params),
-        f"{_source}; {_FWM_SOURCE}",
+
+
+def _accepts(rule: UpdateRule, feature_map: FeatureMapInfo) -> bool:
+    return feature_map.non_negative or not rule.needs_non_negative_features
+
+
+def _refuse_taken(names: list[str]) -> None:
+    """Raise before registering anything if a composed spec name is already a variant."""
+    taken = [name for name in names if name in REGISTRY]
+    if taken:
+        raise VariantError(f"name: the variant {taken[0]!r} it would add is already registered; expected a new name")
+
+
+def _compose(feature_map: FeatureMapInfo, rule: UpdateRule) -> None:
+    """Register ``MAP<rule suffix>`` (``dpfp``, ``dpfp-delta``, ...) when the rule accepts the map."""
+    if not _accepts(rule, feature_map):
+        return
+    name = feature_map.name + rule.suffix
+    REGISTRY[name] = VariantInfo(
+        name, f"{feature_map.description}, {rule.description}", rule.name, feature_map.factory,
+        dict(feature_map.params), f"{feature_map.source}; {rule.source}", rule,
     )
+
+
+def _check_name(argument: str, name: object) -> str:
+    if not isinstance(name, str) or not name or any(c in name for c in ":,= ") or name != name.strip("-"):
+        raise bad_value(argument, name, "a non-empty name without ':', ',', '=', spaces or an outer '-'")
+    return name
+
+
+def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: dict[str, int | None] | None = None,
+                         description: str = "", source: str = "", non_negative: bool = True) -> list[str]:
+    """Add a feature map φ and name its variants: ``NAME`` (sum rule), ``NAME-delta``,
+    ``NAME-delta-unnorm``, ``NAME-fwm`` and ``NAME-<key>`` for every rule in :data:`variants.rules.RULES`
+    (rules with a normaliser only when ``non_negative``). Returns the new spec names.
+
+    Args:
+        name: the map's name in spec strings.
+        factory: ``factory(d_key, **params)`` → a :class:`FeatureMap`, (B, H, T, d_key) → (B, H, T, d_dot).
+            Its output size comes from ``factory.output_size(d_key, **params)`` where the factory is a
+            FeatureMap class (see :meth:`FeatureMap.output_size`).
+        params: spec parameters (positive integers) → default value (``{"nu": 1}`` for ``dpfp:nu=2``).
+        description, source: one line each, for ``fwbench variants``.
+        non_negative: whether φ ≥ 0 everywhere.
+
+    Raises:
+        VariantError: a malformed name or a name already registered (re-registering the same factory
+            under the same name is a no-op, so a module imported twice is harmless).
+    """
+    _check_name("name", name)
+    if not callable(factory):
+        raise bad_value("factory", type(factory).__name__, "a callable factory(d_key, **params) -> FeatureMap")
+    known = FEATURE_MAPS.get(name)
+    if known is not None:
+        if known.factory is factory:
+            return []
+        raise VariantError(f"name: got {name!r}, which is already a registered feature map; expected a new name")
+    info = FeatureMapInfo(name, factory, dict(params or {}), description or name, source or "user-registered",
+                          bool(non_negative))
+    _refuse_taken([name + rule.suffix for rule in RULES.values() if _accepts(rule, info)])
+    FEATURE_MAPS[name] = info
+    before = set(REGISTRY)
+    for rule in RULES.values():
+        _compose(info, rule)
+    return [spec for spec in REGISTRY if spec not in before]
+
+
+def register_rule(rule: UpdateRule) -> list[str]:
+    """Add an update rule to :data:`variants.rules.RULES` and name ``MAP-<rule.key>`` for every
+    registered feature map it accepts. Returns the new spec names.
+
+    Raises:
+        VariantError: as :func:`variants.rules.add_rule`.
+    """
+    if isinstance(rule, UpdateRule) and RULES.get(rule.key) is rule:
+        return []
+    if isinstance(rule, UpdateRule) and rule.key not in RULES:
+        _refuse_taken([m.name + rule.suffix for m in FEATURE_MAPS.values() if _accepts(rule, m)])
+    add_rule(rule)
+    before = set(REGISTRY)
+    for feature_map in FEATURE_MAPS.values():
+        _compose(feature_map, rule)
+    return [spec for spec in REGISTRY if spec not in before]
+
+
+register_feature_map("linear", EluPlusOne, {}, "φ = elu(x) + 1", "Katharopoulos et al. 2020")
+register_feature_map("favor", Favor, {"m": 64}, "FAVOR+ positive orthogonal random features, d_dot = 2m",
+                     "Choromanski et al. 2021")
+register_feature_map("dpfp", DPFP, {"nu": 1}, "DPFP, d_dot = 2·d_key·ν", "paper Section 5.3")
+# tanh can be negative, so Σφ (the delta rule's normaliser) and zᵀφ(q) (the sum rule's) can be 0:
+# only the FWM rule takes it.
+register_feature_map("tanh", Tanh, {}, "φ = tanh(x)", "Schlag et al. 2021 (FWM)", non_negative=False)
 
 
 @dataclass(frozen=True)
@@ -129,37 +219,67 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
     return VariantSpec(name, params)
 
 
-def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = False) -> Attention:
+def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = False, form: str = "auto",
+                    chunk_size: int | None = None) -> Attention:
     """Build the attention module of ``spec`` for keys of size ``d_key``.
 
-    ``check_finite=True`` makes every call raise :class:`~variants.errors.NonFiniteError` on a NaN
-    or ±inf in its inputs or carried state (see :mod:`variants.checks`).
+    ``form`` (``auto``, ``parallel``, ``chunk``, ``recurrent``) and ``chunk_size`` (the longest chunk
+    of chunked kernels; ``None``: the rule's default per path) are kept on the module and used by
+    every call. ``check_finite=True`` makes every call raise
+    :class:`~variants.errors.NonFiniteError` on a NaN or ±inf in its inputs or carried state (see
+    :mod:`variants.checks`).
 
     Raises:
-        VariantError: as :func:`parse_spec`, or when a parameter does not fit ``d_key``.
+        VariantError: as :func:`parse_spec`, when a parameter does not fit ``d_key``, for a form
+            outside :data:`FORMS` or one the rule has no kernel for, or a chunk size that is not a
+            positive integer.
     """
     spec = parse_spec(spec)
     info = spec.info
-    if info.rule == "softmax":
-        attention = SoftmaxAttention(d_key, window=spec.params.get("window"))
+    if info.update_rule is None:
+        attention = SoftmaxAttention(d_key, window=spec.params.get("window"), form=form, chunk_size=chunk_size)
     else:
         feature_map = info.feature_map(d_key, **{k: v for k, v in spec.params.items()})
-        attention = FastWeightAttention(feature_map, rule=info.rule, sum_normalize=info.sum_normalize)
+        attention = FastWeightAttention(feature_map, rule=info.update_rule, form=form, chunk_size=chunk_size)
     attention.check_finite = bool(check_finite)
     return attention
 
 
 def d_dot_of(spec: str | VariantSpec, d_key: int) -> int | None:
-    """φ's output size for ``spec`` at ``d_key`` (``None`` for softmax), without building tensors."""
+    """φ's output size for ``spec`` at ``d_key`` (``None`` for softmax), as the feature map declares
+    it (:meth:`FeatureMap.output_size`), without building tensors."""
     spec = parse_spec(spec)
-    name = spec.name.split("-")[0]  # the feature map: the rule suffixes do not change d_dot
-    if name == "softmax":
+    factory = spec.info.feature_map
+    if factory is None:
         return None
-    if name in ("linear", "tanh"):
-        return d_key
-    if name == "favor":
-        return 2 * spec.params["m"]
-    return 2 * d_key * spec.params["nu"]
+    if isinstance(factory, type) and issubclass(factory, FeatureMap):
+        return factory.output_size(d_key, **spec.params)
+    with torch.random.fork_rng(devices=[]):  # a plain factory: build one, leaving the global RNG as it was
+        return factory(d_key, **spec.params).d_dot
+
+
+def chunk_size_in_use(spec: str | VariantSpec, path: str, chunk_size: int | None = None) -> int | None:
+    """The chunk size ``spec``'s attention runs ``path`` with when built with ``chunk_size``
+    (``None``: the rule's default for the path), or ``None`` where no chunk size acts there.
+
+    ``path``: a form (``auto`` resolves to the rule's), ``write`` or ``write_read`` (see
+    :func:`variants.attention.write_read_path`). Softmax never chunks; neither do the sum rule's
+    write and fused write-then-read, nor the FWM rule.
+
+    Raises:
+        VariantError: an unknown path, or a form the rule has no kernel for (FWM: only recurrent).
+    """
+    rule = parse_spec(spec).info.update_rule
+    paths = (*FORMS, "write", "write_read")
+    if path not in paths:
+        raise bad_value("path", path, f"one of {', '.join(paths)}")
+    if rule is None:
+        return None
+    if path in FORMS:
+        path = rule.kernel_form(path)
+    if not rule.chunk_size_acts(path):
+        return None
+    return rule.default_chunk_size(path) if chunk_size is None else chunk_size
 
 
 def list_variants() -> list[VariantInfo]:

@@ -14,7 +14,7 @@ import torch
 
 from fwbench.run.distributed import DistributedContext
 from fwbench.run.environment import describe_environment
-from fwbench.run.grid import RunSpec
+from fwbench.run.grid import RunSpec, import_modules_of
 from fwbench.run.training import fit
 from fwbench.variants import d_dot_of, parse_spec
 
@@ -38,6 +38,7 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: P
     ``distributed``: this process's rank under ``torchrun``; every rank returns the record, rank 0
     stores it. ``tokens_per_s`` is then the throughput of all ranks together (global batch).
     """
+    import_modules_of(spec)  # a worker process (Ray, torchrun) learns the user's variants here
     config = spec.task_config()
     variant = parse_spec(spec.variant)
     if device.type == "cuda":

@@ -19,11 +19,17 @@ A profile may also be an array of tables (``[[profiles.quick]]`` blocks): its ru
 the blocks' products (each block over ``defaults``), so a profile can pick targeted cells, e.g. many
 variants at a small S and a few variants at a large S, without running the full product.
 
+A grid may name the user's own variant modules, imported before its variants are parsed (here and in
+every worker process: each run carries them)::
+
+    variant_modules = ["my_attention.py"]   # paths relative to the grid file, or module names
+
 A grid is named by a bundled name (``capacity``) or a path to a ``.toml`` file.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -40,30 +46,44 @@ except ModuleNotFoundError:  # Python 3.10
 from fwbench.errors import FwbenchError
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
-from fwbench.variants import VariantError, parse_spec
+from fwbench.variants import VariantError, import_variant_modules, parse_spec
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
-TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles"}
+TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
 RUN_KEYS = {"variant", "seed"}
-#: Bump when a change to the code makes old records incomparable; it is part of every run id.
+#: Bump when a change to the code makes old records incomparable; it is part of every run id. A task
+#: whose own records alone changed meaning declares ``record_schema`` instead (hashed when set).
 RECORD_SCHEMA = 1
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One cell of a grid: task, variant spec (canonical), seed and the full task config."""
+    """One cell of a grid: task, variant spec (canonical), seed, the full task config and the
+    user variant modules (resolved paths or module names) that define the variant, which every
+    process that runs it imports first (see :func:`import_modules_of`)."""
 
     grid: str
     task: str
     variant: str
     seed: int
     config: dict[str, Any]
+    variant_modules: tuple[str, ...] = ()
 
-    @property
+    @functools.cached_property
     def run_id(self) -> str:
-        """Hash of the normalised config: equal configs get equal ids, whichever grid named them."""
+        """Hash of the normalised config keys that act (the task's ``acting_config``: a chunk size
+        that no kernel of the variant uses is left out): equal runs get equal ids, whichever grid
+        named them. The variant modules are not hashed: the spec names the variant. Computed once
+        (where the grid is expanded) and kept, so a worker receives it with the run."""
+        import_modules_of(self)
+        task = TASKS.get(self.task)
+        config = self.config
+        if hasattr(task, "acting_config"):
+            config = task.acting_config(self.task_config(), self.variant)
         payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.variant,
-                   "seed": self.seed, "config": self.config}
+                   "seed": self.seed, "config": config}
+        if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
+            payload["task_schema"] = task.record_schema
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
     def task_config(self):
@@ -86,6 +106,20 @@ class Grid:
     defaults: dict[str, Any]
     profiles: dict[str, dict[str, Any]]
     path: Path
+    #: user variant modules, resolved (absolute paths or module names), imported by :func:`load_grid`
+    variant_modules: tuple[str, ...] = ()
+
+
+def import_modules_of(spec: RunSpec) -> None:
+    """Import the user variant modules a run needs in this process (once per process).
+
+    Raises:
+        FwbenchError: a module that cannot be found or imported.
+    """
+    try:
+        import_variant_modules(spec.variant_modules)
+    except VariantError as exc:
+        raise FwbenchError(f"run {spec.variant}: {exc}") from None
 
 
 def available_grids() -> list[str]:
@@ -147,7 +181,15 @@ def load_grid(name_or_path: str | Path) -> Grid:
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
-    grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path)
+    modules = data.get("variant_modules", [])
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        raise FwbenchError(f"grid {path}: variant_modules: got {modules!r}; expected a list of strings "
+                           "(paths to .py files relative to the grid file, or module names)")
+    try:
+        modules = import_variant_modules(modules, relative_to=path.resolve().parent)
+    except VariantError as exc:
+        raise FwbenchError(f"grid {path}: {exc}") from None
+    grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path, modules)
     for profile in profiles:
         expand(grid, profile)  # validates every profile up front
     return grid
@@ -224,11 +266,13 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {exc}") from None
         seed = cell.pop("seed")
         config = task.config_class(**cell)
+        spec = RunSpec(grid.name, grid.task, variant, seed, asdict(config), grid.variant_modules)
         try:
             task.validate(config)
-        except ValueError as exc:
+            spec.run_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
+        except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
-        specs.append(RunSpec(grid.name, grid.task, variant, seed, asdict(config)))
+        specs.append(spec)
     seen: set[str] = set()
     for spec in specs:
         if spec.run_id in seen:

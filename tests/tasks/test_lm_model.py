@@ -8,7 +8,7 @@ import torch
 from helpers import SPECS, assert_close
 
 from fwbench.tasks.lm_model import DecoderConfig, DecoderLM, sample_next, states_nbytes
-from fwbench.variants import VariantError
+from fwbench.variants import VariantError, using_form
 
 #: The acceptance tolerance: relative RMSE between teacher-forced and token-by-token logits in fp32.
 GENERATION_RTOL = 1e-5
@@ -34,9 +34,10 @@ def test_teacher_forced_logits_equal_token_by_token_generation(spec, positional)
     with torch.no_grad():
         teacher_forced, _ = model(tokens)
         states, steps = None, []
-        for t in range(tokens.shape[1]):
-            logits, states = model(tokens[:, t : t + 1], states, form="recurrent")
-            steps.append(logits)
+        with using_form(model, "recurrent"):
+            for t in range(tokens.shape[1]):
+                logits, states = model(tokens[:, t : t + 1], states)
+                steps.append(logits)
     assert_close(torch.cat(steps, dim=1), teacher_forced, GENERATION_RTOL)
 
 
@@ -46,8 +47,10 @@ def test_a_stream_split_anywhere_equals_one_call(spec):
     tokens = torch.randint(0, VOCAB, (1, 30))
     with torch.no_grad():
         whole, _ = model(tokens)
-        first, states = model(tokens[:, :5], form="parallel")
-        second, states = model(tokens[:, 5:19], states, form="chunk")
+        with using_form(model, "parallel"):
+            first, states = model(tokens[:, :5])
+        with using_form(model, "chunk"):
+            second, states = model(tokens[:, 5:19], states)
         third, _ = model(tokens[:, 19:], states)
     assert_close(torch.cat([first, second, third], dim=1), whole, GENERATION_RTOL)
 

@@ -12,7 +12,7 @@ from fwbench.analysis.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_gro
 from fwbench.analysis.records import estimate_capacity
 from fwbench.analysis.reference import official_synthetic, official_variant_spec
 from fwbench.tasks.retrieval import RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss, sample_batch
-from fwbench.variants import build_attention
+from fwbench.variants import build_attention, using_form
 
 
 def test_setting1_writes_every_key_once_with_distinct_values():
@@ -51,7 +51,8 @@ def test_retrieval_model_reads_every_query_after_writing(capsys):
     out = model(batch["keys"], batch["values"], torch.arange(12).expand(3, -1))
     assert out.shape == (3, 12, 12) and torch.isfinite(out).all()
     # the chunk write and the recurrent form give the same read-out
-    recurrent = model(batch["keys"], batch["values"], torch.arange(12).expand(3, -1), form="recurrent")
+    with using_form(model, "recurrent"):
+        recurrent = model(batch["keys"], batch["values"], torch.arange(12).expand(3, -1))
     assert torch.allclose(out, recurrent, atol=1e-5)
 
 
@@ -162,7 +163,8 @@ def test_an_empty_batch_reads_nothing_in_every_form():
     model = RetrievalModel("dpfp-delta:nu=1", S=5, d_key=8)
     ids = torch.zeros(0, 10, dtype=torch.long)
     for form in ("auto", "chunk", "recurrent", "parallel"):
-        assert model(ids, ids, torch.zeros(0, 2, dtype=torch.long), form).shape == (0, 2, 5)
+        with using_form(model, form):
+            assert model(ids, ids, torch.zeros(0, 2, dtype=torch.long)).shape == (0, 2, 5)
 
 
 def test_loss_is_fp32_nan_for_no_queries_and_names_bad_arguments():

@@ -20,7 +20,7 @@ import torch
 from helpers import LOW_PRECISION_REL_RMSE, assert_close, build
 
 from fwbench.bench.measure import peak_memory_bytes
-from fwbench.variants import FastWeightState
+from fwbench.variants import FastWeightState, using_form
 from fwbench.variants.kernels.chunking import chunk_length, split_chunks
 from fwbench.variants.kernels.dpfp import dpfp
 from fwbench.variants.kernels.gram import gram
@@ -220,7 +220,7 @@ def test_write_read_refuses_second_order_gradients_with_a_clear_error():
 def test_retrieval_default_form_equals_chunk_and_recurrent_forms_and_gradients():
     from fwbench.tasks.retrieval import RetrievalConfig, RetrievalTask
 
-    task, config = RetrievalTask(), RetrievalConfig(setting=2, S=12, d_key=8)
+    task, config = RetrievalTask(), RetrievalConfig(setting=2, S=12, d_key=8, chunk_size=8)
     torch.manual_seed(0)
     model = task.build_model(config, "dpfp-delta:nu=1")
     batch = task.train_batch(config, torch.Generator().manual_seed(0))
@@ -228,7 +228,8 @@ def test_retrieval_default_form_equals_chunk_and_recurrent_forms_and_gradients()
     results = {}
     for form in ("auto", "chunk", "recurrent"):
         model.zero_grad()
-        y = model(batch["keys"], batch["values"], queries, form=form, chunk_size=8)
+        with using_form(model, form):
+            y = model(batch["keys"], batch["values"], queries)
         y.pow(2).sum().backward()
         results[form] = (y.detach(), [p.grad.clone() for p in model.parameters()])
     for form in ("chunk", "recurrent"):

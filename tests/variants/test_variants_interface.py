@@ -191,13 +191,13 @@ def test_outputs_do_not_depend_on_later_tokens(spec, form, t):
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("spec", SPECS)
 def test_attention_layer_outputs_do_not_depend_on_later_tokens(spec, form, t):
-    layer = AttentionLayer(spec, d_model=32, n_heads=2).eval()
+    layer = AttentionLayer(spec, d_model=32, n_heads=2, form=form, chunk_size=8).eval()
     x = torch.randn(2, CAUSAL_T, 32)
     x_perturbed = x.clone()
     x_perturbed[:, t + 1:] = 3 * torch.randn_like(x[:, t + 1:])
     with torch.no_grad():
-        y, _ = layer(x, form=form, chunk_size=8)
-        y_perturbed, _ = layer(x_perturbed, form=form, chunk_size=8)
+        y, _ = layer(x)
+        y_perturbed, _ = layer(x_perturbed)
     assert y.shape == (2, CAUSAL_T, 32)
     assert (y_perturbed[:, : t + 1] - y[:, : t + 1]).abs().max() <= 1e-6
     assert not torch.allclose(y_perturbed[:, t + 1:], y[:, t + 1:])

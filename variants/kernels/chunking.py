@@ -5,6 +5,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+#: The one default chunk size of the chunkwise kernels and of every attention module built without
+#: one. Chosen by ``fwbench bench --profile full`` on CPU (B=2, H=8, d_head=64, T=4096): C=32 was
+#: fastest forward+backward for DPFP with both rules and forward for the delta rule (16 and 128
+#: slower); see the chunk-size sweep in the report. A rule may keep a measured default of its own for
+#: one path (the delta rule's fused write-then-read, :data:`WRITE_READ_CHUNK_SIZE`), declared on the
+#: rule object (:mod:`variants.rules`).
+DEFAULT_CHUNK_SIZE = 32
+
 
 def chunk_length(T: int, chunk_size: int) -> int:
     """Length C of the N = ⌈T / chunk_size⌉ chunks that cover T tokens as evenly as possible.

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VariantError
-from .chunking import split_chunks
+from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
 from .gram import gram
 
 
@@ -66,7 +66,7 @@ def delta_rule_recurrent(
 
 def delta_rule_chunk(
     q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None,
-    chunk_size: int = 64,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[Tensor | None, Tensor]:
     """Chunkwise-parallel form via the UT transform (triangular solves, then one loop over chunks).
 

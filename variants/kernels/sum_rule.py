@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .chunking import split_chunks
+from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
 
 #: Added to the normaliser zᵀq, as in the paper's official code.
 NORMALIZER_EPS = 1e-6
@@ -76,7 +76,7 @@ def sum_rule_parallel(
 
 def sum_rule_chunk(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, eps: float = NORMALIZER_EPS, chunk_size: int = 64,
+    normalize: bool = True, eps: float = NORMALIZER_EPS, chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Chunkwise-parallel form: masked matmuls inside each chunk, the state carried across.
 
