@@ -32,6 +32,7 @@ from .kernels import delta_rule as delta_kernels
 from .kernels import fwm_rule as fwm_kernels
 from .kernels import softmax as softmax_kernels
 from .kernels import sum_rule as sum_kernels
+from .kernels.precision import compute_dtype
 from .state import FastWeightState, KVCacheState
 
 FORMS = ("auto", "parallel", "chunk", "recurrent")
@@ -164,11 +165,17 @@ class FastWeightAttention(Attention):
         z = self.d_dot if self.rule == "sum" else 0
         return 4 * batch * n_heads * (d_v * self.d_dot + z)
 
-    def phi(self, x: Tensor) -> Tensor:
-        """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule)."""
-        return self.feature_map.normalized(x) if self.sum_normalize else self.feature_map(x)
+    def phi(self, x: Tensor, query: bool = False) -> Tensor:
+        """φ applied to keys or queries, sum-normalised where ``self.sum_normalize`` (the delta rule).
+        The sum rule's queries (``query=True``) may carry any positive factor per token, which its
+        normalised read cancels (:meth:`FeatureMap.for_queries`)."""
+        if self.sum_normalize:
+            return self.feature_map.normalized(x)
+        if query and self.rule == "sum":
+            return self.feature_map.for_queries(x)
+        return self.feature_map(x)
 
-    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device, dtype: torch.dtype) -> None:
         if state is None:
             return
         if not isinstance(state, FastWeightState):
@@ -180,11 +187,12 @@ class FastWeightAttention(Attention):
                 f"expected one from a {self.rule}-rule variant"
             )
         expected = (B, H, d_v, self.d_dot)
-        check_state_tensor("state.W", state.W, device, torch.float32, "fast-weight states are kept in fp32")
+        why = "fast-weight states are kept in the compute dtype: fp32, or float64 for float64 inputs"
+        check_state_tensor("state.W", state.W, device, dtype, why)
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
         if state.z is not None:
-            check_state_tensor("state.z", state.z, device, torch.float32, "fast-weight states are kept in fp32")
+            check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
 
@@ -203,12 +211,12 @@ class FastWeightAttention(Attention):
                 "is not associative, so it has no parallel or chunk form",
             )
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1], q.device)
+        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
         if self.check_finite:
             check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
                          state_z=None if state is None else state.z)
         chunk_size = chunk_size or DEFAULT_CHUNK_SIZE
-        pq, pk = self.phi(q), self.phi(k)
+        pq, pk = self.phi(q, query=True), self.phi(k)
         W0 = None if state is None else state.W
         position = (0 if state is None else state.position) + T
         if self.rule == "sum":
@@ -240,7 +248,7 @@ class FastWeightAttention(Attention):
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1], k.device)
+        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         if self.check_finite:
             check_finite(k=k, v=v, beta=beta, state_W=None if state is None else state.W,
                          state_z=None if state is None else state.z)
@@ -262,7 +270,8 @@ class FastWeightAttention(Attention):
         Equal to ``read(q, write(k, v, beta, state))``. The delta rule carries the queries back
         through the chunks instead of carrying W forward (:func:`delta_rule_write_read`), so no
         (d_dot × d_v) state is formed: the fastest path for tasks that write a sequence and then
-        ask a few queries (the retrieval tasks). Returns (B, H, T_q, d_v) fp32.
+        ask a few queries (the retrieval tasks). Returns (B, H, T_q, d_v) in fp32 (float64 for
+        float64 inputs).
         """
         if self.rule in self.RECURRENT_ONLY:
             return super().write_read(k, v, q, beta, state)
@@ -270,26 +279,27 @@ class FastWeightAttention(Attention):
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
-        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device)
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         if self.check_finite:
             check_finite(q=q, k=k, v=v, beta=beta, state_W=None if state is None else state.W,
                          state_z=None if state is None else state.z)
-        pq, pk = self.phi(q), self.phi(k)
+        pq, pk = self.phi(q, query=True), self.phi(k)
         W0 = None if state is None else state.W
         if self.rule == "sum":
             return sum_kernels.sum_rule_write_read(pq, pk, v, W0, None if state is None else state.z)
         return delta_kernels.delta_rule_write_read(pq, pk, v, beta, W0)
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
-        """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""
+        """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32 (float64 for float64
+        inputs), writing nothing."""
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
         d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
-        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device)
+        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device, compute_dtype(q))
         if self.check_finite:
             check_finite(q=q, state_W=state.W, state_z=state.z)
-        pq = self.phi(q)
+        pq = self.phi(q, query=True)
         if self.rule == "sum":
             return sum_kernels.sum_rule_read(pq, state.W, state.z)
         if self.rule == "fwm":
