@@ -6,8 +6,9 @@ bf16), float64 inputs run in float64, so that ``torch.autograd.gradcheck`` and a
 see the kernels' true arithmetic. The carried state is kept in the same compute dtype.
 
 A masked product ``tril(A) @ X`` multiplies the rows of later tokens by exact zeros; 0·NaN = NaN,
-so one NaN token would turn every earlier output of its chunk NaN. :func:`causal_matmul` keeps
-non-finite rows out of the product and marks them causally instead.
+so one NaN token would turn every earlier output of its chunk NaN. :func:`causal_matmul` and
+:func:`masked_matmul` keep non-finite entries out of the product and mark the outputs that may
+read them instead.
 """
 
 from __future__ import annotations
@@ -47,4 +48,15 @@ def causal_matmul(lower: Tensor, x: Tensor) -> Tensor:
     bad = ~torch.isfinite(x)
     reached = bad.cumsum(dim=-2, dtype=torch.int32) > 0  # entries at or after a non-finite one
     product = lower @ x.masked_fill(bad, 0.0)
+    return product.masked_fill(reached, float("nan"))
+
+
+def masked_matmul(weights: Tensor, x: Tensor, allowed: Tensor) -> Tensor:
+    """``weights @ x`` (…, T, P) @ (…, P, D) where output row s reads only the rows j of ``x`` with
+    ``allowed[s, j]`` (a boolean (T, P) mask; ``weights`` is 0 elsewhere), also when another row
+    holds NaN or ±inf: such an entry x[j, d] is read as 0, and the outputs [s, d] of every row s
+    allowed to read it are set to NaN. For softmax attention with a cache (P ≥ T keys)."""
+    bad = ~torch.isfinite(x)
+    product = weights @ x.masked_fill(bad, 0.0)
+    reached = (allowed.to(x.dtype) @ bad.to(x.dtype)) > 0
     return product.masked_fill(reached, float("nan"))
