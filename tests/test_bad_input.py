@@ -419,6 +419,54 @@ def _(ctx):
             f"layer output {tuple(layer_out.shape)})")
 
 
+@row("L42")
+def _(ctx):
+    _, state = attention("linear")(**qkvb())
+    return raised(VariantError, attention("linear"), **qkvb(dtype=torch.float64), state=state)
+
+
+@row("L43")
+def _(ctx):
+    """Not an error without the check: a NaN stays causal (earlier outputs as without it)."""
+    for spec in SPECS:
+        module = attention(spec)
+        clean = qkvb()
+        poisoned = {name: x.clone() for name, x in clean.items()}
+        poisoned["v"][0, 1, 2, 0] = float("nan")
+        recurrent, _ = module(**poisoned, form="recurrent")
+        for form in FORMS:
+            y, _ = module(**poisoned, form=form)
+            y_clean, _ = module(**clean, form=form)
+            assert torch.isfinite(y[:, :, :2]).all(), (spec, form)
+            torch.testing.assert_close(y[:, :, :2], y_clean[:, :, :2], rtol=1e-6, atol=1e-7)
+            assert torch.equal(torch.isfinite(y), torch.isfinite(recurrent)), (spec, form)
+    return "no error: outputs before token 2 unchanged and finite; from token 2 on non-finite where the recurrent form's are"
+
+
+@row("L44")
+def _(ctx):
+    """Not an error: a normalised attention stays normalised at extreme input scales."""
+    worst = 0.0
+    values = torch.eye(T).expand(B, H, T, T)
+    for spec in ("favor:m=4", "linear", "dpfp:nu=2", "softmax"):
+        module = attention(spec)
+        inputs = qkvb()
+        for scale in (1e3, 1e-3):
+            q, k = inputs["q"] * scale, inputs["k"] * scale
+            # a query that shares no non-zero feature with any earlier key has no mass and reads 0:
+            # DPFP's features are sparse, elu+1's exp(x) underflows at x = -1e3
+            empty = torch.zeros(B, H, T, dtype=torch.bool)
+            if spec != "softmax":
+                empty = (module.phi(q, query=True) @ module.phi(k).mT).tril().sum(-1) == 0
+            for form in FORMS:
+                y, _ = module(q, k, values, form=form)
+                assert torch.equal(y.sum(-1) == 0, empty), (spec, scale, form)
+                worst = max(worst, (y.sum(-1) - 1)[~empty].abs().max().item())
+    assert worst < 1e-5, worst
+    return ("no error: every output row of identity values sums to 1 (max deviation < 1e-5), except rows whose "
+            "query shares no non-zero feature with any earlier key (no mass), which read 0")
+
+
 # ------------------------------------------------------------------------------------------------
 # H: the harness (training loop, results store).
 # ------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
+from .kernels.precision import compute_dtype
 from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
@@ -201,9 +202,16 @@ class FastWeightAttention(Attention):
         z = self.d_dot if self.update_rule.carries_normalizer else 0
         return 4 * batch * n_heads * (d_v * self.d_dot + z)
 
-    def phi(self, x: Tensor) -> Tensor:
-        """φ applied to keys or queries, sum-normalised where the rule asks for it (the delta rule)."""
-        return self.feature_map.normalized(x) if self.sum_normalize else self.feature_map(x)
+    def phi(self, x: Tensor, query: bool = False) -> Tensor:
+        """φ applied to keys or queries, sum-normalised where the rule asks for it (the delta rule).
+        A rule whose read divides by the normaliser zᵀφ(q) (the sum rule) cancels any positive
+        factor per query token, so its queries (``query=True``) may carry one
+        (:meth:`FeatureMap.for_queries`)."""
+        if self.sum_normalize:
+            return self.feature_map.normalized(x)
+        if query and self.update_rule.carries_normalizer:
+            return self.feature_map.for_queries(x)
+        return self.feature_map(x)
 
     def _kernel_form(self, form: str) -> str:
         """The rule's kernel form that ``form`` runs; raises for a form the rule has no kernel for."""
@@ -214,7 +222,7 @@ class FastWeightAttention(Attention):
         chosen = chunk_size if chunk_size is not None else self.chunk_size
         return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
-    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device, dtype: torch.dtype) -> None:
         if state is None:
             return
         if not isinstance(state, FastWeightState):
@@ -226,11 +234,12 @@ class FastWeightAttention(Attention):
                 f"expected one from a {self.rule}-rule variant"
             )
         expected = (B, H, d_v, self.d_dot)
-        check_state_tensor("state.W", state.W, device, torch.float32, "fast-weight states are kept in fp32")
+        why = "fast-weight states are kept in the compute dtype: fp32, or float64 for float64 inputs"
+        check_state_tensor("state.W", state.W, device, dtype, why)
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
         if state.z is not None:
-            check_state_tensor("state.z", state.z, device, torch.float32, "fast-weight states are kept in fp32")
+            check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
 
@@ -251,11 +260,11 @@ class FastWeightAttention(Attention):
         self._check_inputs(q, k, v, beta)
         kernel_form = self._kernel_form(form)
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1], q.device)
+        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         y, W, z = self.update_rule.kernels[kernel_form](
-            self.phi(q), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
+            self.phi(q, query=True), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
         )
         return y, FastWeightState(W, z, (0 if state is None else state.position) + T)
 
@@ -268,7 +277,7 @@ class FastWeightAttention(Attention):
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1], k.device)
+        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         W, z = self.update_rule.write(self.phi(k), v, beta, W0, z0, self._chunk_size("write", chunk_size))
@@ -276,7 +285,7 @@ class FastWeightAttention(Attention):
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
                    state: FastWeightState | None = None) -> Tensor:
-        """Write every (k_t, v_t), then read with q: (B, H, T_q, d_v) fp32.
+        """Write every (k_t, v_t), then read with q: (B, H, T_q, d_v) in fp32 (float64 for float64 inputs).
 
         Equal to ``read(q, write(k, v, beta, state))``. With the module's form ``auto`` the rule's
         fused kernel runs, which forms no fast weight W where the rule has one (the delta rule
@@ -292,21 +301,22 @@ class FastWeightAttention(Attention):
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
-        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device)
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        return self.update_rule.write_read(self.phi(q), self.phi(k), v, beta, W0, z0,
+        return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, beta, W0, z0,
                                            self._chunk_size("write_read", None))
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
-        """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32, writing nothing."""
+        """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32 (float64 for float64
+        inputs), writing nothing."""
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
         d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
-        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device)
+        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device, compute_dtype(q))
         self._check_finite_values(state, q=q)
-        return self.update_rule.read(self.phi(q), state.W, state.z)
+        return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
 
     def extra_repr(self) -> str:
         return (f"rule={self.update_rule.key}, sum_normalize={self.sum_normalize}, form={self.form}, "

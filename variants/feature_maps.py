@@ -22,23 +22,31 @@ from torch import Tensor, nn
 
 from .errors import bad_value
 from .kernels.dpfp import dpfp
+from .kernels.precision import compute_dtype
 
-#: Added to Σφ before dividing, so that φ(0)/Σφ(0) is 0 rather than NaN (DPFP maps 0 to 0).
-SUM_NORM_EPS = 1e-6
+#: Smallest Σφ divided by in the sum normalisation, so that φ(0)/Σφ(0) is 0 rather than NaN (DPFP
+#: maps 0 to 0). A floor rather than an added eps (the paper's code adds 1e-6): an eps dominates the
+#: sum of small features (DPFP of ‖x‖ = 1e-3, FAVOR+ of N(0, 1) inputs at d_key 32) and leaves φ̂
+#: summing to far less than 1; the floor leaves Σφ̂ = 1 wherever Σφ exceeds it.
+SUM_NORM_FLOOR = 1e-30
 
 
-def sum_normalize(phi: Tensor, eps: float = SUM_NORM_EPS) -> Tensor:
-    """φ(x) / (Σ_j φ(x)_j + eps) along the last axis (paper Section 4.2, Eq. 23).
+def sum_normalize(phi: Tensor, floor: float = SUM_NORM_FLOOR) -> Tensor:
+    """φ̂ = φ(x) / max(Σ_j φ(x)_j, floor) along the last axis (paper Section 4.2, Eq. 23).
 
-    The delta rule needs this: with Σφ = 1 a key written twice with β = 1 is overwritten
-    exactly, and the fast weight W stays bounded.
+    (…, d_dot) → (…, d_dot), computed and returned in the wider of φ's dtype and fp32 (float64
+    stays float64; fp16 and bf16 come back in fp32, the dtype the kernels compute in).
+
+    The delta rule reads and writes with φ̂ (Σ_j φ̂_j = 1), which keeps its fast weight W bounded.
+    A key written twice with β = 1 is *not* in general overwritten exactly: writing v₁ then v₂
+    under the same key k and reading with k returns a(1 − a)·v₁ + a·v₂ with a = ‖φ̂(k)‖₂², which
+    is v₂ only when a = 1, i.e. when φ̂(k) is one-hot (a sum-normalised vector has ‖φ̂‖₂ ≤ 1,
+    with equality only there). Keys whose φ̂ spreads over many features keep a share of v₁.
     """
-    denominator = phi.sum(dim=-1, keepdim=True) + eps
-    if phi.dtype in (torch.float16, torch.bfloat16):
-        return phi / denominator  # 1 / eps overflows fp16: φ(0) · (1 / eps) would be 0 · inf
+    phi = phi.to(compute_dtype(phi))
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
     # three full-size temporaries more, which dominate the delta rule's cost on CPU.
-    return phi * denominator.reciprocal()
+    return phi * phi.sum(dim=-1, keepdim=True).clamp(min=floor).reciprocal()
 
 
 def positive_int(argument: str, value: object) -> int:
@@ -78,8 +86,14 @@ class FeatureMap(nn.Module):
         """Draw new random features; a no-op for deterministic maps (see :class:`Favor`)."""
 
     def normalized(self, x: Tensor) -> Tensor:
-        """φ(x) / (Σφ(x) + eps), the sum-normalised features the delta rule reads and writes with."""
+        """φ(x) / max(Σφ(x), floor), the sum-normalised features the delta rule reads and writes with."""
         return sum_normalize(self(x))
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        """Features of queries whose read is normalised by the mass zᵀφ(q) (the sum rule): equal to
+        φ(x) up to a positive factor per token, which cancels in that read. φ(x) itself here;
+        :class:`Favor` uses the freedom to keep the features of any input scale representable."""
+        return self(x)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, d_dot={self.d_dot}"
@@ -145,11 +159,12 @@ class DPFP(FeatureMap):
         return self.output_size(self.d_key, self.nu)
 
     def forward(self, x: Tensor) -> Tensor:
-        """(…, d_key) → (…, 2·d_key·ν) fp32 (one fused autograd op, :mod:`variants.kernels.dpfp`)."""
+        """(…, d_key) → (…, 2·d_key·ν) in fp32, float64 for float64 x (one fused autograd op,
+        :mod:`variants.kernels.dpfp`)."""
         return dpfp(x, self.nu)
 
     def normalized(self, x: Tensor) -> Tensor:
-        return dpfp(x, self.nu, normalize=True, eps=SUM_NORM_EPS)
+        return dpfp(x, self.nu, normalize=True, floor=SUM_NORM_FLOOR)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, nu={self.nu}, d_dot={self.d_dot}"
@@ -171,9 +186,14 @@ def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = 
     return torch.cat(blocks, dim=1)
 
 
-#: Largest exponent a FAVOR+ feature may reach: features ≤ e^30 keep φ(q)·φ(k) ≤ 2m·e^60 and its sum
-#: over 10^6 tokens below fp32's largest value (e^88.7) for m up to 512.
+#: Window of a FAVOR+ token's largest exponent inside which its features are exactly the
+#: estimator's. Above it, features ≤ e^30 keep φ(q)·φ(k) and its sum over 10^6 tokens far below fp32's
+#: largest value (e^88.7); below it, a key would reach no query's mass (see :class:`Favor`).
 FAVOR_MAX_EXPONENT = 30.0
+FAVOR_MIN_EXPONENT = -40.0
+#: The features of a token outside that window are kept within e^-20 (≈ 2e-9) of its largest one,
+#: so that every such key has a feature that meets every query's largest with a product ≥ e^-60.
+FAVOR_FEATURE_RANGE = 20.0
 
 
 class Favor(FeatureMap):
@@ -181,12 +201,32 @@ class Favor(FeatureMap):
 
     φ(x) = [exp(Ωᵀx − ‖x‖²/2), exp(−Ωᵀx − ‖x‖²/2)] / √(2m), an unbiased estimate of exp(qᵀk).
     Ω (d_key × m) is redrawn by :meth:`redraw_features`, which the harness calls once per
-    training step; it stays frozen in eval mode. Computed in fp32 whatever the input dtype.
+    training step; it stays frozen in eval mode. Computed in the wider of the input's dtype and
+    fp32 (float64 in float64); Ω is cast to that dtype, so the module works after ``.to(dtype)``.
 
-    Stabilisation is per token only: a shift computed over the whole sequence (as some Performer
-    code does for keys) would let a key's features depend on later tokens and leak the future.
-    Besides the ‖x‖²/2 of the estimator itself, a token whose largest exponent would exceed
-    ``FAVOR_MAX_EXPONENT`` is scaled down as a whole (see :meth:`forward`), so φ never overflows.
+    What it expects of its inputs: the estimate is of exp(qᵀk) for the q, k given, with no
+    temperature; its variance grows like exp(‖q + k‖²), so it is accurate for inputs of moderate
+    norm. The Performer code multiplies q and k by d_key^(-1/4) before φ to estimate softmax's
+    exp(qᵀk / √d_key); this module applies no such factor (scale the inputs beforehand for it).
+
+    Each feature is ≈ exp(ωᵀx − ‖x‖²/2), so at ordinary scales the features are small (N(0, 1)
+    inputs at d_key 32 give an attention mass ≈ 1e-9) and at large scales they underflow. Three
+    per-token measures keep a normalised attention normalised at every input scale, and all of
+    them are per token, so no feature depends on another token (a stabiliser over the sequence,
+    as some Performer code computes for keys, would leak the future):
+
+    - :meth:`for_queries` (the sum rule's queries, whose read zᵀφ(q) normalises): the features
+      divided by their largest, exp(e − max e), exact because a per-query factor cancels;
+    - :meth:`normalized` (the delta rule's φ̂ = φ / Σφ): softmax over the 2m exponents, the exact
+      value of φ / Σφ at any scale;
+    - :meth:`forward` (keys, and every unnormalised use): exactly the estimator while the token's
+      largest exponent lies in [FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT]; outside, the token is
+      scaled as a whole into the window (above: so that nothing overflows; below: so that its
+      features do not underflow to 0), and its features are kept within e^-FAVOR_FEATURE_RANGE of
+      its largest. Such a key's weight is approximate (the exact one is not representable in
+      fp32), but a query's mass is then ≥ e^-60 per key, far above the normaliser's floor, so rows
+      still sum to 1. N(0, 1) inputs stay inside the window up to d_key ≈ 64 (a quarter of the
+      tokens leave it at d_key 128, where the Performer's d_key^(-1/4) keeps them inside).
     """
 
     name = "favor"
@@ -205,21 +245,39 @@ class Favor(FeatureMap):
         return self.output_size(self.d_key, self.m)
 
     def redraw_features(self) -> None:
-        """Replace Ω with a fresh draw from the global torch RNG (seeded by the harness)."""
-        self.omega = orthogonal_gaussian(self.d_key, self.m).to(self.omega.device)
+        """Replace Ω with a fresh draw from the global torch RNG (seeded by the harness), kept on
+        Ω's device and in its dtype."""
+        self.omega = orthogonal_gaussian(self.d_key, self.m).to(device=self.omega.device, dtype=self.omega.dtype)
+
+    def exponents(self, x: Tensor) -> Tensor:
+        """The estimator's exponents [Ωᵀx − ‖x‖²/2, −Ωᵀx − ‖x‖²/2] − ½ log 2m, (…, d_key) → (…, 2m),
+        in the compute dtype (fp32, or float64 for float64 x)."""
+        dtype = compute_dtype(x)
+        x = x.to(dtype)
+        projection = x @ self.omega.to(dtype)
+        offset = 0.5 * x.pow(2).sum(dim=-1, keepdim=True) + 0.5 * math.log(2 * self.m)
+        return torch.cat([projection - offset, -projection - offset], dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
-        x32 = x.float()
-        projection = x32 @ self.omega
-        offset = 0.5 * x32.pow(2).sum(dim=-1, keepdim=True) + 0.5 * math.log(2 * self.m)
-        exponent = torch.cat([projection - offset, -projection - offset], dim=-1)
-        # Overflow guard, per token (so causal): ωᵀx − ‖x‖²/2 reaches ‖ω‖²/2 ≈ d_key/2 for x along a
-        # column of Ω, and exp of that overflows fp32 (e^88) from d_key ≈ 170 on, or the product
-        # φ(q)·φ(k) does from d_key ≈ 128 on. A token whose largest exponent exceeds FAVOR_MAX_EXPONENT
-        # is scaled down as a whole; every other token is computed exactly as before. The scale
-        # cancels in the delta rule's sum normalisation and for queries in the sum rule's normaliser.
-        excess = (exponent.amax(dim=-1, keepdim=True) - FAVOR_MAX_EXPONENT).clamp(min=0).detach()
-        return torch.exp(exponent - excess)
+        exponent = self.exponents(x)
+        # Per token only (amax over the feature axis), so causal. ωᵀx − ‖x‖²/2 reaches ‖ω‖²/2 ≈ d_key/2
+        # for x along a column of Ω (e^128 at d_key 256: overflow), and −‖x‖²/2 sends every feature of a
+        # large x to exp(−10^6) = 0. The shift is constant per token (detached: it is a choice of
+        # scale, not a function to differentiate), 0 inside the window.
+        top = exponent.amax(dim=-1, keepdim=True).detach()
+        shift = top - top.clamp(FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT)
+        # only a token outside the window (already approximate) gets the floor: inside it, φ is exact
+        floor = torch.where(shift != 0, top - FAVOR_FEATURE_RANGE, float("-inf"))
+        return torch.exp(torch.maximum(exponent, floor) - shift)
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        """exp(e − max e) per token: φ(x) up to a per-token factor (largest feature 1)."""
+        exponent = self.exponents(x)
+        return torch.exp(exponent - exponent.amax(dim=-1, keepdim=True).detach())
+
+    def normalized(self, x: Tensor) -> Tensor:
+        """φ(x) / Σφ(x) = softmax of the exponents over the 2m features: sums to 1 at any scale."""
+        return torch.softmax(self.exponents(x), dim=-1)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, m={self.m}, d_dot={self.d_dot}"

@@ -17,8 +17,9 @@ class FastWeightState:
 
     Attributes:
         W: fast weight, (B, H, d_v, d_dot), in the paper's orientation: y = W φ(q).
-            Always fp32, whatever the dtype of the inputs.
-        z: attention normaliser Σ_t φ(k_t), (B, H, d_dot), for the sum rule; ``None`` for the
+            Kept in the dtype the kernels compute in: fp32 for fp16, bf16 and fp32 inputs,
+            float64 for float64 inputs.
+        z: attention normaliser Σ_t φ(k_t), (B, H, d_dot), in W's dtype, for the sum rule; ``None`` for the
             delta rule, whose keys and queries are sum-normalised instead.
         position: number of tokens written so far (int).
     """

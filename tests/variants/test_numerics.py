@@ -123,8 +123,8 @@ def test_favor_outputs_ignore_future_tokens_even_of_huge_norm(spec, form, past_s
 @pytest.mark.parametrize("scale", [1.0, 4.0, 10.0, 1e3])
 @pytest.mark.parametrize("spec", ["favor:m=16", "favor-delta:m=16"])
 def test_favor_is_finite_for_large_inputs_in_every_dtype(spec, scale):
-    """The per-token offset ‖x‖²/2 keeps exp from overflowing; at large norms the features underflow
-    towards 0 (the memory then reads ≈ 0), which is finite, never NaN."""
+    """The per-token offset ‖x‖²/2 and the exponent window keep exp from overflowing, and from
+    underflowing to an all-zero feature vector at large norms: finite, never NaN, in every dtype."""
     attention = module(spec)
     for dtype in DTYPES.values():
         x = {name: (t * scale if name in "qk" else t) for name, t in inputs(64, torch.float32, seed=6).items()}

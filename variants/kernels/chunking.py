@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .precision import compute_dtype
+
 #: The one default chunk size of the chunkwise kernels and of every attention module built without
 #: one. Chosen by ``fwbench bench --profile full`` on CPU (B=2, H=8, d_head=64, T=4096): C=32 was
 #: fastest forward+backward for DPFP with both rules and forward for the delta rule (16 and 128
@@ -25,8 +27,11 @@ def chunk_length(T: int, chunk_size: int) -> int:
     return -(-T // n_chunks)
 
 
-def split_chunks(tensors: list[Tensor], chunk_size: int) -> list[Tensor]:
-    """Each (B, H, T, D) tensor as fp32 (B, H, N, C, D), with C = :func:`chunk_length` (T ≥ 1).
+def split_chunks(tensors: list[Tensor], chunk_size: int, dtype: torch.dtype | None = None) -> list[Tensor]:
+    """Each (B, H, T, D) tensor as (B, H, N, C, D) in ``dtype``, with C = :func:`chunk_length` (T ≥ 1).
+
+    ``dtype`` defaults to the compute dtype of the tensors (:func:`~.precision.compute_dtype`:
+    float64 if any is float64, else fp32).
 
     The tail is zero-padded to a whole chunk; the kernels make zero keys write nothing, so the
     padding changes no output and no state (the padded outputs are sliced off by the caller).
@@ -35,9 +40,10 @@ def split_chunks(tensors: list[Tensor], chunk_size: int) -> list[Tensor]:
     C = chunk_length(T, chunk_size)
     n_chunks = -(-T // C)
     pad = n_chunks * C - T
+    dtype = dtype or compute_dtype(*tensors)
     out = []
     for x in tensors:
-        x = x.float()
+        x = x.to(dtype)
         if pad:
             x = torch.nn.functional.pad(x, (0, 0, 0, pad))
         out.append(x.reshape(B, H, n_chunks, C, x.shape[-1]))

@@ -7,9 +7,11 @@ Recurrence, for sum-normalised φ-mapped keys k_t and queries q_t, values v_t, w
     y_t = W_t q_t                                  (read after the write)
 
 Shapes: q, k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T); W (B, H, d_v, d_dot).
-Computed in fp32 whatever the input dtype (fp16 and bf16 inputs accumulate the state in fp32);
-outputs come back in the dtype of ``v``; the state stays fp32. ``W0`` is the state before the
-first token (zeros when ``None``).
+Computed in the wider of the inputs' dtype and fp32 (:func:`~.precision.compute_dtype`: fp16 and
+bf16 inputs accumulate the state in fp32, float64 inputs run in float64); outputs come back in the
+dtype of ``v``; the state in the compute dtype. ``W0`` is the state before the first token (zeros
+when ``None``). With NaN or ±inf among the inputs, the masked products inside a chunk go through
+:func:`~.precision.causal_matmul`, so a non-finite token never reaches the outputs before it.
 
 The chunkwise form uses the WY representation / UT transform of Yang et al. 2024
 (arXiv:2406.06484, Section 3): inside a chunk with rows K, V, β and state S = Wᵀ (d_dot, d_v)
@@ -34,13 +36,14 @@ from torch import Tensor
 from ..errors import VariantError
 from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
 from .gram import gram
+from .precision import all_finite, causal_matmul, compute_dtype
 
 
-def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None) -> Tensor:
+def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None, dtype: torch.dtype) -> Tensor:
     B, H, _, d_dot = k.shape
     if W0 is None:
-        return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=torch.float32)
-    return W0.float()
+        return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=dtype)
+    return W0.to(dtype)
 
 
 def delta_rule_recurrent(
@@ -50,17 +53,18 @@ def delta_rule_recurrent(
 
     Returns (y (B, H, T, d_v), W_T (B, H, d_v, d_dot)).
     """
-    W = _initial_state(k, v, W0)
+    dtype = compute_dtype(q, k, v, beta, W0)
+    W = _initial_state(k, v, W0, dtype)
     outputs = []
     # unbind, not k[:, :, t]: the backward of unbind is one stack, while indexing would build a
     # full-size zero gradient per token and make the backward quadratic in T.
-    steps = zip(q.float().unbind(2), k.float().unbind(2), v.float().unbind(2), beta.float().unbind(2), strict=True)
+    steps = zip(*(x.to(dtype).unbind(2) for x in (q, k, v, beta)), strict=True)
     for q_t, k_t, v_t, b_t in steps:
         v_bar = (W @ k_t[..., None]).squeeze(-1)                 # v̄_t = W_{t−1} k_t
         correction = b_t[..., None] * (v_t - v_bar)              # β_t (v_t − v̄_t)
         W = W + correction[..., None] * k_t[:, :, None, :]       # W_t
         outputs.append((W @ q_t[..., None]).squeeze(-1))         # y_t = W_t q_t
-    y = torch.stack(outputs, dim=2) if outputs else v.float().new_zeros(v.shape)
+    y = torch.stack(outputs, dim=2) if outputs else v.new_zeros(v.shape, dtype=dtype)
     return y.to(v.dtype), W
 
 
@@ -77,16 +81,19 @@ def delta_rule_chunk(
         chunk_size: tokens per chunk C; any T works (C is capped at T; a shorter tail is
             zero-padded with k = 0 and β = 0, which writes nothing, so the padding is exact).
 
-    Returns (y (B, H, T, d_v) in v's dtype, or ``None``; W_T (B, H, d_v, d_dot) fp32).
+    Returns (y (B, H, T, d_v) in v's dtype, or ``None``; W_T (B, H, d_v, d_dot) in the compute dtype).
     Cost O(T·C·d + T·d_dot·d_v) time; memory O(T·d) plus, with autograd, one state per chunk.
     The backward is autograd's: a hand-written one (tried) was no faster, its matmuls are the cost.
     """
-    W = _initial_state(k, v, W0)
+    dtype = compute_dtype(q, k, v, beta, W0)
+    W = _initial_state(k, v, W0, dtype)
     B, H, T, d_dot = k.shape
     d_v = v.shape[-1]
     if T == 0:
         return (None if q is None else v.new_zeros(v.shape)), W
-    kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size)
+    kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size, dtype)
+    # rows of a later token's NaN must not reach earlier rows through the zeros of T_c and tril(QKᵀ)
+    masked_product = torch.matmul if all_finite(q, k, v, beta) else causal_matmul
     n_chunks, C = kc.shape[2], kc.shape[3]
     # T_c for every chunk: solve (I + tril(diag(β) K Kᵀ, −1)) T_c = diag(β). solve_triangular
     # reads only the strict lower triangle (unitriangular), so the Gram matrix needs no tril, no + I.
@@ -113,11 +120,11 @@ def delta_rule_chunk(
     # per chunk of W_c.
     if q is None:
         for k_n, v_n, T_n in zip(per_chunk(kc), per_chunk(vc), per_chunk(T_c), strict=True):
-            correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)      # U − W_c S
+            correction = masked_product(T_n, torch.baddbmm(v_n, k_n, S, alpha=-1))  # U − W_c S
             S = write(S, k_n, correction)
         return None, S.view(B, H, d_dot, d_v).mT
 
-    (qc,) = split_chunks([q], chunk_size)
+    (qc,) = split_chunks([q], chunk_size, dtype)
     scores = (qc @ kc.mT).tril_()                                         # tril(Q Kᵀ)
     outputs = []
     # (each output gets its own contiguous buffer and one stack at the end: a bmm writing into a
@@ -125,8 +132,8 @@ def delta_rule_chunk(
     for q_n, k_n, v_n, T_n, scores_n in zip(
         per_chunk(qc), per_chunk(kc), per_chunk(vc), per_chunk(T_c), per_chunk(scores), strict=True
     ):
-        correction = T_n @ torch.baddbmm(v_n, k_n, S, alpha=-1)          # U − W_c S
-        outputs.append(torch.baddbmm(scores_n @ correction, q_n, S))     # Q S + tril(QKᵀ)(U − W_c S)
+        correction = masked_product(T_n, torch.baddbmm(v_n, k_n, S, alpha=-1))      # U − W_c S
+        outputs.append(torch.baddbmm(masked_product(scores_n, correction), q_n, S))  # Q S + tril(QKᵀ)(U − W_c S)
         S = write(S, k_n, correction)
     y = torch.stack(outputs, dim=1).view(B, H, n_chunks * C, d_v)[:, :, :T]
     return y.to(v.dtype), S.view(B, H, d_dot, d_v).mT
@@ -159,12 +166,14 @@ def delta_rule_write_read(
 
     Shapes: q (B, H, T_q, d_dot); k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T);
     W0 (B, H, d_v, d_dot) or ``None``; ``chunk_size`` the longest chunk (balanced chunks, as in
-    :func:`delta_rule_chunk`). Returns y (B, H, T_q, d_v) fp32; gradients come back in the inputs'
-    dtypes. Raises ``VariantError`` from the backward under ``create_graph=True``.
+    :func:`delta_rule_chunk`). Returns y (B, H, T_q, d_v) in the compute dtype (fp32, or float64
+    for float64 inputs); gradients come back in the inputs' dtypes. Raises ``VariantError`` from
+    the backward under ``create_graph=True``.
     """
     if k.shape[2] == 0:
-        y = q.float().new_zeros(*q.shape[:3], v.shape[-1])
-        return y if W0 is None else y + q.float() @ W0.float().mT
+        dtype = compute_dtype(q, k, v, beta, W0)
+        y = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=dtype)
+        return y if W0 is None else y + q.to(dtype) @ W0.to(dtype).mT
     return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
 
 
@@ -188,13 +197,14 @@ class _DeltaWriteRead(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, W0, chunk_size):
         B, H, Q, d_dot = q.shape
         d_v = v.shape[-1]
-        kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size)
+        dtype = compute_dtype(q, k, v, beta, W0)
+        kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size, dtype)
         n_chunks, C = kc.shape[2], kc.shape[3]
         G = B * H
         K = kc.reshape(G, n_chunks, C, d_dot)
         b = bc.reshape(G, n_chunks, C, 1)
         L = (K @ K.mT).mul_(b)                                 # diag(β) K Kᵀ
-        P = q.float().reshape(G, Q, d_dot)
+        P = q.to(dtype).reshape(G, Q, d_dot)
         # per-chunk views made once (unbind) and results stacked once: on CPU each indexing or
         # copy into a slice is a dispatch costing as much as the small matmuls of the loop
         K_n, L_n, b_n = K.unbind(1), L.mT.unbind(1), b.unbind(1)
@@ -207,7 +217,7 @@ class _DeltaWriteRead(torch.autograd.Function):
         P_in, U, X = torch.stack(P_in, 1), torch.stack(U, 1), torch.stack(X, 1)
         V = vc.reshape(G, n_chunks * C, d_v)
         y = X.view(G, n_chunks * C, Q).mT @ V                  # Σ_n V_nᵀ x_n, all chunks at once
-        W0_32 = None if W0 is None else W0.float().reshape(G, d_v, d_dot)
+        W0_32 = None if W0 is None else W0.to(dtype).reshape(G, d_v, d_dot)
         if W0_32 is not None:
             y = torch.baddbmm(y, P, W0_32.mT)                  # + S_0ᵀ p_0
         ctx.save_for_backward(K, V, b, L, P_in, U, X, P, W0_32)
@@ -230,7 +240,7 @@ class _DeltaWriteRead(torch.autograd.Function):
         Q, d_v = P_in.shape[2], V.shape[-1]
         B, H = grad_y.shape[:2]
         T = ctx.T
-        grad_y = grad_y.float().reshape(G, Q, d_v)
+        grad_y = grad_y.to(K.dtype).reshape(G, Q, d_v)
         need_q, need_k, need_v, need_beta, need_W0 = ctx.needs_input_grad[:5]
         grad_X = (V @ grad_y.mT).view(G, n_chunks, C, Q)       # ∂/∂x_n of y += V_nᵀ x_n
         grad_P = grad_y @ W0_32 if W0_32 is not None else P0.new_zeros(G, Q, d_dot)
@@ -276,18 +286,22 @@ def delta_rule_parallel(
 
     O(T²) memory and an O(T²·(d_dot + d_v)) triangular solve; for short sequences and tests.
     """
-    W = _initial_state(k, v, W0)
+    dtype = compute_dtype(q, k, v, beta, W0)
+    W = _initial_state(k, v, W0, dtype)
     if k.shape[2] == 0:
         return v.new_zeros(v.shape), W
-    q32, k32, v32, b32 = q.float(), k.float(), v.float(), beta.float()[..., None]
+    q32, k32, v32, b32 = q.to(dtype), k.to(dtype), v.to(dtype), beta.to(dtype)[..., None]
     S0 = W.mT
     corrections = torch.linalg.solve_triangular(
         gram(k32) * b32, b32 * (v32 - k32 @ S0), upper=False, unitriangular=True
     )
-    y = q32 @ S0 + (q32 @ k32.mT).tril() @ corrections
+    masked_product = torch.matmul if all_finite(q, k, v, beta) else causal_matmul
+    y = q32 @ S0 + masked_product((q32 @ k32.mT).tril(), corrections)
     return y.to(v.dtype), (S0 + k32.mT @ corrections).mT
 
 
 def delta_rule_read(q: Tensor, W: Tensor) -> Tensor:
-    """Read the memory with sum-normalised φ-mapped queries (B, H, T_q, d_dot): y = W q."""
-    return q.float() @ W.mT
+    """Read the memory with sum-normalised φ-mapped queries (B, H, T_q, d_dot): y = W q, in the
+    compute dtype of q and W."""
+    dtype = compute_dtype(q, W)
+    return q.to(dtype) @ W.to(dtype).mT

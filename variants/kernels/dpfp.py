@@ -6,14 +6,22 @@
 Written with ``out=`` and in-place updates so that the forward allocates two (…, 2d·ν)-sized
 tensors and the backward three, where the composition of torch ops allocates about a dozen: the
 feature map runs on every key and query, and on CPU each large temporary costs page faults and
-memory traffic comparable to the attention kernel itself. Computed in fp32 whatever the input
-dtype; the gradient comes back in the input's dtype.
+memory traffic comparable to the attention kernel itself. Computed in the wider of the input's
+dtype and fp32 (float64 stays float64, so that gradcheck sees the true backward); the gradient
+comes back in the input's dtype.
+
+The sum normalisation divides by max(Σ_j φ_j, floor) rather than by Σ_j φ_j + eps: an added eps
+would dominate the sum of small inputs (Σφ ≈ ‖x‖², 1e-6 at ‖x‖ = 1e-3) and shrink φ̂ far below
+a unit sum, while the floor leaves φ̂ summing to 1 at every scale where Σφ exceeds it, and still
+maps x = 0 (φ = 0) to φ̂ = 0.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from .precision import compute_dtype
 
 
 def _products(r: Tensor, nu: int) -> Tensor:
@@ -29,32 +37,36 @@ def _products(r: Tensor, nu: int) -> Tensor:
 
 class _DPFP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, nu: int, normalize: bool, eps: float) -> Tensor:
-        x32 = x.float()
+    def forward(ctx, x: Tensor, nu: int, normalize: bool, floor: float) -> Tensor:
+        x32 = x.to(compute_dtype(x))
         d = x.shape[-1]
         r = x32.new_empty(*x.shape[:-1], 2 * d)
         torch.clamp(x32, min=0, out=r[..., :d])
         torch.neg(x32, out=r[..., d:]).clamp_(min=0)
         phi = _products(r, nu)
-        inv = None
+        inv = floored = None
         if normalize:
-            inv = (phi.sum(dim=-1, keepdim=True) + eps).reciprocal_()
+            total = phi.sum(dim=-1, keepdim=True)
+            floored = total < floor  # rows divided by the floor: φ̂ = φ / floor, no longer scale-free
+            inv = total.clamp_(min=floor).reciprocal_()
             phi.mul_(inv)
         ctx.nu, ctx.normalize, ctx.input_dtype = nu, normalize, x.dtype
-        ctx.save_for_backward(r, phi if normalize else None, inv)
+        ctx.save_for_backward(r, phi if normalize else None, inv, floored)
         return phi
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        r, phi, inv = ctx.saved_tensors
+        r, phi, inv, floored = ctx.saved_tensors
         n = r.shape[-1]
         d = n // 2
-        grad = grad.float()
+        grad = grad.to(r.dtype)
         if ctx.normalize:
             # ∂φ̂_j/∂φ_i = inv (δ_ij − φ̂_j)  ⇒  ḡφ = inv (ḡ − Σ_j ḡ_j φ̂_j), written into the buffer
-            # of ḡ ⊙ φ̂ while it is still in cache: on CPU a fresh buffer per op costs more than the op
+            # of ḡ ⊙ φ̂ while it is still in cache: on CPU a fresh buffer per op costs more than the op.
+            # Rows below the floor were divided by a constant: ḡφ = inv ḡ there.
             scratch = grad * phi
-            grad = torch.sub(grad, scratch.sum(dim=-1, keepdim=True), out=scratch).mul_(inv)
+            projection = scratch.sum(dim=-1, keepdim=True).masked_fill_(floored, 0.0)
+            grad = torch.sub(grad, projection, out=scratch).mul_(inv)
         grad_r = torch.empty_like(r)
         for i in range(1, ctx.nu + 1):
             g = grad[..., (i - 1) * n : i * n]
@@ -74,6 +86,7 @@ class _DPFP(torch.autograd.Function):
         return (grad_r[..., :d] - grad_r[..., d:]).to(ctx.input_dtype), None, None, None
 
 
-def dpfp(x: Tensor, nu: int, normalize: bool = False, eps: float = 1e-6) -> Tensor:
-    """DPFP features of x (…, d) → (…, 2·d·ν) fp32, sum-normalised with ``eps`` if ``normalize``."""
-    return _DPFP.apply(x, nu, normalize, eps)
+def dpfp(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e-30) -> Tensor:
+    """DPFP features of x (…, d) → (…, 2·d·ν) in fp32 (float64 for float64 x), divided by
+    max(Σφ, ``floor``) if ``normalize``."""
+    return _DPFP.apply(x, nu, normalize, floor)

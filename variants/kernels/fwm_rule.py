@@ -11,8 +11,8 @@ write strengths β_t:
     y_t = LayerNorm(W_t q_t)                          (over d_v, no affine parameters)
 
 Shapes: q, k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T); W (B, H, d_v, d_dot), one Frobenius
-norm per (batch, head) matrix. Computed in fp32 whatever the input dtype; outputs come back in the
-dtype of ``v``; the state stays fp32. ``W0`` is the state before the first token (zeros if None).
+norm per (batch, head) matrix. Computed in fp32, or float64 for float64 inputs; outputs come back
+in the dtype of ``v``; the state stays in that compute dtype. ``W0`` is the state before the first token (zeros if None).
 
 Why there is no parallel or chunk form: the rescaling divides by a norm of the running state, a
 non-linear function of every earlier write, so the writes do not compose into a product of
@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .precision import compute_dtype
+
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
 FWM_LAYER_NORM_EPS = 1e-5
 
@@ -39,8 +41,8 @@ FWM_LAYER_NORM_EPS = 1e-5
 def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None) -> Tensor:
     B, H, _, d_dot = k.shape
     if W0 is None:
-        return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=torch.float32)
-    return W0.float()
+        return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=compute_dtype(k, v))
+    return W0.to(compute_dtype(k, v, W0))
 
 
 def _write_one(W: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor) -> Tensor:
@@ -54,7 +56,7 @@ def _write_one(W: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor) -> Tensor:
 
 def fwm_rule_read(q: Tensor, W: Tensor, eps: float = FWM_LAYER_NORM_EPS) -> Tensor:
     """Read the memory with φ-mapped queries (B, H, T_q, d_dot): y = LayerNorm(W q), fp32."""
-    y = q.float() @ W.mT
+    y = q.to(W.dtype) @ W.mT
     return F.layer_norm(y, (y.shape[-1],), eps=eps)
 
 
@@ -64,7 +66,7 @@ def fwm_rule_recurrent(
 ) -> tuple[Tensor, Tensor]:
     """One token at a time (write, then read). Returns (y (B, H, T, d_v), W_T)."""
     W = _initial_state(k, v, W0)
-    q32, k32, v32, b32 = q.float(), k.float(), v.float(), beta.float()
+    q32, k32, v32, b32 = (x.to(W.dtype) for x in (q, k, v, beta))
     outputs = []
     for t in range(k.shape[2]):
         W = _write_one(W, k32[:, :, t], v32[:, :, t], b32[:, :, t])
@@ -78,7 +80,7 @@ def fwm_rule_recurrent(
 def fwm_rule_write(k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None) -> Tensor:
     """Store every (k_t, v_t) without reading; returns W_T (B, H, d_v, d_dot)."""
     W = _initial_state(k, v, W0)
-    k32, v32, b32 = k.float(), v.float(), beta.float()
+    k32, v32, b32 = (x.to(W.dtype) for x in (k, v, beta))
     for t in range(k.shape[2]):
         W = _write_one(W, k32[:, :, t], v32[:, :, t], b32[:, :, t])
     return W

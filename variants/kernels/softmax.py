@@ -5,6 +5,7 @@
 Shapes: q, k (B, H, T, d_key); v (B, H, T, d_v); cached keys and values (B, H, P, ·) hold the
 P tokens before this call. With ``window`` set, each query sees only its last ``window`` keys
 (itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all.
+A NaN or ±inf in a key or value reaches only the queries at or after it, as in the recurrent form.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from .precision import all_finite, masked_matmul
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -43,8 +46,19 @@ def softmax_parallel(
     if T == 0:
         return v.new_zeros(v.shape), *_trim(keys, values, window)
     mask = _causal_mask(T, P, window, q.device)
-    y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    if all_finite(q, keys, values):
+        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+    else:  # the fused kernel adds the mask to the logits and multiplies masked weights by values
+        y = _causal_with_non_finite(q, keys, values, mask)
     return y, *_trim(keys, values, window)
+
+
+def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """The masked attention when q, k or v hold NaN/inf: a masked logit is replaced (not added to,
+    NaN + −inf = NaN) by −inf, and a non-finite value reaches only the queries allowed to see it."""
+    logits = (q @ keys.mT) * (1.0 / math.sqrt(q.shape[-1]))
+    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    return masked_matmul(weights, values, allowed)
 
 
 def softmax_recurrent(

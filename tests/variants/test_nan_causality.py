@@ -1,0 +1,78 @@
+"""Non-finite values stay causal (issue 14.13): a NaN or ±inf at token t of a chunk leaves every
+output before t as it was, in every form of every variant.
+
+Inside a chunk the kernels multiply by masked matrices (tril(QKᵀ), the delta rule's T_c) whose
+zeros meet the later tokens' rows; 0·NaN = NaN, so before the fix one NaN value at token t turned
+the outputs of every earlier token of its chunk NaN. The outputs from t on may be anything.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from helpers import FORMS, SPECS
+
+from fwbench import variants
+
+ALL_SPECS = [*SPECS, "tanh-fwm"]
+T, BAD, D_KEY, D_V = 12, 7, 8, 5
+
+
+@functools.cache
+def module(spec: str) -> variants.Attention:
+    torch.manual_seed(0)
+    return variants.build_attention(spec, d_key=D_KEY).eval()
+
+
+def forms_of(spec: str) -> tuple[str, ...]:
+    return ("recurrent",) if variants.parse_spec(spec).info.rule == "fwm" else FORMS
+
+
+def clean_inputs(attention: variants.Attention) -> dict[str, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "q": torch.randn(2, 2, T, D_KEY, generator=g),
+        "k": torch.randn(2, 2, T, D_KEY, generator=g),
+        "v": torch.randn(2, 2, T, D_V, generator=g),
+        "beta": torch.rand(2, 2, T, generator=g) if attention.uses_beta else None,
+    }
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_a_non_finite_value_at_token_t_leaves_every_earlier_output_unchanged(spec, where, bad):
+    attention = module(spec)
+    inputs = clean_inputs(attention)
+    if inputs[where] is None:
+        pytest.skip(f"{spec} takes no {where}")
+    poisoned = dict(inputs)
+    poisoned[where] = inputs[where].clone()
+    if where == "beta":
+        poisoned[where][0, 1, BAD] = bad
+    else:
+        poisoned[where][0, 1, BAD, 2] = bad  # one entry of one head of one sequence
+    for form in forms_of(spec):
+        for chunk_size in (T, 5):  # the bad token inside the one chunk, and in the middle of a later one
+            y, _ = attention(**inputs, form=form, chunk_size=chunk_size)
+            y_bad, _ = attention(**poisoned, form=form, chunk_size=chunk_size)
+            assert torch.isfinite(y_bad[:, :, :BAD]).all(), f"{form}, chunk {chunk_size}: non-finite before t"
+            torch.testing.assert_close(y_bad[:, :, :BAD], y[:, :, :BAD], rtol=1e-6, atol=1e-7)
+            # the other sequences and heads do not see it at all
+            torch.testing.assert_close(y_bad[1], y[1], rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(y_bad[0, 0], y[0, 0], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", ["linear", "dpfp-delta:nu=2"])
+def test_a_nan_token_makes_the_later_outputs_non_finite_as_in_the_recurrent_form(spec, form):
+    """Kept causal, not hidden: what the recurrent form makes non-finite after t, every form does."""
+    attention = module(spec)
+    inputs = clean_inputs(attention)
+    inputs["v"][0, 1, BAD, 2] = float("nan")
+    y_recurrent, _ = attention(**inputs, form="recurrent")
+    y, _ = attention(**inputs, form=form, chunk_size=5)
+    assert torch.equal(torch.isfinite(y), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y[0, 1, BAD:]).all()

@@ -1,0 +1,176 @@
+"""Normalised attention stays normalised at every input scale (issue 14.2), the delta rule's read
+after a double write (14.4), and FAVOR+'s stabilisers stay per token (14.14).
+
+- With values the identity, each output row of a normalised (sum-rule or softmax) attention is
+  its attention row: it must sum to 1. Before: ``favor:m=64`` at d_key 32 with N(0, 1) inputs
+  summed to ≈ 1e-3 (mass ≈ 1e-9 against an added 1e-6), and to exactly 0 at scale 1e3; DPFP at
+  scale 1e-3 likewise.
+- The delta rule's sum-normalised features φ̂ sum to 1 at every scale.
+- Writing v₁ then v₂ under one key k with β = 1 and reading with k gives a(1 − a)·v₁ + a·v₂,
+  a = ‖φ̂(k)‖₂², through each delta variant's own φ, in every form.
+- FAVOR+'s features of a token never depend on another token: one future token whose exponent
+  reaches ≈ 128 (d_key 256, along a column of Ω) must change no earlier feature or output. A
+  stabiliser or overflow guard taking its maximum over the sequence shrinks every earlier feature
+  by e^-98 (to 0 in fp32) and fails these tests.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from helpers import DELTA_SPECS, FORMS, assert_close
+
+from fwbench import variants
+
+#: Every variant whose output rows are attention rows (normalised by the mass zᵀφ(q) or softmax).
+NORMALISED_SPECS = ["softmax", "linear", "favor:m=64", "favor:m=16", "dpfp:nu=1", "dpfp:nu=2"]
+SCALES = [1e-3, 1e-1, 1.0, 10.0, 1e3]
+D_KEY, T = 32, 32
+
+
+@functools.cache
+def module(spec: str, d_key: int = D_KEY) -> variants.Attention:
+    torch.manual_seed(0)
+    return variants.build_attention(spec, d_key=d_key).eval()
+
+
+def queries_and_keys(scale: float, T: int = T, d_key: int = D_KEY, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(1, 2, T, d_key, generator=g) * scale, torch.randn(1, 2, T, d_key, generator=g) * scale
+
+
+def identity_values(T: int = T) -> torch.Tensor:
+    return torch.eye(T).expand(1, 2, T, T)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", NORMALISED_SPECS)
+def test_attention_rows_sum_to_one_at_every_input_scale(spec, form, scale):
+    q, k = queries_and_keys(scale)
+    y, _ = module(spec)(q, k, identity_values(), form=form, chunk_size=8)
+    assert torch.isfinite(y).all()
+    assert (y >= 0).all()
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("spec", NORMALISED_SPECS)
+def test_attention_rows_sum_to_one_across_a_carried_state_and_in_a_read(spec, scale):
+    q, k = queries_and_keys(scale, seed=2)
+    v = identity_values()
+    attention = module(spec)
+    _, state = attention(q[:, :, :20], k[:, :, :20], v[:, :, :20], form="chunk", chunk_size=8)
+    y, state = attention(q[:, :, 20:], k[:, :, 20:], v[:, :, 20:], state=state, form="recurrent")
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T - 20), rtol=0, atol=1e-5)
+    read = attention.read(q, state)
+    torch.testing.assert_close(read.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    if spec != "softmax":
+        fused = attention.write_read(k, v, q)
+        torch.testing.assert_close(fused.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+
+
+def test_favor_rows_of_the_issue_are_the_estimators_attention_rows():
+    """favor:m=64, d_key 32, N(0, 1): beyond summing to 1, each row is the estimator's
+    φ(q)·φ(k_j) / Σ_j φ(q)·φ(k_j), computed here in float64 from the plain formula."""
+    attention = module("favor:m=64")
+    q, k = queries_and_keys(1.0, seed=3)
+    y, _ = attention(q, k, identity_values(), form="chunk", chunk_size=8)
+    omega = attention.feature_map.omega.double()
+
+    def plain(x):
+        projection = x.double() @ omega
+        half_norm = 0.5 * x.double().pow(2).sum(-1, keepdim=True)
+        return torch.cat([torch.exp(projection - half_norm), torch.exp(-projection - half_norm)], -1)
+
+    weights = (plain(q) @ plain(k).mT).tril() / (2 * attention.feature_map.m)
+    assert (weights.sum(-1) < 1e-7).any()  # the case of the issue: masses far below the old eps of 1e-6
+    assert_close(y, weights / weights.sum(-1, keepdim=True), 1e-5)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.parametrize("spec", DELTA_SPECS + ["dpfp-delta:nu=1", "favor-delta:m=64"])
+def test_delta_rule_features_sum_to_one_at_every_input_scale(spec, scale):
+    q, k = queries_and_keys(scale, seed=4)
+    for x in (q, k):
+        phi = module(spec).phi(x)
+        assert torch.isfinite(phi).all() and (phi >= 0).all()
+        torch.testing.assert_close(phi.sum(-1), torch.ones(phi.shape[:-1], dtype=phi.dtype), rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# 14.4: the read after writing one key twice with β = 1.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 5.0])
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", DELTA_SPECS + ["dpfp-delta:nu=1", "linear-delta"])
+def test_key_written_twice_reads_a_one_minus_a_v1_plus_a_v2(spec, form, scale):
+    """W₁ = v₁φ̂ᵀ, W₂ = W₁ + (v₂ − a v₁)φ̂ᵀ, so W₂φ̂ = a(1 − a)v₁ + a v₂ with a = ‖φ̂(k)‖²: v₂
+    exactly only for a one-hot φ̂ (a = 1), not for a general key as the old docstring said."""
+    attention = module(spec, d_key=8)
+    g = torch.Generator().manual_seed(5)
+    key = torch.randn(1, 2, 1, 8, generator=g) * scale
+    k = key.expand(1, 2, 2, 8)
+    v = torch.randn(1, 2, 2, 6, generator=g)
+    a = attention.phi(key).pow(2).sum(-1, keepdim=True)                      # ‖φ̂(k)‖², (1, 2, 1, 1)
+    assert 0 < a.min() and a.max() < 0.9  # a general key: the old claim (read = v₂) would be off
+    v1, v2 = v[:, :, :1], v[:, :, 1:]
+    y, state = attention(k, k, v, beta=torch.ones(1, 2, 2), form=form, chunk_size=1)
+    assert_close(y[:, :, :1], a * v1, 1e-5)
+    assert_close(y[:, :, 1:], a * (1 - a) * v1 + a * v2, 1e-5)
+    assert_close(attention.read(key, state), a * (1 - a) * v1 + a * v2, 1e-5)
+    assert_close(attention.write_read(k, v, key, beta=torch.ones(1, 2, 2)), a * (1 - a) * v1 + a * v2, 1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# 14.14: FAVOR+'s guards are per token.
+# ------------------------------------------------------------------------------------------------
+
+FUTURE = 6  # position of the token with the huge exponent
+
+
+@functools.cache
+def favor_at_d256(spec: str) -> variants.Attention:
+    torch.manual_seed(0)
+    return variants.build_attention(spec, d_key=256).eval()
+
+
+def past_and_future(attention: variants.Attention) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ordinary tokens (N(0, 1) · d^-1/4, the Performer's scale) and the same sequence with token
+    FUTURE replaced by a column of Ω, whose largest exponent ‖ω‖²/2 ≈ 128 is far above the window."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 1, 9, 256, generator=g) * 256**-0.25
+    spiked = x.clone()
+    spiked[0, 0, FUTURE] = attention.feature_map.omega[:, 0]
+    assert attention.feature_map.exponents(spiked[:, :, FUTURE]).max() > 100
+    return x, spiked
+
+
+@pytest.mark.parametrize("spec", ["favor:m=16", "favor-delta:m=16", "favor-fwm:m=16"])
+def test_favor_features_of_earlier_tokens_ignore_a_future_token_with_a_huge_exponent(spec):
+    attention = favor_at_d256(spec)
+    x, spiked = past_and_future(attention)
+    feature_map = attention.feature_map
+    for phi in (feature_map, feature_map.for_queries, feature_map.normalized):
+        before, after = phi(x), phi(spiked)
+        assert torch.isfinite(after).all()
+        assert torch.equal(after[:, :, :FUTURE], before[:, :, :FUTURE])
+        assert not torch.equal(after[:, :, FUTURE], before[:, :, FUTURE])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", ["favor:m=16", "favor-delta:m=16"])
+def test_favor_outputs_before_a_future_token_with_a_huge_exponent_do_not_change(spec, form):
+    attention = favor_at_d256(spec)
+    x, spiked = past_and_future(attention)
+    v = torch.randn(1, 1, 9, 4, generator=torch.Generator().manual_seed(7))
+    beta = torch.full((1, 1, 9), 0.5)
+    y, _ = attention(x, x, v, beta=beta, form=form, chunk_size=9)
+    y_spiked, _ = attention(spiked, spiked, v, beta=beta, form=form, chunk_size=9)
+    assert torch.isfinite(y_spiked).all()
+    assert y[:, :, :FUTURE].abs().min() > 0
+    torch.testing.assert_close(y_spiked[:, :, :FUTURE], y[:, :, :FUTURE], rtol=1e-6, atol=1e-7)

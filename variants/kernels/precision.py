@@ -1,0 +1,62 @@
+"""The dtype every kernel computes in, and the product that keeps NaN/inf causal.
+
+Kernels compute in the wider of their inputs' dtype and fp32 (:func:`compute_dtype`): fp16, bf16
+and fp32 inputs run in fp32 (a low-precision running sum of ~1-sized terms stops growing at 256 in
+bf16), float64 inputs run in float64, so that ``torch.autograd.gradcheck`` and a float64 reference
+see the kernels' true arithmetic. The carried state is kept in the same compute dtype.
+
+A masked product ``tril(A) @ X`` multiplies the rows of later tokens by exact zeros; 0·NaN = NaN,
+so one NaN token would turn every earlier output of its chunk NaN. :func:`causal_matmul` and
+:func:`masked_matmul` keep non-finite entries out of the product and mark the outputs that may
+read them instead.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """float64 if any given tensor is float64, else fp32 (``None`` entries are skipped)."""
+    wide = any(x is not None and x.dtype == torch.float64 for x in tensors)
+    return torch.float64 if wide else torch.float32
+
+
+def all_finite(*tensors: Tensor | None) -> bool:
+    """Whether every element of the given tensors is finite: one sum per tensor (a sum is finite
+    only if every term is; NaN and ±inf propagate), and the exact per-element check only when a
+    sum of finite values overflowed. One host synchronisation."""
+    present = [x for x in tensors if x is not None and x.numel()]
+    if not present:
+        return True
+    sums = torch.stack([x.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) for x in present])
+    if bool(torch.isfinite(sums).all()):
+        return True
+    return all(bool(torch.isfinite(x).all()) for x in present)
+
+
+def causal_matmul(lower: Tensor, x: Tensor) -> Tensor:
+    """``lower @ x`` for lower-triangular ``lower`` (…, C, C) and ``x`` (…, C, D), where row s of
+    the result reads rows j ≤ s of ``x`` only, also when a later row holds NaN or ±inf.
+
+    A non-finite entry x[t, d] is left out of the product (read as 0) and every output entry
+    [s, d] with s ≥ t is set to NaN: the outputs before t are what they would be without it, the
+    outputs from t on are non-finite, as in the recurrent form. Costs one pass over ``x`` more
+    than a plain matmul, so the kernels call it only when their inputs are not all finite.
+    """
+    bad = ~torch.isfinite(x)
+    reached = bad.cumsum(dim=-2, dtype=torch.int32) > 0  # entries at or after a non-finite one
+    product = lower @ x.masked_fill(bad, 0.0)
+    return product.masked_fill(reached, float("nan"))
+
+
+def masked_matmul(weights: Tensor, x: Tensor, allowed: Tensor) -> Tensor:
+    """``weights @ x`` (…, T, P) @ (…, P, D) where output row s reads only the rows j of ``x`` with
+    ``allowed[s, j]`` (a boolean (T, P) mask; ``weights`` is 0 elsewhere), also when another row
+    holds NaN or ±inf: such an entry x[j, d] is read as 0, and the outputs [s, d] of every row s
+    allowed to read it are set to NaN. For softmax attention with a cache (P ≥ T keys)."""
+    bad = ~torch.isfinite(x)
+    product = weights @ x.masked_fill(bad, 0.0)
+    reached = (allowed.to(x.dtype) @ bad.to(x.dtype)) > 0
+    return product.masked_fill(reached, float("nan"))
