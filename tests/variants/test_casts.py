@@ -19,7 +19,7 @@ from helpers import FORMS, SPECS, assert_close
 from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
 from fwbench.tasks.mqar import MQARModel
 from fwbench.tasks.retrieval import RetrievalModel
-from fwbench.variants import AttentionLayer
+from fwbench.variants import AttentionLayer, using_form
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}
 #: Relative RMSE against the fp32 model on the same rounded weights and inputs: the outputs are
@@ -27,6 +27,12 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, 
 #: computes what fp32 does, exactly.
 REL_RMSE = {torch.float16: 5e-3, torch.bfloat16: 4e-2, torch.float32: 1e-6, torch.float64: 1e-5}
 D_MODEL, N_HEADS, T = 32, 2, 11
+
+
+def run_in(form: str, module: torch.nn.Module, *args, **kwargs):
+    """``module(*args, **kwargs)`` with every attention inside it switched to ``form``."""
+    with using_form(module, form):
+        return module(*args, **kwargs)
 
 
 def cast_and_reference(model: torch.nn.Module, dtype: torch.dtype):
@@ -40,19 +46,19 @@ def cast_and_reference(model: torch.nn.Module, dtype: torch.dtype):
 @pytest.mark.parametrize("spec", SPECS)
 def test_attention_layer_works_after_to_dtype_in_every_form_and_with_a_carried_state(spec, dtype):
     torch.manual_seed(0)
-    layer, reference = cast_and_reference(AttentionLayer(spec, D_MODEL, N_HEADS), dtype)
+    layer, reference = cast_and_reference(AttentionLayer(spec, D_MODEL, N_HEADS, chunk_size=4), dtype)
     x = torch.randn(2, T, D_MODEL).to(dtype)
     with torch.no_grad():
-        expected, _ = reference(x.float(), form="recurrent")
+        expected, _ = run_in("recurrent", reference, x.float())
         for form in FORMS:
-            y, _ = layer(x, form=form, chunk_size=4)
+            y, _ = run_in(form, layer, x)
             assert y.dtype == dtype
             assert_close(y.float(), expected, REL_RMSE[dtype])
         # generation: a prefix in one call, then one token at a time through the carried state
-        y_prefix, state = layer(x[:, :6], form="chunk", chunk_size=4)
+        y_prefix, state = run_in("chunk", layer, x[:, :6])
         steps = [y_prefix]
         for t in range(6, T):
-            y_t, state = layer(x[:, t:t + 1], state=state, form="recurrent")
+            y_t, state = run_in("recurrent", layer, x[:, t:t + 1], state=state)
             steps.append(y_t)
         assert_close(torch.cat(steps, dim=1).float(), expected, REL_RMSE[dtype])
 
@@ -74,13 +80,13 @@ def test_favor_redraw_keeps_the_cast_dtype():
 @pytest.mark.parametrize("spec", ["softmax", "favor:m=8", "dpfp-delta:nu=1"])
 def test_decoder_lm_forward_and_generation_after_to_dtype(spec, dtype):
     torch.manual_seed(0)
-    config = DecoderConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, context=8)
+    config = DecoderConfig(vocab_size=12, d_model=16, n_heads=2, n_layers=1, d_ff=32, context=8, chunk_size=4)
     model, reference = cast_and_reference(DecoderLM(spec, config), dtype)
     tokens = torch.randint(0, 12, (2, 13), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        expected, _ = reference(tokens, form="recurrent")
+        expected, _ = run_in("recurrent", reference, tokens)
         for form in FORMS:
-            logits, _ = model(tokens, form=form, chunk_size=4)
+            logits, _ = run_in(form, model, tokens)
             assert logits.dtype == dtype
             assert_close(logits.float(), expected, REL_RMSE[dtype])
     sampled, states = model.generate(tokens[:, :5], n_tokens=4, temperature=0.0)
@@ -91,13 +97,13 @@ def test_decoder_lm_forward_and_generation_after_to_dtype(spec, dtype):
 @pytest.mark.parametrize("spec", ["linear", "favor-delta:m=8"])
 def test_mqar_model_after_to_dtype(spec, dtype):
     torch.manual_seed(0)
-    model, reference = cast_and_reference(MQARModel(spec, vocab_size=16, d_model=16, n_heads=2), dtype)
+    model, reference = cast_and_reference(MQARModel(spec, vocab_size=16, d_model=16, n_heads=2, chunk_size=4), dtype)
     tokens = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(2))
     labels = torch.randint(0, 16, (2, 12), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        expected, _ = reference(tokens, labels, form="recurrent")
+        expected, _ = run_in("recurrent", reference, tokens, labels)
         for form in FORMS:
-            logits, _ = model(tokens, labels, form=form, chunk_size=4)
+            logits, _ = run_in(form, model, tokens, labels)
             assert_close(logits.float(), expected, REL_RMSE[dtype])
 
 
@@ -105,11 +111,11 @@ def test_mqar_model_after_to_dtype(spec, dtype):
 @pytest.mark.parametrize("spec", ["linear", "favor:m=8", "dpfp-delta:nu=1", "favor-delta:m=8"])
 def test_retrieval_model_after_to_dtype(spec, dtype):
     torch.manual_seed(0)
-    model, reference = cast_and_reference(RetrievalModel(spec, S=6, d_key=8), dtype)
+    model, reference = cast_and_reference(RetrievalModel(spec, S=6, d_key=8, chunk_size=4), dtype)
     g = torch.Generator().manual_seed(4)
     keys, values = torch.randint(0, 6, (3, 9), generator=g), torch.randint(0, 6, (3, 9), generator=g)
     queries = torch.randint(0, 6, (3, 2), generator=g)
     with torch.no_grad():
-        expected = reference(keys, values, queries, form="recurrent")
+        expected = run_in("recurrent", reference, keys, values, queries)
         for form in ("auto", *FORMS):
-            assert_close(model(keys, values, queries, form=form, chunk_size=4).float(), expected, REL_RMSE[dtype])
+            assert_close(run_in(form, model, keys, values, queries).float(), expected, REL_RMSE[dtype])
