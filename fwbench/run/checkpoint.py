@@ -22,7 +22,9 @@ from fwbench.errors import FwbenchError
 
 #: Bump when the checkpoint layout changes; older files are then refused with a clear message.
 #: 2: the retrieval model stores W_k and W_β as their one-hot and embedding blocks.
-CHECKPOINT_FORMAT = 2
+#: 3: the loop state of :class:`fwbench.run.training.LoopState` (no ``best_eval`` of infinity), FAVOR+'s
+#: redraw stream (``rng.generators.features``) and each data-parallel rank's dropout stream (``rng.ranks``).
+CHECKPOINT_FORMAT = 3
 
 
 def rng_states(generators: dict[str, torch.Generator], device: torch.device) -> dict[str, Any]:
