@@ -216,3 +216,11 @@ def test_the_grid_loader_warns_when_the_budget_falls_between_evaluations(tmp_pat
     grid = load_grid(path)
     assert grid.warnings == ("grid g profile quick: max_steps 190 is not a multiple of eval_every 100; runs that "
                              "reach it are also evaluated at step 190, off the every-100 schedule",)
+
+
+def test_tables_still_count_a_run_diverged_before_any_evaluation_as_failed():
+    from fwbench.analysis.records import records_frame
+
+    record = {"run_id": "x", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1, "status": "diverged",
+              "steps": 2, "wall_s": 0.1, "config": {"S": 4}, "metrics": {"best_eval_loss": None}}
+    assert records_frame([record])["best_eval_loss"].tolist() == [float("inf")]
