@@ -224,3 +224,17 @@ def test_tables_still_count_a_run_diverged_before_any_evaluation_as_failed():
     record = {"run_id": "x", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1, "status": "diverged",
               "steps": 2, "wall_s": 0.1, "config": {"S": 4}, "metrics": {"best_eval_loss": None}}
     assert records_frame([record])["best_eval_loss"].tolist() == [float("inf")]
+
+
+def test_fwbench_run_prints_the_schedule_warning_and_evaluates_the_last_step(tmp_path, capsys):
+    from fwbench.cli import main
+
+    grid = tmp_path / "w.toml"
+    grid.write_text('task = "retrieval"\n[profiles.quick]\nvariant = "linear"\nseed = 1\nS = 4\nd_key = 8\n'
+                    'batch_size = 4\neval_sequences = 4\nmax_steps = 3\neval_every = 2\ntarget_loss = 0.0\n')
+    assert main(["run", str(grid), "--results-dir", str(tmp_path / "r"), "--quiet"]) == 0
+    assert ("fwbench: warning: grid w profile quick: max_steps 3 is not a multiple of eval_every 2; runs that "
+            "reach it are also evaluated at step 3, off the every-2 schedule") in capsys.readouterr().err
+    record, = ResultsStore(tmp_path / "r").records()
+    assert [point["step"] for point in record["curve"]] == [2, 3]
+    assert record["metrics"]["final_eval_loss"] == record["curve"][-1]["eval_loss"]
