@@ -186,8 +186,8 @@ class _Training:
 
     def __init__(self, task_name: str, variant: str, config, seed: int, device: torch.device, check_finite: bool,
                  distributed: DistributedContext | None, checkpoint_path: str | Path | None):
-        self.task, self.task_name, self.variant, self.config, self.seed = TASKS[task_name], task_name, variant, config, seed
-        self.device, self.distributed = device, distributed
+        self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
+        self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
         torch.manual_seed(seed)
         self.model = self.task.build_model(config, variant).to(device)
         set_check_finite(self.model, check_finite)
