@@ -104,6 +104,8 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
+    for note in (note for grid in grids for note in grid.warnings):
+        print(f"fwbench: warning: {note}", file=sys.stderr)
     for problem in store.load().problems:
         print(f"fwbench: warning: {problem}", file=sys.stderr)
     plans = [(grid, expand(grid, profile, seeds)) for grid in grids]

@@ -284,8 +284,9 @@ def sample_next(logits: Tensor, temperature: float, generator: torch.Generator |
                            "weights diverged cannot sample)")
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)
-    # subtract the max first: a tiny temperature then sends the others to −inf, never to inf − inf
-    scaled = logits.float()
+    # subtract the max first: a tiny temperature then sends the others to −inf, never to inf − inf;
+    # in float64, so that any positive Python float divides as itself (1e-46 is 0 in fp32: 0/0)
+    scaled = logits.double()
     scaled = (scaled - scaled.amax(dim=-1, keepdim=True)) / temperature
     if top_k is not None:
         threshold = scaled.topk(top_k, dim=-1).values[:, -1:]

@@ -269,10 +269,11 @@ class ShakespeareTask:
         """(batch_size, train_segments · context + 1) ids: random windows of the training split."""
         train = self.corpus(config.train_fraction).train
         length = config.sequence_length
-        if train.numel() < length + 2:
+        if train.numel() < length + 1:
             raise CorpusError(f"context × train_segments: got {length}; the training split has only "
-                              f"{train.numel()} characters")
-        starts = torch.randint(0, train.numel() - length - 1, (config.batch_size,), generator=generator)
+                              f"{train.numel()} characters, expected at least {length + 1} (one window)")
+        # a window is length + 1 characters: starts 0 … numel − length − 1, the last one included
+        starts = torch.randint(0, train.numel() - length, (config.batch_size,), generator=generator)
         return train[starts[:, None] + torch.arange(length + 1)]
 
     def loss(self, model: DecoderLM, batch: Tensor, config: ShakespeareConfig) -> Tensor:

@@ -11,6 +11,7 @@ the table cannot drift from the code.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -576,6 +577,24 @@ def _(ctx):
     return f"exit {status}, warning: {err}"
 
 
+@row("H07")
+def _(ctx):
+    from fwbench.tasks.retrieval import RetrievalConfig
+
+    config = RetrievalConfig(S=4, d_key=8, batch_size=4, eval_every=50, eval_sequences=4, max_steps=100, lr=1e12)
+    store = ResultsStore(ctx.tmp_path / "results")
+    run_grid([RunSpec("lr", "retrieval", "linear", 1, asdict(config))], store, LaunchOptions(device="cpu"), quiet=True)
+    line, = store.path.read_text().splitlines()
+
+    def refuse(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    record = json.loads(line, parse_constant=refuse)
+    return (f"strict JSON line: status {record['status']!r}, diverged_at {record['diverged_at']}, diverged_reason "
+            f"{record['diverged_reason']!r}, best_eval_loss {record['metrics']['best_eval_loss']} (never measured; "
+            "never Infinity)")
+
+
 # ------------------------------------------------------------------------------------------------
 # C: the command line.
 # ------------------------------------------------------------------------------------------------
@@ -687,6 +706,11 @@ def _(ctx):
 @row("C19")
 def _(ctx):
     return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--seed", str(2**70))
+
+
+@row("C21")
+def _(ctx):
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--temperature", "nan")
 
 
 @row("C20")

@@ -23,6 +23,7 @@ import pandas as pd
 
 from fwbench.analysis.records import CAPACITY_THRESHOLD, Capacity, estimate_capacity
 from fwbench.analysis.statistics import CONFIDENCE, t_interval
+from fwbench.run.strict_json import write_csv
 
 #: Columns of the capacity CSV written by ``fwbench capacity``.
 CAPACITY_COLUMNS = [
@@ -121,5 +122,5 @@ def describe(row: pd.Series) -> str:
 def write_capacity_csv(table: pd.DataFrame, path: Path) -> Path:
     """Write the capacity table (columns :data:`CAPACITY_COLUMNS`) as CSV."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    table.reindex(columns=CAPACITY_COLUMNS).to_csv(path, index=False, float_format="%.4g")
+    write_csv(table.reindex(columns=CAPACITY_COLUMNS), path, index=False, float_format="%.4g")
     return path

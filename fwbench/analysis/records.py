@@ -29,6 +29,10 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         }
         row.update(r["config"])
         row.update(r["metrics"])
+        if r["status"] == "diverged" and row.get("best_eval_loss") is None:
+            # diverged before its first evaluation: never measured (null in the record); tables and
+            # claims count the memory as failed, an infinite loss
+            row["best_eval_loss"] = math.inf
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from fwbench.run.strict_json import strict_dumps
+
 #: The committed baseline (relative to the repository root).
 BASELINE_PATH = Path(__file__).resolve().parents[2] / "results" / "baselines" / "perf_baseline.json"
 #: ``nox -s bench`` fails when a ratio is more than this many times its baseline.
@@ -190,5 +192,5 @@ def write_baseline(ratios: dict[str, float], seconds: dict[str, float], environm
         data["benchmarks"][name] = {"ratio": ratio, "seconds": seconds.get(name)}
     data["benchmarks"] = dict(sorted(data["benchmarks"].items()))
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(strict_dumps(data, indent=2, sort_keys=True) + "\n")
     return path

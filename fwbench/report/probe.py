@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from fwbench.run.strict_json import write_csv  # noqa: E402
 from fwbench.variants import build_attention, parse_spec  # noqa: E402
 
 #: Variants probed by default: every feature map of the paper with every update rule.
@@ -124,6 +125,6 @@ def write_probe(out_dir: Path, variants: list[str] | None = None, d_key: int = 6
     table = run_probe(variants, d_key, trials=trials, seed=seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     csv = out_dir / "probe.csv"
-    table.to_csv(csv, index=False, float_format="%.4g")
+    write_csv(table, csv, index=False, float_format="%.4g")
     figure = probe_figure(table, out_dir / "probe.png")
     return csv, figure, time.perf_counter() - started

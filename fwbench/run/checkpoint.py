@@ -1,9 +1,10 @@
 """Training checkpoints: everything a run needs to continue exactly where it stopped.
 
 A checkpoint holds the model, optimiser and schedule states, every random number generator the
-loop draws from (torch's global RNG, which FAVOR+ redraws and dropout use; the data generators;
-CUDA's RNG on a GPU), the step, the learning curve so far and the loop's bookkeeping. Resuming
-from it on the same machine gives bit-for-bit the run that was never interrupted.
+loop draws from (torch's global RNG, which dropout uses, of every data-parallel rank; the data
+generators and FAVOR+'s redraw stream; CUDA's RNG on a GPU), the step, the learning curve so far and
+the loop's bookkeeping. Resuming from it on the same machine gives bit-for-bit the run that was
+never interrupted.
 
 Files are written to a temporary name and renamed into place, so a run killed while saving
 leaves the previous checkpoint intact, never half a file.
@@ -22,7 +23,9 @@ from fwbench.errors import FwbenchError
 
 #: Bump when the checkpoint layout changes; older files are then refused with a clear message.
 #: 2: the retrieval model stores W_k and W_β as their one-hot and embedding blocks.
-CHECKPOINT_FORMAT = 2
+#: 3: the loop state of :class:`fwbench.run.training.LoopState` (no ``best_eval`` of infinity), FAVOR+'s
+#: redraw stream (``rng.generators.features``) and each data-parallel rank's dropout stream (``rng.ranks``).
+CHECKPOINT_FORMAT = 3
 
 
 def rng_states(generators: dict[str, torch.Generator], device: torch.device) -> dict[str, Any]:

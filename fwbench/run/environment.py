@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 import sys
@@ -10,9 +11,31 @@ from pathlib import Path
 import torch
 
 from fwbench.errors import FwbenchError
-from fwbench.run.allocator import malloc_tuning_active
+from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
+from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
+#: Environment variables that change what a run does: the data directory (``--data-dir`` sets it),
+#: the corpus cache and the allocator tuning. A run executed in another process (a Ray worker of a
+#: cluster started elsewhere) receives their values as they are here (:func:`run_settings`).
+RUN_SETTINGS_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV, TUNING_ENV)
+
+
+def run_settings() -> dict[str, str]:
+    """The :data:`RUN_SETTINGS_ENV` variables set in this process, name → value."""
+    return {name: os.environ[name] for name in RUN_SETTINGS_ENV if name in os.environ}
+
+
+def apply_run_settings(settings: dict[str, str]) -> None:
+    """Set the variables of :func:`run_settings` (from the process that launched the run) here.
+
+    Raises:
+        FwbenchError: a name that is not one of :data:`RUN_SETTINGS_ENV`.
+    """
+    unknown = sorted(set(settings) - set(RUN_SETTINGS_ENV))
+    if unknown:
+        raise FwbenchError(f"settings: got {unknown[0]!r}; expected names among {', '.join(RUN_SETTINGS_ENV)}")
+    os.environ.update(settings)
 
 
 def check_device_name(device: str) -> str:

@@ -34,7 +34,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,9 @@ TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "varian
 RUN_KEYS = {"variant", "seed"}
 #: Bump when a change to the code makes old records incomparable; it is part of every run id. A task
 #: whose own records alone changed meaning declares ``record_schema`` instead (hashed when set).
-RECORD_SCHEMA = 1
+#: 2: LM training windows include the last start; FAVOR+ redraws from their own stream; the model
+#: a run ends with is always evaluated; no ``Infinity`` for a best loss never measured.
+RECORD_SCHEMA = 2
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Grid:
     path: Path
     #: user variant modules, resolved (absolute paths or module names), imported by :func:`load_grid`
     variant_modules: tuple[str, ...] = ()
+    #: things worth knowing that are not errors (a ``max_steps`` that is not a multiple of ``eval_every``)
+    warnings: tuple[str, ...] = ()
 
 
 def import_modules_of(spec: RunSpec) -> None:
@@ -190,9 +194,21 @@ def load_grid(name_or_path: str | Path) -> Grid:
     except VariantError as exc:
         raise FwbenchError(f"grid {path}: {exc}") from None
     grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path, modules)
+    notes = []
     for profile in profiles:
-        expand(grid, profile)  # validates every profile up front
-    return grid
+        specs = expand(grid, profile)  # validates every profile up front
+        notes += _schedule_warnings(grid.name, profile, specs)
+    return replace(grid, warnings=tuple(notes))
+
+
+def _schedule_warnings(grid_name: str, profile: str, specs: list[RunSpec]) -> list[str]:
+    """One line per (max_steps, eval_every) pair of a profile where the budget falls between two
+    evaluations: such a run is evaluated once more, at its last step, off the schedule."""
+    pairs = sorted({(s.config["max_steps"], s.config["eval_every"]) for s in specs
+                    if "max_steps" in s.config and "eval_every" in s.config})
+    return [f"grid {grid_name} profile {profile}: max_steps {steps} is not a multiple of eval_every {every}; "
+            f"runs that reach it are also evaluated at step {steps}, off the every-{every} schedule"
+            for steps, every in pairs if steps % every]
 
 
 def _check_value(where: str, key: str, value: Any, expected: type) -> Any:

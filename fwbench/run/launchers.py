@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from fwbench.errors import FwbenchError
-from fwbench.run.environment import resolve_device
+from fwbench.run.environment import apply_run_settings, resolve_device, run_settings
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
@@ -67,10 +67,17 @@ def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
     }
 
 
-def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path | None = None) -> dict:
-    """Run one spec where it lands (a Ray worker or this process) and return its record."""
+def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path | None = None,
+                      settings: dict[str, str] | None = None) -> dict:
+    """Run one spec where it lands (a Ray worker or this process) and return its record.
+
+    ``settings``: the launching process's :func:`~fwbench.run.environment.run_settings` (data
+    directory, corpus cache, allocator tuning), set here first, so that a worker of a cluster
+    started elsewhere, with another environment, runs what the command line asked for.
+    """
     torch.set_num_threads(threads)
     try:
+        apply_run_settings(settings or {})
         return execute(spec, resolve_device(device), checkpoint=checkpoint)
     except Exception as exc:  # a broken run must not take the grid down with it
         return failed_record(spec, exc)
@@ -123,7 +130,9 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
         execute_in_worker
     )
-    pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec)): spec for spec in specs}
+    settings = run_settings()  # a task argument: the environment of a separately started cluster lacks them
+    pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec), settings): spec
+               for spec in specs}
     try:
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1)

@@ -54,7 +54,8 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     Raises:
         FwbenchError: the store cannot be written (checked before any training).
     """
-    options = replace(options or LaunchOptions(), checkpoint_dir=str(store.directory / CHECKPOINT_DIR))
+    # absolute: a Ray worker runs in another working directory
+    options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
     store.check_writable()
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]

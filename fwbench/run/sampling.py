@@ -7,6 +7,7 @@ Generation runs token by token in the recurrent form with the carried state.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -48,8 +49,8 @@ def sample_from_checkpoint(path: str | Path, prompt: str, tokens: int, temperatu
     """
     if tokens < 0:
         raise FwbenchError(f"--tokens: got {tokens}; expected an integer >= 0")
-    if temperature < 0:
-        raise FwbenchError(f"--temperature: got {temperature}; expected a number >= 0 (0 = greedy)")
+    if not math.isfinite(temperature) or temperature < 0:
+        raise FwbenchError(f"--temperature: got {temperature}; expected a finite number >= 0 (0 = greedy)")
     if not 0 <= seed < 2**63:
         raise FwbenchError(f"--seed: got {seed}; expected an integer in [0, 2**63)")
     model, info = load_language_model(path, device)

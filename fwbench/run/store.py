@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fwbench.errors import FwbenchError
+from fwbench.run.strict_json import strict_dumps
 
 RECORDS_FILE = "runs.jsonl"
 LOCK_FILE = "runs.lock"
@@ -155,9 +156,11 @@ class ResultsStore:
         """Append ``record`` unless its run_id is already stored. Returns whether it was written.
 
         All or nothing: if the write fails part-way (disk full, quota), what was written is cut
-        off again and :class:`FwbenchError` is raised.
+        off again and :class:`FwbenchError` is raised. The line is strict JSON: a NaN or infinite
+        value is written as ``null`` and listed in the record's ``non_finite``
+        (:func:`fwbench.run.strict_json.sanitize_record`).
         """
-        line = (json.dumps(record, sort_keys=True, allow_nan=True) + "\n").encode()
+        line = (strict_dumps(record, sort_keys=True) + "\n").encode()
         with self._locked():
             finished = {r["run_id"] for r in self._load_unlocked().records if r.get("status") != "failed"}
             if record["run_id"] in finished:

@@ -1,10 +1,19 @@
-"""The generic training loop: seeded, evaluation every ``eval_every`` steps, early stopping.
+"""The generic training loop: seeded, evaluation every ``eval_every`` steps and at the last step,
+early stopping.
 
 Stops at the first of: evaluation loss ≤ ``target_loss`` (converged), ``patience`` evaluations
 without a new best (plateau), ``max_steps`` (budget), or divergence: a non-finite training loss,
 gradient or evaluation loss, or (with ``check_finite``, on by default) a NaN/inf reaching an
 attention layer. A diverged run is recorded with the step it happened at and the reason, never
-dropped; the optimiser never applies a non-finite gradient.
+dropped; the optimiser never applies a non-finite gradient. Whatever the schedule, the model the
+run ends with is evaluated: a run stopped by its budget between two evaluations (``max_steps`` not
+a multiple of ``eval_every``) gets one more evaluation at its last step.
+
+Random streams, all derived from the run seed: the model's initial weights (torch's global RNG
+after ``torch.manual_seed(seed)``), the training and evaluation data, FAVOR+'s feature redraws
+(a generator of their own, the same on every rank of a data-parallel group, so the ranks keep one
+Ω) and dropout (torch's global RNG after the model is built: rank 0 continues the seed's stream,
+rank r > 0 is reseeded with ``seed + r · RANK_SEED_OFFSET``, so each rank draws its own masks).
 
 Optional config fields extend the loop without changing runs whose configs lack them:
 ``schedule`` / ``warmup_steps`` / ``grad_clip`` (see :mod:`fwbench.run.optimization`) and
@@ -18,8 +27,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,13 +41,20 @@ from fwbench.tasks.base import to_device
 from fwbench.variants import FeatureMap, NonFiniteError, set_check_finite
 from fwbench.variants.checks import all_finite
 
-#: Generator seeds derived from the run seed; distinct streams for training and evaluation data.
+#: Generator seeds derived from the run seed; distinct streams for training and evaluation data,
+#: FAVOR+'s feature redraws, and each data-parallel rank's dropout.
 EVAL_SEED_OFFSET = 1_000_003
+FEATURE_SEED_OFFSET = 2_000_003
+RANK_SEED_OFFSET = 3_000_017
 
 
 @dataclass
 class FitResult:
-    """What one training run produced (the body of a record)."""
+    """What one training run produced (the body of a record).
+
+    ``best_eval`` and ``final_eval`` are empty when no evaluation finished (a run that diverged
+    before its first one): never measured, so the record holds null there, not infinity.
+    """
 
     status: str  # converged | plateau | max_steps | diverged
     steps: int
@@ -56,16 +73,234 @@ class FitResult:
     distributed: dict | None = None
 
 
-def redraw_random_features(model: torch.nn.Module) -> None:
-    """Draw new random features (FAVOR+) in every feature map of ``model``: once per training step."""
-    for module in model.modules():
-        if isinstance(module, FeatureMap):
-            module.redraw_features()
+@dataclass
+class LoopState:
+    """Where a run stands between two steps: what :func:`fit` carries along and a checkpoint keeps.
+
+    ``state_dict()`` / ``from_state_dict()`` give the plain dict stored as a checkpoint's ``loop``
+    (its ``step``, ``finished`` and ``status`` are read by ``fwbench sample``); ``resumed_at`` and
+    the wall clock of this process are not saved. ``wall_s`` and ``train_s`` are seconds.
+    """
+
+    step: int = 0
+    curve: list[dict[str, float]] = field(default_factory=list)
+    best_eval: dict[str, float] = field(default_factory=dict)
+    best_step: int = 0
+    since_best: int = 0
+    status: str = "max_steps"
+    diverged_at: int | None = None
+    diverged_reason: str | None = None
+    last_eval: dict[str, float] = field(default_factory=dict)
+    train_s: float = 0.0
+    wall_s: float = 0.0  # spent by earlier processes (a resumed run)
+    finished: bool = False
+    resumed_at: int | None = None
+    clock: float = field(default_factory=time.perf_counter)
+
+    _UNSAVED = ("resumed_at", "clock")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The saved fields, ``wall_s`` including this process's time so far."""
+        state = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in self._UNSAVED}
+        return {**state, "wall_s": self.elapsed()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> LoopState:
+        """The loop saved by :meth:`state_dict`, marked as resumed at its step."""
+        return cls(**{k: v for k, v in state.items() if k not in cls._UNSAVED}, resumed_at=state["step"])
+
+    def elapsed(self) -> float:
+        """Wall-clock seconds of the whole run so far, earlier processes included."""
+        return self.wall_s + time.perf_counter() - self.clock
+
+    def diverge(self, reason: str) -> None:
+        """End the run as diverged at the current step."""
+        self.status, self.diverged_at, self.diverged_reason = "diverged", self.step, reason
+
+    def evaluated_now(self) -> bool:
+        """Whether the model at the current step has been evaluated."""
+        return bool(self.curve) and self.curve[-1]["step"] == self.step
+
+    def record_evaluation(self, metrics: dict[str, float], train_loss: float | None, config, last: bool) -> bool:
+        """Add an evaluation at the current step to the curve and the early-stopping count.
+
+        Returns whether the run stops here: the loss is non-finite (diverged), reaches
+        ``config.target_loss`` (converged), or has not improved on the best for ``config.patience``
+        evaluations in a row (plateau; not checked for the ``last`` evaluation, after the budget).
+        """
+        self.last_eval = dict(metrics)
+        point = {"step": self.step} if train_loss is None else {"step": self.step, "train_loss": train_loss}
+        self.curve.append({**point, **{f"eval_{k}": v for k, v in metrics.items()}})
+        loss = metrics["loss"]
+        if not math.isfinite(loss):
+            self.diverge(f"evaluation loss is {loss}")
+            return True
+        if not self.best_eval or loss < self.best_eval["loss"]:
+            self.best_eval, self.best_step, self.since_best = dict(metrics), self.step, 0
+        else:
+            self.since_best += 1
+        if loss <= config.target_loss:
+            self.status = "converged"
+        elif self.since_best >= config.patience and not last:
+            self.status = "plateau"
+        return self.status != "max_steps"
+
+
+def redraw_random_features(model: torch.nn.Module, stream: torch.Generator | None = None) -> None:
+    """Draw new random features (FAVOR+) in every feature map of ``model``: once per training step.
+
+    With ``stream``, the draws come from that generator (and advance it) instead of torch's global
+    RNG, which is left as it was: every rank of a data-parallel group then draws the same Ω.
+    """
+    maps = [module for module in model.modules() if isinstance(module, FeatureMap)]
+    if stream is None:
+        for feature_map in maps:
+            feature_map.redraw_features()
+        return
+    global_state = torch.get_rng_state()
+    torch.set_rng_state(stream.get_state())
+    try:
+        for feature_map in maps:
+            feature_map.redraw_features()
+    finally:
+        stream.set_state(torch.get_rng_state())
+        torch.set_rng_state(global_state)
 
 
 def _gradients_finite(model: torch.nn.Module) -> bool:
     """Whether every gradient element of ``model`` is finite (no NaN, no ±inf); runs every step."""
     return all_finite(p.grad for p in model.parameters() if p.grad is not None)
+
+
+def _rank_rng(device: torch.device) -> dict[str, torch.Tensor]:
+    """This process's own global RNG states (dropout's stream), which differ between ranks."""
+    states = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    return states
+
+
+class _Training:
+    """One run's model, optimiser, schedule and random streams, and the step, evaluation and
+    checkpoint operations :func:`fit` composes."""
+
+    def __init__(self, task_name: str, variant: str, config, seed: int, device: torch.device, check_finite: bool,
+                 distributed: DistributedContext | None, checkpoint_path: str | Path | None):
+        self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
+        self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
+        torch.manual_seed(seed)
+        self.model = self.task.build_model(config, variant).to(device)
+        set_check_finite(self.model, check_finite)
+        if distributed is not None:
+            distributed.check_batch_size(config.batch_size)
+            if distributed.rank:  # the same initial weights on every rank, then each rank's own dropout
+                torch.manual_seed(seed + distributed.rank * RANK_SEED_OFFSET)
+        # the module the loss runs through: DDP averages gradients across ranks in backward
+        self.trained = self.model if distributed is None else distributed.wrap(self.model, device)
+        self.is_main = distributed is None or distributed.is_main
+        self.optimizer = build_optimizer(self.model, config)
+        self.schedule = build_schedule(self.optimizer, config)
+        self.generators = {"train": torch.Generator().manual_seed(seed),
+                           "eval": torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET),
+                           "features": torch.Generator().manual_seed(seed + FEATURE_SEED_OFFSET)}
+        self.checkpoint_path = checkpoint_path
+        self.checkpoint_every = getattr(config, "checkpoint_every", 0) if checkpoint_path is not None else 0
+
+    def train_step(self, loop: LoopState) -> float | None:
+        """One optimiser step (``loop.step`` advances); the training loss, or ``None`` once diverged."""
+        self.model.train()
+        redraw_random_features(self.model, self.generators["features"])
+        started = time.perf_counter()
+        batch = self.task.train_batch(self.config, self.generators["train"])
+        batch = to_device(batch if self.distributed is None else self.distributed.shard(batch), self.device)
+        loop.step += 1
+        failure, loss = None, None
+        try:
+            loss = self.task.loss(self.trained, batch, self.config)
+        except NonFiniteError as exc:
+            failure = f"training: {exc}"
+        loss_value = math.nan if failure else loss.item()
+        if self.distributed is not None:  # every rank stops at the same step, or none does
+            failed, loss_value = self.distributed.any_rank(failure is not None, loss_value, self.device)
+            if failed and failure is None:
+                failure = "training: a non-finite loss or tensor on one of the ranks"
+        if failure is not None or not math.isfinite(loss_value):
+            loop.diverge(failure or f"training loss is {loss_value}")
+            return None
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if not _gradients_finite(self.model):
+            loop.diverge("non-finite gradient (not applied)")
+            return None
+        clip_gradients(self.model, self.config)
+        self.optimizer.step()
+        if self.schedule is not None:
+            self.schedule.step()
+        loop.train_s += time.perf_counter() - started
+        return loss_value
+
+    def evaluate(self, loop: LoopState, train_loss: float | None, last: bool = False) -> bool:
+        """Evaluate the model at ``loop.step`` and record it; returns whether the run stops here."""
+        self.model.eval()
+        try:
+            metrics = self.task.evaluate(self.model, self.config, self.generators["eval"], self.device)
+        except NonFiniteError as exc:
+            loop.diverge(f"evaluation: {exc}")
+            return True
+        return loop.record_evaluation(metrics, train_loss, self.config, last)
+
+    def save(self, loop: LoopState, final: bool = False) -> None:
+        """Write the checkpoint (rank 0; every rank contributes its own dropout stream)."""
+        ranks = None if self.distributed is None else self.distributed.gather(_rank_rng(self.device))
+        if not self.is_main:
+            return
+        save_checkpoint(self.checkpoint_path, {
+            "task": self.task_name, "variant": self.variant, "seed": self.seed, "config": asdict(self.config),
+            "loop": {**loop.state_dict(), "finished": final},
+            "model": self.model.state_dict(),
+            # a finished run keeps only what sampling and a re-evaluation need
+            "optimizer": None if final else self.optimizer.state_dict(),
+            "schedule": None if final or self.schedule is None else self.schedule.state_dict(),
+            "rng": {**rng_states(self.generators, self.device), "ranks": ranks},
+        })
+
+    def save_if_due(self, loop: LoopState) -> None:
+        if self.checkpoint_every and loop.step % self.checkpoint_every == 0:
+            self.save(loop)
+
+    def resume(self) -> LoopState:
+        """The loop state of the checkpoint (model, optimiser and streams restored), or a fresh one."""
+        saved = load_checkpoint(self.checkpoint_path, self.device) if self.checkpoint_every else None
+        if saved is None:
+            return LoopState()
+        self.model.load_state_dict(saved["model"])
+        if saved["optimizer"] is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        if self.schedule is not None and saved["schedule"] is not None:
+            self.schedule.load_state_dict(saved["schedule"])
+        restore_rng_states(saved["rng"], self.generators, self.device)
+        ranks = saved["rng"].get("ranks")
+        if self.distributed is not None and ranks is not None and len(ranks) == self.distributed.world_size:
+            restore_rng_states(ranks[self.distributed.rank], {}, self.device)
+        return LoopState.from_state_dict(saved["loop"])
+
+    def result(self, loop: LoopState) -> FitResult:
+        """The run's :class:`FitResult`, after the task's final evaluation (rank 0, runs that did not diverge)."""
+        summary = None
+        if self.distributed is not None:
+            summary = {"world_size": self.distributed.world_size, "backend": self.distributed.backend,
+                       "parameter_sha256": self.distributed.gather(parameter_digest(self.model))}
+        final_evaluation = {}
+        if hasattr(self.task, "final_evaluation") and loop.status != "diverged" and self.is_main:
+            self.model.eval()
+            final_evaluation = self.task.final_evaluation(self.model, self.config, self.device, self.seed)
+        return FitResult(
+            status=loop.status, steps=loop.step, best_eval=loop.best_eval, final_eval=loop.last_eval,
+            best_step=loop.best_step, curve=loop.curve, diverged_at=loop.diverged_at,
+            diverged_reason=loop.diverged_reason, wall_s=loop.elapsed(), train_s=loop.train_s,
+            parameters=sum(p.numel() for p in self.model.parameters()), resumed_at=loop.resumed_at,
+            final_evaluation=final_evaluation, distributed=summary,
+        )
 
 
 def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
@@ -91,145 +326,19 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     Raises:
         FwbenchError: under ``torchrun``, ``config.batch_size`` is not a multiple of the world size.
     """
-    task = TASKS[task_name]
-    torch.manual_seed(seed)
-    model = task.build_model(config, variant).to(device)
-    set_check_finite(model, check_finite)
-    if distributed is not None:
-        distributed.check_batch_size(config.batch_size)
-    # the module the loss runs through: DDP averages gradients across ranks in backward
-    trained = model if distributed is None else distributed.wrap(model, device)
-    is_main = distributed is None or distributed.is_main
-    optimizer = build_optimizer(model, config)
-    schedule = build_schedule(optimizer, config)
-    train_data = torch.Generator().manual_seed(seed)
-    eval_data = torch.Generator().manual_seed(seed + EVAL_SEED_OFFSET)
-    generators = {"train": train_data, "eval": eval_data}
-    checkpoint_every = getattr(config, "checkpoint_every", 0) if checkpoint_path is not None else 0
-
-    start = time.perf_counter()
-    train_time, previous_wall = 0.0, 0.0
-    curve: list[dict[str, float]] = []
-    best_eval: dict[str, float] = {"loss": math.inf}
-    best_step, since_best, step = 0, 0, 0
-    status = "max_steps"
-    diverged_at = diverged_reason = None
-    last_eval: dict[str, float] = {}
-    finished, resumed_at = False, None
-
-    def save(final: bool = False) -> None:
-        if not is_main:
-            return
-        loop = {"step": step, "curve": curve, "best_eval": best_eval, "best_step": best_step,
-                "since_best": since_best, "status": status, "diverged_at": diverged_at,
-                "diverged_reason": diverged_reason, "last_eval": last_eval,
-                "train_s": train_time, "wall_s": previous_wall + time.perf_counter() - start, "finished": final}
-        save_checkpoint(checkpoint_path, {
-            "task": task_name, "variant": variant, "seed": seed, "config": asdict(config), "loop": loop,
-            "model": model.state_dict(),
-            # a finished run keeps only what sampling and a re-evaluation need
-            "optimizer": None if final else optimizer.state_dict(),
-            "schedule": None if final or schedule is None else schedule.state_dict(),
-            "rng": rng_states(generators, device),
-        })
-
-    saved = load_checkpoint(checkpoint_path, device) if checkpoint_every else None
-    if saved is not None:
-        model.load_state_dict(saved["model"])
-        if saved["optimizer"] is not None:
-            optimizer.load_state_dict(saved["optimizer"])
-        if schedule is not None and saved["schedule"] is not None:
-            schedule.load_state_dict(saved["schedule"])
-        restore_rng_states(saved["rng"], generators, device)
-        loop = saved["loop"]
-        step, curve, best_eval, best_step = loop["step"], loop["curve"], loop["best_eval"], loop["best_step"]
-        since_best, status, diverged_at = loop["since_best"], loop["status"], loop["diverged_at"]
-        diverged_reason = loop.get("diverged_reason")
-        last_eval = loop["last_eval"]
-        train_time, previous_wall, finished, resumed_at = loop["train_s"], loop["wall_s"], loop["finished"], step
-
-    def save_if_due() -> None:
-        if checkpoint_every and step % checkpoint_every == 0:
-            save()
-
-    while not finished and step < config.max_steps:
-        model.train()
-        redraw_random_features(model)
-        t0 = time.perf_counter()
-        batch = task.train_batch(config, train_data)
-        batch = to_device(batch if distributed is None else distributed.shard(batch), device)
-        step += 1
-        failure = None
-        try:
-            loss = task.loss(trained, batch, config)
-        except NonFiniteError as exc:
-            failure = f"training: {exc}"
-        if distributed is not None:  # every rank stops at the same step, or none does
-            failed, loss_value = distributed.any_rank(failure is not None, math.nan if failure else loss.item(), device)
-            if failed and failure is None:
-                failure = "training: a non-finite loss or tensor on one of the ranks"
-        else:
-            loss_value = math.nan if failure else loss.item()
-        if failure is not None:
-            status, diverged_at, diverged_reason = "diverged", step, failure
+    run = _Training(task_name, variant, config, seed, device, check_finite, distributed, checkpoint_path)
+    loop = run.resume()
+    while not loop.finished and loop.step < config.max_steps:
+        loss = run.train_step(loop)
+        if loss is None:
             break
-        if not math.isfinite(loss_value):
-            status, diverged_at, diverged_reason = "diverged", step, f"training loss is {loss_value}"
-            break
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if not _gradients_finite(model):
-            status, diverged_at, diverged_reason = "diverged", step, "non-finite gradient (not applied)"
-            break
-        clip_gradients(model, config)
-        optimizer.step()
-        if schedule is not None:
-            schedule.step()
-        train_time += time.perf_counter() - t0
         if on_progress is not None:
-            on_progress(step, loss_value)
-        if step % config.eval_every:
-            save_if_due()
-            continue
-        model.eval()
-        try:
-            last_eval = task.evaluate(model, config, eval_data, device)
-        except NonFiniteError as exc:
-            status, diverged_at, diverged_reason = "diverged", step, f"evaluation: {exc}"
+            on_progress(loop.step, loss)
+        if loop.step % config.eval_every == 0 and run.evaluate(loop, loss):
             break
-        curve.append({"step": step, "train_loss": loss_value, **{f"eval_{k}": v for k, v in last_eval.items()}})
-        if not math.isfinite(last_eval["loss"]):
-            status, diverged_at, diverged_reason = "diverged", step, f"evaluation loss is {last_eval['loss']}"
-            break
-        if last_eval["loss"] < best_eval["loss"]:
-            best_eval, best_step, since_best = dict(last_eval), step, 0
-        else:
-            since_best += 1
-        if last_eval["loss"] <= config.target_loss:
-            status = "converged"
-            break
-        if since_best >= config.patience:
-            status = "plateau"
-            break
-        save_if_due()
-    if not last_eval and status != "diverged":
-        model.eval()
-        last_eval = task.evaluate(model, config, eval_data, device)
-        curve.append({"step": step, **{f"eval_{k}": v for k, v in last_eval.items()}})
-        best_eval, best_step = dict(last_eval), step
-    if checkpoint_every and not finished:
-        save(final=True)
-    final_evaluation = {}
-    distributed_summary = None
-    if distributed is not None:
-        distributed_summary = {"world_size": distributed.world_size, "backend": distributed.backend,
-                               "parameter_sha256": distributed.gather(parameter_digest(model))}
-    if hasattr(task, "final_evaluation") and status != "diverged" and is_main:
-        model.eval()
-        final_evaluation = task.final_evaluation(model, config, device, seed)
-    return FitResult(
-        status=status, steps=step, best_eval=best_eval, final_eval=last_eval, best_step=best_step,
-        curve=curve, diverged_at=diverged_at, diverged_reason=diverged_reason, wall_s=previous_wall + time.perf_counter() - start,
-        train_s=train_time, parameters=sum(p.numel() for p in model.parameters()), resumed_at=resumed_at,
-        final_evaluation=final_evaluation, distributed=distributed_summary,
-    )
+        run.save_if_due(loop)
+    if loop.status == "max_steps" and not loop.evaluated_now():  # the model the run ends with
+        run.evaluate(loop, None, last=True)
+    if run.checkpoint_every and not loop.finished:
+        run.save(loop, final=True)
+    return run.result(loop)

@@ -1,0 +1,56 @@
+"""Strict JSON and standard CSV for every file the suite writes (``runs.jsonl``, ``bench.jsonl``,
+the bench baseline, the CSV tables): no ``NaN``, ``Infinity`` or ``-Infinity`` token, which strict
+JSON parsers reject and jq reads as ±1.797e308.
+
+A value that was never measured is ``null`` where it is made (a run that diverged before its first
+evaluation has no best loss). Any other non-finite float left in a record is replaced by ``null``
+at the write, and the record says what it was: ``non_finite`` maps each replaced value's path
+(``metrics.final_eval_loss``, ``curve.3.eval_loss``) to ``"nan"``, ``"inf"`` or ``"-inf"``; the
+reason the run went there is its ``status`` and ``diverged_reason``. In a CSV the cell is empty.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+#: The record key listing the values written as ``null`` because they were NaN or infinite.
+NON_FINITE_KEY = "non_finite"
+
+
+def _replace_non_finite(value: Any, path: str, replaced: dict[str, str]) -> Any:
+    """``value`` with every non-finite float set to ``None``; ``replaced[path]`` says what each was."""
+    if isinstance(value, float) and not math.isfinite(value):
+        replaced[path] = repr(float(value))  # 'nan', 'inf', '-inf'
+        return None
+    if isinstance(value, dict):
+        return {k: _replace_non_finite(v, f"{path}.{k}" if path else str(k), replaced) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_replace_non_finite(v, f"{path}.{i}" if path else str(i), replaced) for i, v in enumerate(value)]
+    return value
+
+
+def sanitize_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``record`` in which every NaN/±inf float (at any depth) is ``None``, listed in
+    ``record["non_finite"]`` (merged with what is already there); the record itself is unchanged."""
+    replaced: dict[str, str] = {}
+    clean = _replace_non_finite(record, "", replaced)
+    if replaced:
+        clean[NON_FINITE_KEY] = {**(record.get(NON_FINITE_KEY) or {}), **replaced}
+    return clean
+
+
+def strict_dumps(record: dict[str, Any], **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`sanitize_record` (``record``), refusing any non-finite value left
+    (``allow_nan=False``); ``kwargs`` go to ``json.dumps`` (``indent``, ``sort_keys``)."""
+    return json.dumps(sanitize_record(record), allow_nan=False, **kwargs)
+
+
+def write_csv(frame, path: str | Path, **kwargs: Any) -> None:
+    """Write a pandas DataFrame as standard CSV: NaN and ±inf become empty cells, never ``inf``.
+
+    ``kwargs`` go to ``DataFrame.to_csv`` (``index``, ``float_format``).
+    """
+    frame.replace([math.inf, -math.inf], math.nan).to_csv(path, na_rep="", **kwargs)

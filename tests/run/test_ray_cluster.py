@@ -1,0 +1,123 @@
+"""Settings reach the workers of a Ray cluster started beforehand (issue 14 item 7).
+
+``ray start --head`` in an environment without ``FWBENCH_DATA_DIR``, then ``fwbench run GRID
+--launcher ray --ray-address ... --data-dir DIR``: the Shakespeare run must find its corpus, so the
+data directory (and every other run setting) has to travel with the task, not in the driver's
+environment. Needs Ray and the real corpus (``FWBENCH_DATA_DIR``; CI sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from fwbench.run.environment import RUN_SETTINGS_ENV
+from fwbench.run.store import ResultsStore
+from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fwbench[ray]'")
+psutil = pytest.importorskip("psutil", reason="comes with Ray; used to stop only this test's cluster")
+
+REAL_DATA_DIR = os.environ.get(DATA_DIR_ENV)
+#: A throw-away cluster on this machine, for the test only: no token to share between it and the driver.
+UNAUTHENTICATED = {"RAY_AUTH_MODE": "disabled"}
+
+GRID = """
+name = "ray-settings"
+task = "shakespeare"
+
+[profiles.quick]
+variant = "linear"
+seed = 1
+d_model = 16
+n_heads = 2
+n_layers = 1
+d_ff = 32
+context = 16
+batch_size = 4
+max_steps = 4
+eval_every = 2
+eval_segments = 2
+stream_eval = false
+sample_tokens = 5
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def stop_cluster(temp_dir: str) -> None:
+    """Kill the processes of the cluster whose session lives in ``temp_dir``, and only those
+    (``ray stop`` would stop every Ray instance of this machine, other users' included)."""
+    mine = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid != os.getpid() and temp_dir in " ".join(process.info["cmdline"] or []):
+                mine.append(process)
+        except (psutil.Error, TypeError):
+            continue
+    for process in mine:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(mine, timeout=10)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.fixture
+def separate_cluster(tmp_path):
+    """A one-CPU Ray head started by ``ray start``, with no fwbench settings in its environment and an
+    empty corpus cache, so its workers can only find the corpus through what the driver sends."""
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="fwray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    env[CACHE_DIR_ENV] = str(tmp_path / "cluster-cache")
+    env.update(UNAUTHENTICATED)
+    started = subprocess.run(
+        ["ray", "start", "--head", "--num-cpus", "1", "--include-dashboard=false", "--port", str(port),
+         "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--disable-usage-stats"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    try:
+        assert started.returncode == 0, started.stderr[-2000:]
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop_cluster(temp_dir)
+        time.sleep(1)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_data_dir_reaches_the_workers_of_a_separately_started_cluster(tmp_path, separate_cluster):
+    if not REAL_DATA_DIR:
+        pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    driver_env[CACHE_DIR_ENV] = str(tmp_path / "driver-cache")  # empty: the corpus is only in --data-dir
+    driver_env.update(UNAUTHENTICATED)
+    results = tmp_path / "results"
+    done = subprocess.run(
+        [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
+         "--launcher", "ray", "--ray-address", separate_cluster, "--data-dir", REAL_DATA_DIR],
+        env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record, = ResultsStore(results).records()
+    assert record["status"] == "max_steps", record.get("error")
+    assert record["steps"] == 4 and record["metrics"]["val_bpc"] > 0

@@ -1,0 +1,47 @@
+"""The settings a run takes from the command line and the environment travel with it to another
+process (issue 14 item 7; the end-to-end test against a separately started Ray cluster is
+``test_ray_cluster.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fwbench.errors import FwbenchError
+from fwbench.run.environment import RUN_SETTINGS_ENV, apply_run_settings, run_settings
+from fwbench.run.launchers import execute_in_worker
+from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
+
+
+def test_the_settings_set_here_are_applied_in_a_worker(monkeypatch, tmp_path):
+    for name in RUN_SETTINGS_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path / "data"))
+    monkeypatch.setenv(CACHE_DIR_ENV, str(tmp_path / "cache"))
+    settings = run_settings()
+    assert settings == {DATA_DIR_ENV: str(tmp_path / "data"), CACHE_DIR_ENV: str(tmp_path / "cache")}
+    monkeypatch.delenv(DATA_DIR_ENV)  # a worker started elsewhere, without them
+    monkeypatch.delenv(CACHE_DIR_ENV)
+    apply_run_settings(settings)
+    assert run_settings() == settings
+
+
+def test_a_worker_applies_the_settings_before_the_run(monkeypatch, tmp_path):
+    import os
+
+    import fwbench.run.launchers as launchers
+
+    seen = {}
+
+    def execute(spec, device, checkpoint=None):  # what the run would read
+        seen["data_dir"] = os.environ.get(DATA_DIR_ENV)
+        return {"run_id": "x"}
+
+    monkeypatch.delenv(DATA_DIR_ENV, raising=False)
+    monkeypatch.setattr(launchers, "execute", execute)
+    execute_in_worker(None, "cpu", 1, None, {DATA_DIR_ENV: str(tmp_path)})
+    assert seen == {"data_dir": str(tmp_path)}
+
+
+def test_an_unknown_setting_is_refused_in_one_line():
+    with pytest.raises(FwbenchError, match=r"^settings: got 'HOME'; expected names among FWBENCH_DATA_DIR, "):
+        apply_run_settings({"HOME": "/"})
