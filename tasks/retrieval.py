@@ -101,39 +101,102 @@ def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -
     return {"keys": keys, "values": values, "queries": queries, "targets": targets}
 
 
+def model_family(variant: str) -> str:
+    """Which official model a variant's initialisation follows: ``"softmax"`` for softmax
+    attention, ``"linear"`` for every fast-weight variant (any φ, any update rule)."""
+    return "softmax" if parse_spec(variant).info.rule == "softmax" else "linear"
+
+
+def official_initial_weights(family: str, S: int, embedding_size: int, d_key: int) -> dict[str, Tensor | None]:
+    """The official retrieval model's initial weights, drawn from the global RNG in its order.
+
+    The official code (``synthetic/softmaxAttention.py`` and ``synthetic/linearAttention.py`` of
+    the paper's repository) builds its modules, then re-initialises some of them:
+
+    - both models: an (S × S) value embedding (drawn, then replaced by the identity), a key
+      embedding over the whole vocabulary (2S rows: keys, then values; only the key rows are ever
+      read) re-drawn from N(0, 1), W_k and W_v over whole tokens (S + e → d_key), W_q (e → d_key);
+      W_v is never used (values are the one-hot codes) but its draws move the RNG;
+    - softmax model: W_v, W_k, W_q re-drawn Xavier-uniform, bound √(6 / (fan_in + fan_out)),
+      which shrinks as S grows;
+    - linear-attention model: also W_f (unused) and W_β (S + e → 1) at PyTorch's default
+      initialisation; W_v Xavier-uniform, W_k and W_q re-drawn from U(±1/√d_key).
+
+    Biases keep PyTorch's default U(±1/√fan_in). Returns tensors key_embedding (S, e), W_k
+    (d_key, S + e), b_k (d_key,), W_q (d_key, e), b_q (d_key,), W_beta (1, S + e) and b_beta (1,),
+    the last two ``None`` for the softmax model, which has no W_β.
+
+    Raises:
+        ValueError: ``family`` is not ``"softmax"`` or ``"linear"``.
+    """
+    if family not in ("softmax", "linear"):
+        raise ValueError(f"family: got {family!r}; expected 'softmax' or 'linear'")
+    token_size = S + embedding_size
+    with torch.no_grad():
+        nn.Embedding(S, S)  # the value codes: their draw moves the RNG, the identity replaces them
+        key_embedding = nn.Embedding(2 * S, embedding_size)
+        W_k = nn.Linear(token_size, d_key)
+        W_v = nn.Linear(token_size, d_key)
+        W_q = nn.Linear(embedding_size, d_key)
+        W_beta = None
+        if family == "linear":
+            nn.Linear(token_size, d_key)  # W_f, the unused "forget key" map
+            W_beta = nn.Linear(token_size, 1)
+        nn.init.normal_(key_embedding.weight, mean=0.0, std=1.0)
+        nn.init.xavier_uniform_(W_v.weight)
+        if family == "softmax":
+            nn.init.xavier_uniform_(W_k.weight)
+            nn.init.xavier_uniform_(W_q.weight)
+        else:
+            bound = d_key**-0.5
+            nn.init.uniform_(W_k.weight, -bound, bound)
+            nn.init.uniform_(W_q.weight, -bound, bound)
+    return {
+        "key_embedding": key_embedding.weight[:S].detach(), "W_k": W_k.weight.detach(), "b_k": W_k.bias.detach(),
+        "W_q": W_q.weight.detach(), "b_q": W_q.bias.detach(),
+        "W_beta": None if W_beta is None else W_beta.weight.detach(),
+        "b_beta": None if W_beta is None else W_beta.bias.detach(),
+    }
+
+
 class RetrievalModel(nn.Module):
-    """One-layer, one-head associative memory around any attention variant (official setup)."""
+    """One-layer, one-head associative memory around any attention variant (official setup).
+
+    The initial weights are the official model's for the variant's family, drawn in the official
+    order (:func:`official_initial_weights`), so ``torch.manual_seed(s)`` followed by this
+    constructor gives the weights the official code gives with seed s.
+    """
 
     def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None):
         super().__init__()
         self.S = S
         self.embedding_size = embedding_size or int(2.2 * S)
-        self.key_embedding = nn.Embedding(S, self.embedding_size)
+        family = model_family(variant)
+        official = official_initial_weights(family, S, self.embedding_size, d_key)
+        if official["W_beta"] is None:  # the softmax model has no W_β; drawn after the official weights
+            W_beta = nn.Linear(S + self.embedding_size, 1)
+            official["W_beta"], official["b_beta"] = W_beta.weight.detach(), W_beta.bias.detach()
         self.register_buffer("value_codes", torch.eye(S), persistent=False)
-        token_size = S + self.embedding_size
-        # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are created (and
-        # initialised) as such, so that a seed draws the official initial weights, and then stored
-        # as their two column blocks: the one-hot block as a (S, ·) table read by row lookups, the
-        # embedding block as a Linear. Slicing one (·, S + e) weight at every step instead costs
-        # a zero-filled copy of the whole weight per slice in the backward.
-        W_k = nn.Linear(token_size, d_key)
-        self.W_q = nn.Linear(self.embedding_size, d_key)
-        W_beta = nn.Linear(token_size, 1)
-        self.attention = build_attention(variant, d_key)
-        nn.init.normal_(self.key_embedding.weight, mean=0.0, std=1.0)
-        bound = d_key**-0.5
-        nn.init.uniform_(W_k.weight, -bound, bound)
-        nn.init.uniform_(self.W_q.weight, -bound, bound)
+        # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are stored as their
+        # two column blocks: the one-hot block as a (S, ·) table read by row lookups, the embedding
+        # block as a Linear. Slicing one (·, S + e) weight at every step instead costs a
+        # zero-filled copy of the whole weight per slice in the backward.
+        # skip_init: every weight is copied in, and drawing it would move the global RNG.
         with torch.no_grad():
-            self.key_by_value = nn.Parameter(W_k.weight[:, :S].T.contiguous())        # (S, d_key)
-            # skip_init: the blocks are copied in, and drawing them would move the global RNG
+            self.key_embedding = skip_init(nn.Embedding, S, self.embedding_size)
+            self.key_embedding.weight.copy_(official["key_embedding"])
+            self.W_q = skip_init(nn.Linear, self.embedding_size, d_key)
+            self.W_q.weight.copy_(official["W_q"])
+            self.W_q.bias.copy_(official["b_q"])
+            self.key_by_value = nn.Parameter(official["W_k"][:, :S].T.contiguous())        # (S, d_key)
             self.key_projection = skip_init(nn.Linear, self.embedding_size, d_key)
-            self.key_projection.weight.copy_(W_k.weight[:, S:])
-            self.key_projection.bias.copy_(W_k.bias)
-            self.beta_by_value = nn.Parameter(W_beta.weight[:, :S].T.contiguous())     # (S, 1)
+            self.key_projection.weight.copy_(official["W_k"][:, S:])
+            self.key_projection.bias.copy_(official["b_k"])
+            self.beta_by_value = nn.Parameter(official["W_beta"][:, :S].T.contiguous())     # (S, 1)
             self.beta_projection = skip_init(nn.Linear, self.embedding_size, 1)
-            self.beta_projection.weight.copy_(W_beta.weight[:, S:])
-            self.beta_projection.bias.copy_(W_beta.bias)
+            self.beta_projection.weight.copy_(official["W_beta"][:, S:])
+            self.beta_projection.bias.copy_(official["b_beta"])
+        self.attention = build_attention(variant, d_key)  # after the official draws (FAVOR+ draws Ω)
 
     def token_projections(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_k x, W_β x and W_q e(k) as lookup tables over key and value ids.
