@@ -25,6 +25,8 @@ from torch.nn.utils import skip_init
 
 from fwbench.variants import build_attention, parse_spec
 
+from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
+
 
 @dataclass(frozen=True)
 class RetrievalConfig:
@@ -176,7 +178,6 @@ class RetrievalModel(nn.Module):
         if official["W_beta"] is None:  # the softmax model has no W_β; drawn after the official weights
             W_beta = nn.Linear(S + self.embedding_size, 1)
             official["W_beta"], official["b_beta"] = W_beta.weight.detach(), W_beta.bias.detach()
-        self.register_buffer("value_codes", torch.eye(S), persistent=False)
         # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are stored as their
         # two column blocks: the one-hot block as a (S, ·) table read by row lookups, the embedding
         # block as a Linear. Slicing one (·, S + e) weight at every step instead costs a
@@ -210,6 +211,17 @@ class RetrievalModel(nn.Module):
         embedding = self.key_embedding.weight
         return self.key_by_value, self.key_projection(embedding), self.beta_by_value, self.beta_projection(embedding)
 
+    def query_projections(self, queries: Tensor) -> Tensor:
+        """W_q e(k) + b_q for query ids (B, Q) → (B, Q, d_key).
+
+        Fewer queries than keys (training: one per sequence) project only their own embeddings;
+        more (evaluation: every key of every sequence) project each key once and look the rows up.
+        """
+        embedding = self.key_embedding.weight
+        if queries.numel() < self.S:
+            return self.W_q(rows(embedding, queries))
+        return rows(self.W_q(embedding), queries)
+
     def dense_token_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The official model's (W_k, b_k, W_β, b_β) over whole tokens: (d_key, S + e), (d_key,),
         (1, S + e), (1,). For checks against the dense formulation; training never forms them."""
@@ -220,11 +232,14 @@ class RetrievalModel(nn.Module):
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor, form: str = "auto",
                 chunk_size: int | None = None) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32."""
-        key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
-        k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
-        value_codes = rows(self.value_codes, values)[:, None]
-        q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
+        embedding = self.key_embedding.weight
+        k = row_sums(self.key_by_value, values, self.key_projection(embedding), keys)[:, None]  # (B, 1, L, d_key)
+        q = self.query_projections(queries)[:, None]
+        if form == "auto" and reads_one_hot(self.attention):  # the fastest: no one-hot codes, no β
+            return one_hot_write_read(self.attention, k, values, q, self.S)[:, 0]
+        beta_by_key = self.beta_projection(embedding)
+        beta = torch.sigmoid(row_sums(self.beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
+        value_codes = one_hot_codes(values, self.S)[:, None]
         if form == "auto":  # the fastest: read the memory without forming it
             return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
         if form == "chunk":
