@@ -12,6 +12,11 @@ one-hot onehot(v_t) ∈ R^S; query q = W_q e(k_query). The attention variant wri
 sequence into its memory and answers the query with one read. Loss ½‖v − v̂‖² (0.5 = "outputs
 nothing"). Evaluation: fresh sequences with every key present queried (the official code capped
 this at 200 keys; we do not).
+
+Initialisation: the official code has two models, and each variant starts as the official model
+of its family does (:func:`official_initial_weights`): softmax draws W_k and W_q Xavier-uniform over
+whole tokens (initial score std ≈ 1.6 at S=600), the linear family from U(±1/√d_key) (≈ 7 at
+S=600, which would saturate a softmax: it then stayed at loss 0.83 at S=500).
 """
 
 from __future__ import annotations

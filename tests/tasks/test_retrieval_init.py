@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from fwbench.tasks.retrieval import RetrievalModel, model_family, sample_batch
+from fwbench.tasks.retrieval import RetrievalModel, model_family, official_initial_weights, sample_batch
 from fwbench.variants import build_attention
 from helpers import SPECS
 from official_retrieval import dense_scores, official_model
@@ -105,3 +105,8 @@ def test_initial_attention_scores_match_the_official_model(variant, S):
     assert ours == pytest.approx(reference, rel=0.3 if S < 100 else 0.06), (ours, reference)
     if variant == "softmax":  # the official softmax model's scores stay O(1) at every S
         assert 0.4 < ours < 2.5, ours
+
+
+def test_an_unknown_family_is_named():
+    with pytest.raises(ValueError, match="family: got 'rnn'; expected 'softmax' or 'linear'"):
+        official_initial_weights("rnn", 4, 8, 8)
