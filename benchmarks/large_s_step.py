@@ -3,8 +3,8 @@ timed in turns in one process (``time_interleaved``), so that both sides see the
 
 "Before" is ``tasks/retrieval.py`` as of a given commit (default: the last one that gathered rows of
 an (S × S) identity per token), loaded from git into its own module; "after" is the working tree's.
-Both models are built from one seed and trained on the same batches (Adam, lr 1e-3, the NaN/inf
-check on, as in a run). Usage::
+Both models are built from one seed and trained on the same batches, as in a run (its fused Adam at
+lr 1e-3, the NaN/inf check on). Usage::
 
     python benchmarks/large_s_step.py [--before COMMIT] [--S 600] [--batch 32] [--rounds 7] [VARIANT ...]
 
@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from fwbench.bench.measure import time_interleaved
+from fwbench.run.optimization import build_optimizer
 from fwbench.tasks import retrieval as after_module
 from fwbench.variants import set_check_finite
 
@@ -46,7 +47,7 @@ def training_step(module, variant: str, S: int, batch: int):
     torch.manual_seed(1)
     model = module.RetrievalModel(variant, S=S, d_key=64)
     set_check_finite(model, True)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    optimizer = build_optimizer(model, after_module.RetrievalConfig(S=S, batch_size=batch))  # as a run: fused Adam
     generator = torch.Generator().manual_seed(0)
 
     def step() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import SPECS, assert_close
 
 from fwbench.tasks.one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 from fwbench.tasks.retrieval import RetrievalModel, last_occurrence_values, retrieval_loss, sample_batch
 from fwbench.variants import SoftmaxAttention, build_attention
-from helpers import SPECS, assert_close
 
 CODE_FREE = [spec for spec in SPECS if reads_one_hot(build_attention(spec, 8))]
 

@@ -7,13 +7,13 @@ import math
 import pandas as pd
 import pytest
 import torch
+from official_retrieval import official_model
 
 from fwbench.analysis.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_grows_with_nu, claim_linear_fails_softmax_holds
 from fwbench.analysis.records import estimate_capacity
 from fwbench.analysis.reference import official_synthetic, official_variant_spec
 from fwbench.tasks.retrieval import RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss, sample_batch
 from fwbench.variants import build_attention
-from official_retrieval import official_model
 
 
 def test_setting1_writes_every_key_once_with_distinct_values():

@@ -13,11 +13,11 @@ import math
 
 import pytest
 import torch
+from helpers import SPECS
+from official_retrieval import dense_scores, official_model
 
 from fwbench.tasks.retrieval import RetrievalModel, model_family, official_initial_weights, sample_batch
 from fwbench.variants import build_attention
-from helpers import SPECS
-from official_retrieval import dense_scores, official_model
 
 D_KEY = 64
 VARIANTS = [*SPECS, "dpfp-fwm:nu=1", "favor:m=64"]
