@@ -50,8 +50,10 @@ def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tenso
     if isinstance(attention, SoftmaxAttention):
         weights = torch.softmax((q.float() @ k.float().mT) / math.sqrt(k.shape[-1]), dim=-1)  # (B, H, T_q, T)
     else:
-        keys_q = attention.phi(q).float() @ attention.phi(k).float().mT  # (B, H, T_q, T)
-        weights = keys_q / (keys_q.sum(dim=-1, keepdim=True) + NORMALIZER_EPS)
+        # K φ(q) (B, H, T, T_q) as the sum rule's kernel forms it: a matrix-vector product over
+        # contiguous rows of φ(k) for one query, faster than φ(q) φ(k)ᵀ on CPU
+        keys_q = attention.phi(k).float() @ attention.phi(q).float().mT
+        weights = (keys_q / (keys_q.sum(dim=2, keepdim=True) + NORMALIZER_EPS)).mT
     columns = values[:, None, None, :].expand(weights.shape)
     return weights.new_zeros(*weights.shape[:-1], S).scatter_add_(-1, columns, weights)
 
