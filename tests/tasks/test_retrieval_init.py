@@ -28,6 +28,12 @@ def embedding_size(S: int) -> int:
     return int(2.2 * S)
 
 
+def seeded_model(variant: str, S: int, seed: int) -> RetrievalModel:
+    """fwbench's retrieval model right after ``torch.manual_seed(seed)``."""
+    torch.manual_seed(seed)
+    return RetrievalModel(variant, S=S, d_key=D_KEY, embedding_size=embedding_size(S))
+
+
 def official_reference(variant: str, S: int, seed: int):
     """The official model for ``variant``'s family, plus what fwbench draws after it: a W_β for
     the softmax model (which has none) and the attention module (FAVOR+ draws Ω)."""
@@ -41,8 +47,7 @@ def official_reference(variant: str, S: int, seed: int):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("S", [20, 300])
 def test_a_seed_draws_the_official_initial_weights(variant, S):
-    torch.manual_seed(5)
-    model = RetrievalModel(variant, S=S, d_key=D_KEY, embedding_size=embedding_size(S))
+    model = seeded_model(variant, S, seed=5)
     after_model = torch.rand(1)
     official, W_beta = official_reference(variant, S, seed=5)
     assert torch.rand(1) == after_model  # the same number of draws, in the same order
@@ -65,8 +70,7 @@ def official_bounds(family: str, S: int) -> dict[str, float]:
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("S", SIZES)
 def test_initial_weights_fill_the_official_bounds(variant, S):
-    torch.manual_seed(0)
-    model = RetrievalModel(variant, S=S, d_key=D_KEY, embedding_size=embedding_size(S))
+    model = seeded_model(variant, S, seed=0)
     W_k, b_k, W_beta, b_beta = model.dense_token_weights()
     weights = {"W_k": W_k, "b_k": b_k, "W_q": model.W_q.weight, "b_q": model.W_q.bias,
                "W_beta": W_beta, "b_beta": b_beta}
@@ -93,8 +97,7 @@ def initial_score_std(W_k, b_k, W_q, b_q, key_embedding, S: int) -> float:
 @pytest.mark.parametrize("S", SIZES)
 def test_initial_attention_scores_match_the_official_model(variant, S):
     """Other seeds than the exact-match test: the statistics, not one draw, must agree."""
-    torch.manual_seed(21)
-    model = RetrievalModel(variant, S=S, d_key=D_KEY, embedding_size=embedding_size(S))
+    model = seeded_model(variant, S, seed=21)
     W_k, b_k, _, _ = model.dense_token_weights()
     ours = initial_score_std(W_k, b_k, model.W_q.weight, model.W_q.bias, model.key_embedding.weight, S)
     official = official_model(variant == "softmax", S, embedding_size(S), D_KEY, seed=22)
