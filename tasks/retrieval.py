@@ -12,6 +12,11 @@ one-hot onehot(v_t) ∈ R^S; query q = W_q e(k_query). The attention variant wri
 sequence into its memory and answers the query with one read. Loss ½‖v − v̂‖² (0.5 = "outputs
 nothing"). Evaluation: fresh sequences with every key present queried (the official code capped
 this at 200 keys; we do not).
+
+Initialisation: the official code has two models, and each variant starts as the official model
+of its family does (:func:`official_initial_weights`): softmax draws W_k and W_q Xavier-uniform over
+whole tokens (initial score std ≈ 1.6 at S=600), the linear family from U(±1/√d_key) (≈ 7 at
+S=600, which would saturate a softmax: it then stayed at loss 0.83 at S=500).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from torch.nn.utils import skip_init
 
 from fwbench.tasks.base import acting_config
 from fwbench.variants import build_attention, parse_spec, write_read_path
+
+from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 
 
 @dataclass(frozen=True)
@@ -106,40 +113,103 @@ def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -
     return {"keys": keys, "values": values, "queries": queries, "targets": targets}
 
 
+def model_family(variant: str) -> str:
+    """Which official model a variant's initialisation follows: ``"softmax"`` for softmax
+    attention, ``"linear"`` for every fast-weight variant (any φ, any update rule)."""
+    return "softmax" if parse_spec(variant).info.rule == "softmax" else "linear"
+
+
+def official_initial_weights(family: str, S: int, embedding_size: int, d_key: int) -> dict[str, Tensor | None]:
+    """The official retrieval model's initial weights, drawn from the global RNG in its order.
+
+    The official code (``synthetic/softmaxAttention.py`` and ``synthetic/linearAttention.py`` of
+    the paper's repository) builds its modules, then re-initialises some of them:
+
+    - both models: an (S × S) value embedding (drawn, then replaced by the identity), a key
+      embedding over the whole vocabulary (2S rows: keys, then values; only the key rows are ever
+      read) re-drawn from N(0, 1), W_k and W_v over whole tokens (S + e → d_key), W_q (e → d_key);
+      W_v is never used (values are the one-hot codes) but its draws move the RNG;
+    - softmax model: W_v, W_k, W_q re-drawn Xavier-uniform, bound √(6 / (fan_in + fan_out)),
+      which shrinks as S grows;
+    - linear-attention model: also W_f (unused) and W_β (S + e → 1) at PyTorch's default
+      initialisation; W_v Xavier-uniform, W_k and W_q re-drawn from U(±1/√d_key).
+
+    Biases keep PyTorch's default U(±1/√fan_in). Returns tensors key_embedding (S, e), W_k
+    (d_key, S + e), b_k (d_key,), W_q (d_key, e), b_q (d_key,), W_beta (1, S + e) and b_beta (1,),
+    the last two ``None`` for the softmax model, which has no W_β.
+
+    Raises:
+        ValueError: ``family`` is not ``"softmax"`` or ``"linear"``.
+    """
+    if family not in ("softmax", "linear"):
+        raise ValueError(f"family: got {family!r}; expected 'softmax' or 'linear'")
+    token_size = S + embedding_size
+    with torch.no_grad():
+        nn.Embedding(S, S)  # the value codes: their draw moves the RNG, the identity replaces them
+        key_embedding = nn.Embedding(2 * S, embedding_size)
+        W_k = nn.Linear(token_size, d_key)
+        W_v = nn.Linear(token_size, d_key)
+        W_q = nn.Linear(embedding_size, d_key)
+        W_beta = None
+        if family == "linear":
+            nn.Linear(token_size, d_key)  # W_f, the unused "forget key" map
+            W_beta = nn.Linear(token_size, 1)
+        nn.init.normal_(key_embedding.weight, mean=0.0, std=1.0)
+        nn.init.xavier_uniform_(W_v.weight)
+        if family == "softmax":
+            nn.init.xavier_uniform_(W_k.weight)
+            nn.init.xavier_uniform_(W_q.weight)
+        else:
+            bound = d_key**-0.5
+            nn.init.uniform_(W_k.weight, -bound, bound)
+            nn.init.uniform_(W_q.weight, -bound, bound)
+    return {
+        "key_embedding": key_embedding.weight[:S].detach(), "W_k": W_k.weight.detach(), "b_k": W_k.bias.detach(),
+        "W_q": W_q.weight.detach(), "b_q": W_q.bias.detach(),
+        "W_beta": None if W_beta is None else W_beta.weight.detach(),
+        "b_beta": None if W_beta is None else W_beta.bias.detach(),
+    }
+
+
 class RetrievalModel(nn.Module):
-    """One-layer, one-head associative memory around any attention variant (official setup)."""
+    """One-layer, one-head associative memory around any attention variant (official setup).
+
+    The initial weights are the official model's for the variant's family, drawn in the official
+    order (:func:`official_initial_weights`), so ``torch.manual_seed(s)`` followed by this
+    constructor gives the weights the official code gives with seed s.
+    """
 
     def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None,
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.S = S
         self.embedding_size = embedding_size or int(2.2 * S)
-        self.key_embedding = nn.Embedding(S, self.embedding_size)
-        self.register_buffer("value_codes", torch.eye(S), persistent=False)
-        token_size = S + self.embedding_size
-        # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are created (and
-        # initialised) as such, so that a seed draws the official initial weights, and then stored
-        # as their two column blocks: the one-hot block as a (S, ·) table read by row lookups, the
-        # embedding block as a Linear. Slicing one (·, S + e) weight at every step instead costs
-        # a zero-filled copy of the whole weight per slice in the backward.
-        W_k = nn.Linear(token_size, d_key)
-        self.W_q = nn.Linear(self.embedding_size, d_key)
-        W_beta = nn.Linear(token_size, 1)
-        self.attention = build_attention(variant, d_key, form=form, chunk_size=chunk_size)
-        nn.init.normal_(self.key_embedding.weight, mean=0.0, std=1.0)
-        bound = d_key**-0.5
-        nn.init.uniform_(W_k.weight, -bound, bound)
-        nn.init.uniform_(self.W_q.weight, -bound, bound)
+        family = model_family(variant)
+        official = official_initial_weights(family, S, self.embedding_size, d_key)
+        if official["W_beta"] is None:  # the softmax model has no W_β; drawn after the official weights
+            W_beta = nn.Linear(S + self.embedding_size, 1)
+            official["W_beta"], official["b_beta"] = W_beta.weight.detach(), W_beta.bias.detach()
+        # The official W_k and W_β act on whole tokens [onehot(v); e(k)]; they are stored as their
+        # two column blocks: the one-hot block as a (S, ·) table read by row lookups, the embedding
+        # block as a Linear. Slicing one (·, S + e) weight at every step instead costs a
+        # zero-filled copy of the whole weight per slice in the backward.
+        # skip_init: every weight is copied in, and drawing it would move the global RNG.
         with torch.no_grad():
-            self.key_by_value = nn.Parameter(W_k.weight[:, :S].T.contiguous())        # (S, d_key)
-            # skip_init: the blocks are copied in, and drawing them would move the global RNG
+            self.key_embedding = skip_init(nn.Embedding, S, self.embedding_size)
+            self.key_embedding.weight.copy_(official["key_embedding"])
+            self.W_q = skip_init(nn.Linear, self.embedding_size, d_key)
+            self.W_q.weight.copy_(official["W_q"])
+            self.W_q.bias.copy_(official["b_q"])
+            self.key_by_value = nn.Parameter(official["W_k"][:, :S].T.contiguous())        # (S, d_key)
             self.key_projection = skip_init(nn.Linear, self.embedding_size, d_key)
-            self.key_projection.weight.copy_(W_k.weight[:, S:])
-            self.key_projection.bias.copy_(W_k.bias)
-            self.beta_by_value = nn.Parameter(W_beta.weight[:, :S].T.contiguous())     # (S, 1)
+            self.key_projection.weight.copy_(official["W_k"][:, S:])
+            self.key_projection.bias.copy_(official["b_k"])
+            self.beta_by_value = nn.Parameter(official["W_beta"][:, :S].T.contiguous())     # (S, 1)
             self.beta_projection = skip_init(nn.Linear, self.embedding_size, 1)
-            self.beta_projection.weight.copy_(W_beta.weight[:, S:])
-            self.beta_projection.bias.copy_(W_beta.bias)
+            self.beta_projection.weight.copy_(official["W_beta"][:, S:])
+            self.beta_projection.bias.copy_(official["b_beta"])
+        # after the official draws (FAVOR+ draws Ω)
+        self.attention = build_attention(variant, d_key, form=form, chunk_size=chunk_size)
 
     def token_projections(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """W_k x, W_β x and W_q e(k) as lookup tables over key and value ids.
@@ -153,6 +223,17 @@ class RetrievalModel(nn.Module):
         embedding = self.key_embedding.weight
         return self.key_by_value, self.key_projection(embedding), self.beta_by_value, self.beta_projection(embedding)
 
+    def query_projections(self, queries: Tensor) -> Tensor:
+        """W_q e(k) + b_q for query ids (B, Q) → (B, Q, d_key).
+
+        Fewer queries than keys (training: one per sequence) project only their own embeddings;
+        more (evaluation: every key of every sequence) project each key once and look the rows up.
+        """
+        embedding = self.key_embedding.weight
+        if queries.numel() < self.S:
+            return self.W_q(rows(embedding, queries))
+        return rows(self.W_q(embedding), queries)
+
     def dense_token_weights(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The official model's (W_k, b_k, W_β, b_β) over whole tokens: (d_key, S + e), (d_key,),
         (1, S + e), (1,). For checks against the dense formulation; training never forms them."""
@@ -161,15 +242,19 @@ class RetrievalModel(nn.Module):
         return W_k, self.key_projection.bias, W_beta, self.beta_projection.bias
 
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor) -> Tensor:
-        """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) fp32.
-        The attention's form and chunk size (chosen when built) pick the path; see
-        :meth:`variants.Attention.write_read`."""
-        key_by_value, key_by_key, beta_by_value, beta_by_key = self.token_projections()
-        k = row_sums(key_by_value, values, key_by_key, keys)[:, None]  # (B, 1, L, d_key): one head
-        beta = torch.sigmoid(row_sums(beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
-        value_codes = rows(self.value_codes, values)[:, None]
-        q = rows(self.W_q(self.key_embedding.weight), queries)[:, None]
-        return self.attention.write_read(k, value_codes, q, beta=beta)[:, 0].float()
+        """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) in fp32
+        (float64 for a float64 model). The attention's form and chunk size (chosen when built) pick
+        the path; see :meth:`variants.Attention.write_read`."""
+        embedding = self.key_embedding.weight
+        k = row_sums(self.key_by_value, values, self.key_projection(embedding), keys)[:, None]  # (B, 1, L, d_key)
+        q = self.query_projections(queries)[:, None]
+        if self.attention.form == "auto" and reads_one_hot(self.attention):  # the fastest: no codes, no β
+            return one_hot_write_read(self.attention, k, values, q, self.S)[:, 0]
+        beta_by_key = self.beta_projection(embedding)
+        beta = torch.sigmoid(row_sums(self.beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
+        value_codes = one_hot_codes(values, self.S, dtype=k.dtype)[:, None]
+        output = self.attention.write_read(k, value_codes, q, beta=beta)[:, 0]
+        return output if output.dtype == torch.float64 else output.float()
 
 
 def rows(table: Tensor, ids: Tensor) -> Tensor:

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 import torch
+from official_retrieval import official_model
 
 from fwbench.analysis.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_grows_with_nu, claim_linear_fails_softmax_holds
 from fwbench.analysis.records import estimate_capacity
@@ -100,32 +101,20 @@ def test_claim_c2_compares_dpfp_capacities():
     assert claim_dpfp_capacity_grows_with_nu(flat).verdict == FAIL
 
 
-def _official_dense_model(S, d_key, embedding_size, variant, seed):
-    """The official model's weights as the official code creates them (same modules, same order)."""
-    torch.manual_seed(seed)
-    embedding = torch.nn.Embedding(S, embedding_size)
-    W_k = torch.nn.Linear(S + embedding_size, d_key)
-    W_q = torch.nn.Linear(embedding_size, d_key)
-    W_beta = torch.nn.Linear(S + embedding_size, 1)
-    build_attention(variant, d_key)
-    torch.nn.init.normal_(embedding.weight, mean=0.0, std=1.0)
-    torch.nn.init.uniform_(W_k.weight, -d_key**-0.5, d_key**-0.5)
-    torch.nn.init.uniform_(W_q.weight, -d_key**-0.5, d_key**-0.5)
-    return embedding, W_k, W_q, W_beta
-
-
 @pytest.mark.parametrize("variant", ["dpfp-delta:nu=1", "linear"])
 def test_lookup_model_equals_the_official_dense_token_model(variant):
     S, d_key, e = 9, 8, 19
     torch.manual_seed(3)
     model = RetrievalModel(variant, S=S, d_key=d_key, embedding_size=e)
     after_model = torch.rand(1)
-    embedding, W_k, W_q, W_beta = _official_dense_model(S, d_key, e, variant, seed=3)
+    official = official_model(False, S, e, d_key, seed=3)  # the linear-attention model of the official code
+    build_attention(variant, d_key)
     assert torch.rand(1) == after_model  # the split storage draws nothing beyond the official init
     dense_Wk, dense_bk, dense_Wb, dense_bb = model.dense_token_weights()
-    assert torch.equal(dense_Wk, W_k.weight) and torch.equal(dense_bk, W_k.bias)
-    assert torch.equal(dense_Wb, W_beta.weight) and torch.equal(dense_bb, W_beta.bias)
-    assert torch.equal(model.W_q.weight, W_q.weight) and torch.equal(model.key_embedding.weight, embedding.weight)
+    assert torch.equal(dense_Wk, official.W_k.weight) and torch.equal(dense_bk, official.W_k.bias)
+    assert torch.equal(dense_Wb, official.W_b.weight) and torch.equal(dense_bb, official.W_b.bias)
+    assert torch.equal(model.W_q.weight, official.W_q.weight)
+    assert torch.equal(model.key_embedding.weight, official.embeddingK.weight[:S])
 
     batch = sample_batch(2, S, 4, torch.Generator().manual_seed(5))
     keys, values, queries = batch["keys"], batch["values"], torch.arange(S).expand(4, -1)

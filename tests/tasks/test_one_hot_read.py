@@ -1,0 +1,51 @@
+"""The code-free read of one-hot values (issue 16.4) equals the variant's own read of dense codes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import SPECS, assert_close
+
+from fwbench.tasks.one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
+from fwbench.tasks.retrieval import RetrievalModel, last_occurrence_values, retrieval_loss, sample_batch
+from fwbench.variants import SoftmaxAttention, build_attention
+
+CODE_FREE = [spec for spec in SPECS if reads_one_hot(build_attention(spec, 8))]
+
+
+def test_code_free_reads_cover_softmax_and_the_sum_rule_only():
+    assert set(CODE_FREE) == {"softmax", "linear", "favor:m=16", "dpfp:nu=1", "dpfp:nu=2"}
+    assert not reads_one_hot(SoftmaxAttention(8, window=4))
+    with pytest.raises(ValueError, match="attention: got"):
+        one_hot_write_read(build_attention("dpfp-delta:nu=2", 8), torch.randn(1, 1, 3, 8),
+                           torch.zeros(1, 3, dtype=torch.long), torch.randn(1, 1, 1, 8), 4)
+
+
+def test_one_hot_codes_are_identity_rows():
+    values = torch.tensor([[2, 0, 2], [1, 1, 3]])
+    assert torch.equal(one_hot_codes(values, 4), torch.eye(4)[values])
+
+
+@pytest.mark.parametrize("variant", CODE_FREE)
+@pytest.mark.parametrize("setting", [1, 2])  # Setting 2 repeats values: weights of one column add up
+def test_model_answer_and_gradients_equal_the_dense_codes_read(variant, setting):
+    S = 23
+    torch.manual_seed(4)
+    model = RetrievalModel(variant, S=S, d_key=16)
+    batch = sample_batch(setting, S, 5, torch.Generator().manual_seed(6))
+    keys, values = batch["keys"], batch["values"]
+    for queries in (batch["queries"], torch.arange(S).expand(5, -1)):  # training (one query), evaluation
+        targets = last_occurrence_values(keys, values, queries)[0]
+        fast = model(keys, values, queries)
+        fast_grads = torch.autograd.grad(retrieval_loss(fast, targets, S), list(model.parameters()), allow_unused=True)
+        # the variant's own write_read on the dense (B, 1, L, S) codes, from the same projections
+        key_by_value, key_by_key, _, _ = model.token_projections()
+        k = (key_by_value[values] + key_by_key[keys])[:, None]
+        q = model.W_q(model.key_embedding.weight)[queries][:, None]
+        dense = model.attention.write_read(k, torch.eye(S)[values][:, None], q)[:, 0]
+        dense_grads = torch.autograd.grad(retrieval_loss(dense, targets, S), list(model.parameters()), allow_unused=True)
+        assert_close(fast, dense, rel_rmse=1e-5)
+        for (name, _), a, b in zip(model.named_parameters(), fast_grads, dense_grads):
+            assert (a is None) == (b is None), name
+            if a is not None:
+                assert_close(a, b, rel_rmse=1e-4)
