@@ -160,13 +160,17 @@ def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult
         f"{v} {official[v][0].value / parse_spec_d_dot(v):.2f}" for v in _sum_rule_named())
     reference, minimum = "Sec. 6.1 (\"capacity = d_dot\"), Fig. 2 (left)", \
         "linear, DPFP ν = 1, 2, 3 bracketed at d_key 64; " + RETRIEVAL_MINIMUM
-    rows = _rows_of(frame, 1, _sum_rule_named())
-    if rows.empty or ("d_key" in rows and not (rows["d_key"] == PAPER_D_KEY).any()):
-        return not_run("C3", claim, paper, "needs Setting 1 runs of linear or DPFP at d_key 64", minimum, reference)
+    rows = retrieval_rows(frame, 1)
+    rows = main_d_key(rows[rows["variant"].map(_is_sum_rule_linear_or_dpfp)]) if not rows.empty else rows
+    if rows.empty:
+        return not_run("C3", claim, paper, "needs Setting 1 runs of linear or DPFP", minimum, reference)
+    d_key = int(rows["d_key"].iloc[0]) if "d_key" in rows and pd.notna(rows["d_key"].iloc[0]) else PAPER_D_KEY
     caps = capacities(rows)
     parts, checks, gaps = [], [], [*retrieval_gaps(rows), variants_missing(rows, _sum_rule_named())]
+    if d_key != PAPER_D_KEY:
+        gaps.append(f"d_key {d_key}, not the paper's {PAPER_D_KEY}")
     for variant, (cap, text) in caps.items():
-        d_dot = parse_spec_d_dot(variant)
+        d_dot = float(d_dot_of(variant, d_key))
         low, high = cap.ratio_interval(d_dot)
         parts.append(f"{variant} {text} → {cap.value / d_dot:.2f}·d_dot")
         if (high < low_band and cap.grid_high / d_dot <= low_band) or (low > high_band and
@@ -179,6 +183,11 @@ def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult
             if cap.bound:
                 gaps.append(f"{variant} not bracketed by the S grid")
     return judge("C3", claim, paper, "; ".join(parts), lean(checks), gaps, minimum, reference)
+
+
+def _is_sum_rule_linear_or_dpfp(variant: str) -> bool:
+    spec = parse_spec(variant)
+    return spec.info.rule == "sum" and spec.name in ("linear", "dpfp")
 
 
 def parse_spec_d_dot(variant: str) -> float:
