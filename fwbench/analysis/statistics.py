@@ -114,3 +114,17 @@ def mean_ci(frame: pd.DataFrame, by: list[str], value: str, confidence: float = 
     out["ci_low"] = out["mean"] - half
     out["ci_high"] = out["mean"] + half
     return out[columns]
+
+
+def log_mean_ci(frame: pd.DataFrame, by: list[str], value: str, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """As :func:`mean_ci`, in log space: ``mean`` is the geometric mean and [``ci_low``, ``ci_high``] the
+    interval of :func:`log_interval`, so a band on a loss never reaches below zero. Non-finite and
+    missing values are left out (``n`` counts the rest); values ≤ 0 are floored at :data:`LOG_FLOOR`."""
+    logged = frame.copy()
+    raw = logged[value].astype(float)
+    logged[value] = np.log(raw.where(np.isfinite(raw)).clip(lower=LOG_FLOOR))
+    out = mean_ci(logged, by, value, confidence)
+    for column in ("mean", "ci_low", "ci_high"):
+        out[column] = np.exp(out[column])
+    out["std"] = math.nan  # a standard deviation of logs would read as one of the values
+    return out
