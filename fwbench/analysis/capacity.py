@@ -150,6 +150,24 @@ class CapacityEstimate:
             return False
         return None
 
+    def at_most(self, S: float) -> bool | None:
+        """True if the capacity is certainly ≤ ``S`` (interval and grid: the memory fails by S), False if
+        certainly above it, None if the evidence does not say."""
+        if self.high <= S and self.grid_high <= S:
+            return True
+        if self.low > S and self.grid_low >= S:
+            return False
+        return None
+
+    def at_least(self, S: float) -> bool | None:
+        """True if the capacity is certainly ≥ ``S`` (the memory still retrieves at S), False if certainly
+        below it, None if the evidence does not say."""
+        if self.low >= S and self.grid_low >= S:
+            return True
+        if self.high < S and self.grid_high <= S:
+            return False
+        return None
+
     def ratio_interval(self, d_dot: float) -> tuple[float, float]:
         """The seed interval divided by ``d_dot``."""
         return self.low / d_dot, self.high / d_dot

@@ -117,10 +117,7 @@ def claim_linear_fails_softmax_holds(frame: pd.DataFrame) -> ClaimResult:
         return not_run("C1", claim, paper, "needs Setting 1 runs of linear and softmax", minimum, reference)
     (linear, linear_text), (softmax, softmax_text) = caps["linear"], caps["softmax"]
     holds_to = APPROX * SOFTMAX_HOLDS_TO
-    linear_fails = True if linear.high <= 80 and linear.grid_high <= 80 else \
-        False if linear.low > 80 and linear.grid_low >= 80 else None
-    softmax_holds = True if softmax.low >= holds_to and softmax.grid_low >= holds_to else \
-        False if softmax.high < holds_to and softmax.grid_high <= holds_to else None
+    linear_fails, softmax_holds = linear.at_most(80), softmax.at_least(holds_to)
     measured = f"capacity: linear {linear_text}; softmax {softmax_text}"
     gaps = [*retrieval_gaps(rows), s_range_missing(rows, "linear", 80),
             s_range_missing(rows, "softmax", SOFTMAX_HOLDS_TO)]

@@ -112,10 +112,7 @@ def claim_delta_rule_needs_capacity(frame: pd.DataFrame) -> ClaimResult:
         return not_run("C6", claim, paper, "needs Setting 2 runs of linear-delta and dpfp-delta:nu=2", minimum,
                        reference)
     (linear, linear_text), (dpfp, dpfp_text) = caps["linear-delta"], caps["dpfp-delta:nu=2"]
-    linear_fails = True if linear.high <= 80 and linear.grid_high <= 80 else \
-        False if linear.low > 80 and linear.grid_low >= 80 else None
-    dpfp_holds = True if dpfp.low >= SETTING2_S_MAX and dpfp.grid_low >= SETTING2_S_MAX else \
-        False if dpfp.high < SETTING2_S_MAX and dpfp.grid_high <= SETTING2_S_MAX else None
+    linear_fails, dpfp_holds = linear.at_most(80), dpfp.at_least(SETTING2_S_MAX)
     measured = f"capacity: linear-delta {linear_text}; dpfp-delta:nu=2 {dpfp_text}"
     gaps = [*retrieval_gaps(rows), s_range_missing(rows, "linear-delta", 80),
             s_range_missing(rows, "dpfp-delta:nu=2", SETTING2_S_MAX)]
