@@ -41,8 +41,6 @@ from fwbench.variants import d_dot_of, parse_spec
 
 __all__ = ["CLAIMS", "FAIL", "INDICATIVE", "NOT_RUN", "PASS", "evaluate_claims", "main_d_key"]
 
-#: Best eval loss above which a memory counts as failed (paper Figure 2 reading).
-FAIL_THRESHOLD = 0.05
 #: The paper's key size: Setting 1 claims read it.
 PAPER_D_KEY = 64
 #: Where the paper's softmax still retrieves (Figure 2 left), and the slack "≈" allows.
@@ -222,7 +220,9 @@ def claim_favor_never_reaches_zero(frame: pd.DataFrame) -> ClaimResult:
 
 
 def claim_favor_improves_with_m(frame: pd.DataFrame) -> ClaimResult:
-    """C13: FAVOR+'s loss at the smallest S falls as m grows (each m certainly below the smaller one)."""
+    """C13: FAVOR+'s loss at the smallest S falls as m grows: the largest m certainly below the smallest,
+    and no larger m certainly above the next smaller one (neighbours, 0.117 vs 0.074 officially, may sit
+    within seed noise)."""
     claim = "C13: FAVOR+ improves with the number of random features m (best loss at S=20 falls with m)"
     paper = "S=20: " + " > ".join(f"{v.split(':')[1]} {official_loss(1, v, 20):.3f}" for v in FAVOR_NAMED)
     reference, minimum = "Sec. 6.1, Fig. 2 (left)", "m = 64, 128, 512 at S=20; " + RETRIEVAL_MINIMUM
@@ -232,7 +232,8 @@ def claim_favor_improves_with_m(frame: pd.DataFrame) -> ClaimResult:
         return not_run("C13", claim, paper, "needs Setting 1 runs of two values of m at S ≤ 20", minimum, reference)
     S, cells = _favor_at_smallest_S(favor)
     names = list(cells)
-    checks = [certainly_lower(cells[b][0], cells[a][0]) for a, b in zip(names, names[1:])]
+    reversed_ = [certainly_lower(cells[a][0], cells[b][0]) for a, b in zip(names, names[1:])]
+    checks = [certainly_lower(cells[names[-1]][0], cells[names[0]][0]), *(False for r in reversed_ if r is True)]
     measured = f"S={S}: " + " → ".join(f"{v.split(':')[1]} {describe_cell(*cells[v])}" for v in names)
     gaps = [*retrieval_gaps(favor), variants_missing(favor, FAVOR_NAMED)]
     return judge("C13", claim, paper, measured, lean(checks), gaps, minimum, reference)

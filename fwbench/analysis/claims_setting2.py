@@ -26,6 +26,8 @@ from fwbench.analysis.verdicts import FAIL, PASS, ClaimResult, judge, lean, not_
 
 #: The largest S of the paper's Setting 2 (Figure 2 right).
 SETTING2_S_MAX = 200
+#: Best eval loss above which a memory counts as failed (paper Figure 2 reading).
+FAIL_THRESHOLD = 0.05
 #: FAVOR+ with the delta rule: the official runs diverged from this S on (last evaluation NaN).
 FAVOR_DELTA_DIVERGES_FROM = 40
 
@@ -57,24 +59,30 @@ def _by_S(rows: pd.DataFrame, variant: str) -> dict[int, tuple[Interval, int]]:
     return out
 
 
-def _rule_beats(rows: pd.DataFrame, better: str, worse: str) -> tuple[list[bool | None], str]:
-    """At every S where both ran: is ``better``'s loss certainly below ``worse``'s? (checks, words)."""
-    a, b = _by_S(rows, better), _by_S(rows, worse)
-    common = sorted(set(a) & set(b))
-    checks = [certainly_lower(a[S][0], b[S][0]) for S in common]
-    words = ", ".join(f"S={S} {describe_cell(*a[S])} vs {describe_cell(*b[S])}" for S in common)
-    return checks, f"{better} vs {worse}: {words}"
-
-
 def _official_pair_text(better: str, worse: str, S: list[int]) -> str:
     return f"{better} vs {worse}: " + ", ".join(
         f"S={s} {official_loss(2, better, s):.2g} vs {official_loss(2, worse, s):.2g}" for s in S)
 
 
+def _rule_beats(rows: pd.DataFrame, delta: str, other: str) -> tuple[list[bool | None], str]:
+    """Where the delta rule still retrieves (loss ≤ FAIL_THRESHOLD) its loss must be certainly below the
+    other rule's; where both have failed (S ≥ 160 officially: 0.10 vs 0.18 for the sum rule) it must not
+    be certainly above. A delta rule that retrieves at no S fails the claim. Returns (checks, words)."""
+    a, b = _by_S(rows, delta), _by_S(rows, other)
+    common = sorted(set(a) & set(b))
+    works = [S for S in common if a[S][0].n and a[S][0].mean <= FAIL_THRESHOLD]
+    checks = [certainly_lower(a[S][0], b[S][0]) if S in works else
+              (False if certainly_lower(b[S][0], a[S][0]) is True else True) for S in common]
+    if common and not works:
+        checks.append(False)
+    words = ", ".join(f"S={S} {describe_cell(*a[S])} vs {describe_cell(*b[S])}" for S in common)
+    return checks, f"{delta} vs {other}: {words}"
+
+
 def claim_setting2_delta_beats_sum(frame: pd.DataFrame) -> ClaimResult:
-    """C5: Setting 2: with the same φ the delta rule's loss is certainly below the sum rule's at every
-    S run (the paper shows it for DPFP ν=1, S 20–200; FAVOR+ delta at S=20 is 0.10 officially and is
-    not part of this claim). Other φ with both rules are reported, not judged."""
+    """C5: Setting 2: with the same φ the delta rule beats the sum rule — certainly lower loss at every S
+    where the delta rule still retrieves (≤ 0.05), never certainly higher where both fail. The paper shows
+    it for DPFP ν=1, S 20–200 (FAVOR+ delta at S=20 is 0.10 officially and is not part of this claim)."""
     claim = "C5: Setting 2 (overwriting): the delta rule beats the sum rule with the same φ (DPFP ν=1, S 20–200)"
     paper = _official_pair_text("dpfp-delta:nu=1", "dpfp:nu=1", [20, 100, 200])
     reference, minimum = "Sec. 6.1, Fig. 2 (right)", f"DPFP ν=1 both rules to S={SETTING2_S_MAX}; " + RETRIEVAL_MINIMUM
@@ -123,7 +131,8 @@ FWM_VARIANTS = ["dpfp-fwm:nu=1", "tanh-fwm"]
 
 
 def claim_delta_beats_fwm(frame: pd.DataFrame) -> ClaimResult:
-    """C11: Setting 2: the delta rule (DPFP ν=1) beats the FWM rule (DPFP ν=1 and tanh) at every S run.
+    """C11: Setting 2: the delta rule (DPFP ν=1) beats the FWM rule (DPFP ν=1 and tanh): certainly lower
+    where the delta rule retrieves, never certainly higher elsewhere.
 
     Each FWM variant is judged at its best setup per S (the shared lr 1e-3 / batch 32, or the official
     FWM's lr 1e-4 / batch 128 when run)."""

@@ -19,6 +19,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         row = {
             "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
             "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],
+            # the report names the step of every divergence (it crashed on a diverged run without them)
+            "diverged_at": r.get("diverged_at"), "diverged_reason": r.get("diverged_reason"),
             "steps": r["steps"], "wall_s": r["wall_s"], "steps_per_s": r.get("steps_per_s"),
             "device": r.get("environment", {}).get("device"),
             "torch": r.get("environment", {}).get("torch"),

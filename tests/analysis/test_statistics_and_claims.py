@@ -174,3 +174,13 @@ def test_bundled_grids_expand_with_their_quick_and_full_profiles(name):
     quick, full = expand(grid, "quick"), expand(grid, "full")
     assert quick and len(full) > len(quick)
     assert {s.seed for s in full} >= {1, 2, 3}, "the full profile runs at least 3 seeds"
+
+
+def test_records_frame_keeps_the_step_and_reason_of_a_divergence():
+    from fwbench.analysis.records import records_frame
+
+    record = {"run_id": "a", "task": "retrieval", "variant": {"spec": "favor-delta:m=64", "d_dot": 128}, "seed": 1,
+              "status": "diverged", "diverged_at": 1100, "diverged_reason": "evaluation loss is nan", "steps": 1100,
+              "wall_s": 1.0, "config": {"setting": 2, "S": 140}, "metrics": {"best_eval_loss": None}}
+    row = records_frame([record]).iloc[0]
+    assert row["diverged_at"] == 1100 and row["diverged_reason"] == "evaluation loss is nan"
