@@ -34,10 +34,15 @@ from fwbench.report.setup_section import section_setup
 from fwbench.run.store import ResultsStore
 
 
+def _loss(value: float) -> str:
+    """Three significant digits: 2.8e-06 stays visible where a fixed 4 decimals would print 0.0000."""
+    return f"{value:.3g}" if value >= 1e-3 else f"{value:.2e}"
+
+
 def _loss_cell(ours: float | None, official: float | None) -> str:
-    text = "—" if ours is None or pd.isna(ours) else f"{ours:.4f}"
+    text = "—" if ours is None or pd.isna(ours) else _loss(ours)
     if official is not None and not pd.isna(official):
-        text += f" ({official:.4f})"
+        text += f" ({_loss(official)})"
     return text
 
 
@@ -51,7 +56,8 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
     official = official_synthetic()
     official = official[official["setting"] == 1].set_index(["variant", "S"])["min_eval_loss"]
     measured = rows.assign(best_eval_loss=measured_loss(rows))  # diverged runs are not measured losses
-    means = measured.groupby(["S", "variant"])["best_eval_loss"].mean().unstack("variant").sort_index()
+    means = measured.groupby(["S", "variant"])["best_eval_loss"].agg(lambda x: log_interval(list(x)).mean)
+    means = means.unstack("variant").sort_index()
     table = pd.DataFrame({"S": means.index})
     for variant in means.columns:
         table[variant] = [_loss_cell(means.loc[s, variant], official.get((variant, s))) for s in means.index]
@@ -62,7 +68,7 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
         "## Setting 1: capacity",
         "",
         f"Best evaluation loss ½‖v − v̂‖² against the number of unique keys S (one write per key, one "
-        f"query), mean over {seeds} seed(s); official seed-1 result in parentheses. A loss of 0.5 means "
+        f"query), geometric mean over {seeds} seed(s); official seed-1 result in parentheses. A loss of 0.5 means "
         f"the memory returns nothing; ≤ {CAPACITY_THRESHOLD} counts as retrieving.",
         "",
         f"![capacity]({figure.name})",
@@ -83,14 +89,14 @@ def _loss_interval_cell(rows: pd.DataFrame, official: float | None = None) -> st
     parts = []
     if not finite.empty:
         interval = log_interval(list(finite["best_eval_loss"].astype(float)))
-        parts.append(f"{interval.mean:.4f}" if interval.n == 1 else f"{interval.mean:.4f} [{interval.low:.4f}, "
-                     f"{interval.high:.4f}]")
+        parts.append(_loss(interval.mean) if interval.n == 1 else
+                     f"{_loss(interval.mean)} [{_loss(interval.low)}, {_loss(interval.high)}]")
     if not diverged.empty:
         steps = ", ".join(str(int(s)) for s in sorted(diverged["diverged_at"].dropna()))
         parts.append(f"diverged @ {steps}")
     text = "; ".join(parts) or "—"
     if official is not None and not pd.isna(official):
-        text += f" ({official:.4f})"
+        text += f" ({_loss(official)})"
     return text
 
 
