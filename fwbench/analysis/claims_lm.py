@@ -73,12 +73,19 @@ def carried_segments(key: tuple) -> int:
     return 1 if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
-def setups(frame: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
-    """(setup key, rows) for every setup among the LM rows, largest model and budget first."""
+#: Fields a claim sweeps within one setup: each variant is judged at its best value (the paper tuned
+#: each model; every value of the sweep has the same budget).
+SWEPT_FIELDS = ("lr",)
+
+
+def setups(frame: pd.DataFrame, ignore: tuple[str, ...] = ()) -> list[tuple[tuple, pd.DataFrame]]:
+    """(setup key, rows) for every setup among the LM rows, largest model and budget first. Fields in
+    ``ignore`` (e.g. :data:`SWEPT_FIELDS`) do not split setups; they read None in the key."""
     rows = lm_frame(frame)
     if rows.empty:
         return []
-    keys = rows.apply(setup_key, axis=1)
+    keys = rows.apply(lambda row: tuple(None if f in ignore else v
+                                        for f, v in zip(SETUP_FIELDS, setup_key(row), strict=True)), axis=1)
     groups = [(key, rows[keys == key]) for key in dict.fromkeys(keys)]
     return sorted(groups, key=lambda kv: (kv[0][0], kv[0][2], kv[0][6]), reverse=True)
 
@@ -90,13 +97,25 @@ def val_ppl_by_variant(rows: pd.DataFrame) -> pd.Series:
 
 
 def ppl_cells(rows: pd.DataFrame) -> dict[str, tuple[Interval, int]]:
-    """variant → (log-space interval of the measured validation perplexities, diverged runs)."""
+    """variant → (log-space interval of the measured validation perplexities, diverged runs). Where a
+    variant ran several values of a swept field (a learning-rate sweep), the value with the lowest
+    geometric-mean perplexity is used, its seeds only."""
+    return {variant: _best_of_sweep(rows[rows["variant"] == variant]) for variant in dict.fromkeys(rows["variant"])}
+
+
+def _cell(rows: pd.DataFrame) -> tuple[Interval, int]:
     ppl = rows["val_ppl"] if "val_ppl" in rows else pd.Series(math.nan, index=rows.index)
     diverged = rows["status"] == "diverged"
-    ppl = ppl.where(~diverged, math.nan)
-    return {variant: (log_interval(list(ppl[rows["variant"] == variant])),
-                      int(diverged[rows["variant"] == variant].sum()))
-            for variant in dict.fromkeys(rows["variant"])}
+    return log_interval(list(ppl.where(~diverged, math.nan))), int(diverged.sum())
+
+
+def _best_of_sweep(rows: pd.DataFrame) -> tuple[Interval, int]:
+    swept = [f for f in SWEPT_FIELDS if f in rows and rows[f].nunique() > 1]
+    if not swept:
+        return _cell(rows)
+    cells = [_cell(group) for _, group in rows.groupby(swept, dropna=False)]
+    measured = [c for c in cells if c[0].n] or cells
+    return min(measured, key=lambda c: c[0].mean if c[0].n else math.inf)
 
 
 def lm_gaps(rows: pd.DataFrame, variants: list[str]) -> list[str]:
@@ -104,7 +123,7 @@ def lm_gaps(rows: pd.DataFrame, variants: list[str]) -> list[str]:
     used = rows[rows["variant"].isin(variants)]
     gaps = []
     if not used.empty:
-        fewest = int(used.groupby("variant")["seed"].nunique().min())
+        fewest = min(interval.n + diverged for interval, diverged in ppl_cells(used).values())  # chosen lr's seeds
         if fewest < MIN_SEEDS:
             gaps.append(f"{fewest} seed{'s' if fewest != 1 else ''}")
         steps = used["max_steps"].dropna() if "max_steps" in used else pd.Series(dtype=float)
@@ -142,7 +161,7 @@ def paper_ppl(table: int, config: str, model: str, rule: str) -> str:
 
 def _pick(frame: pd.DataFrame, usable, prefer=None) -> tuple[tuple, pd.DataFrame] | None:
     """The first (largest) setup whose rows are ``usable``; those whose key satisfies ``prefer`` first."""
-    candidates = [(key, rows) for key, rows in setups(frame) if usable(rows)]
+    candidates = [(key, rows) for key, rows in setups(frame, ignore=SWEPT_FIELDS) if usable(rows)]
     preferred = [(key, rows) for key, rows in candidates if prefer is not None and prefer(key)]
     return (preferred or candidates or [None])[0]
 

@@ -106,3 +106,12 @@ def test_a_smoke_budget_never_decides_an_lm_claim():
 def test_c7_reads_lm_training_with_and_without_sum_normalisation(cells, statuses, verdict):
     result = claim_unnormalised_delta_rule_fails(lm_rows(cells, statuses=statuses))
     assert result.verdict == verdict, result.measured
+
+
+def test_an_lr_sweep_judges_each_variant_at_its_best_learning_rate():
+    """Runs at two learning rates share one setup for the claims; linear is judged at 3e-3 (its best)."""
+    good_lr = lm_rows({"linear": [6.0, 6.1, 5.9], "linear-delta": [5.0, 5.1, 4.9]}).assign(lr=3e-3)
+    bad_lr = lm_rows({"linear": [4.0, 4.1, 3.9]}).assign(lr=1e-3, status="diverged")
+    worse_lr = lm_rows({"linear-delta": [9.0, 9.1, 8.9]}).assign(lr=1e-3)
+    result = claim_delta_beats_sum(pd.concat([good_lr, bad_lr, worse_lr]))
+    assert result.verdict == PASS and "linear 5.999 " in result.measured and "→ 4.999 " in result.measured
