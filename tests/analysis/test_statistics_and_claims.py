@@ -184,3 +184,17 @@ def test_records_frame_keeps_the_step_and_reason_of_a_divergence():
               "wall_s": 1.0, "config": {"setting": 2, "S": 140}, "metrics": {"best_eval_loss": None}}
     row = records_frame([record]).iloc[0]
     assert row["diverged_at"] == 1100 and row["diverged_reason"] == "evaluation loss is nan"
+
+
+def test_two_capacities_differ_only_when_intervals_are_apart_and_a_grid_point_separates_them():
+    from fwbench.analysis.capacity import CapacityEstimate
+
+    low = CapacityEstimate(100, 95, 105, grid_low=80, grid_high=120, n_seeds=3)
+    apart_same_grid = CapacityEstimate(115, 112, 118, grid_low=100, grid_high=120, n_seeds=3)
+    apart_and_separated = CapacityEstimate(130, 125, 135, grid_low=120, grid_high=140, n_seeds=3)
+    overlapping = CapacityEstimate(130, 100, 160, grid_low=120, grid_high=140, n_seeds=3)
+    assert apart_same_grid.above(low) is None  # intervals apart, but no S where one retrieves and the other not
+    assert apart_and_separated.above(low) is True and low.above(apart_and_separated) is False
+    assert overlapping.above(low) is None
+    bound = CapacityEstimate(160, 160, math.inf, grid_low=160, grid_high=math.inf, n_seeds=1, bound="≥")
+    assert bound.above(low) is True and bound.at_least(150) is True and bound.at_most(500) is None
