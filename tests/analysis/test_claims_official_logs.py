@@ -88,7 +88,7 @@ def test_on_the_quick_grid_the_evidence_names_the_missing_S_range():
     c1 = results["C1"]
     assert c1.verdict == INDICATIVE and "softmax S ≤ 160 of 500" in c1.evidence
     # the quick profile reaches every synthetic claim: none reads NOT RUN after the main job
-    assert {r.verdict for r in results.values()} == {INDICATIVE} and len(results) == len(SYNTHETIC)
+    assert {r.verdict for r in results.values()} <= {INDICATIVE, PASS} and len(results) == len(SYNTHETIC)
 
 
 def _set(frame, setting, variant, value, S_at_most=10_000, S_at_least=0, column="best_eval_loss"):
