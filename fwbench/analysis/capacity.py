@@ -173,6 +173,12 @@ class CapacityEstimate:
         return self.low / d_dot, self.high / d_dot
 
 
+def capacity_estimates(rows: pd.DataFrame) -> dict[str, tuple[CapacityEstimate, str]]:
+    """variant → (capacity estimate, its description) for the rows of one setting and d_key."""
+    table = capacity_intervals(rows)
+    return {row["variant"]: (CapacityEstimate.from_row(row), describe(row)) for _, row in table.iterrows()}
+
+
 def summary_capacity(row: pd.Series) -> Capacity:
     """The :class:`Capacity` (value, censoring, grid bracket) of one row of :func:`capacity_intervals`."""
     return Capacity(float(row["capacity_mean"]), lower_bound_only=row["bound"] == "≥",

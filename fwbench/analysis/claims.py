@@ -21,7 +21,7 @@ from functools import cache
 
 import pandas as pd
 
-from fwbench.analysis.capacity import CapacityEstimate, capacity_intervals, describe, retrieval_rows
+from fwbench.analysis.capacity import capacity_estimates, capacity_intervals, describe, retrieval_rows
 from fwbench.analysis.claims_lm import LM_CLAIMS
 from fwbench.analysis.claims_setting2 import SETTING2_CLAIMS, official_loss
 from fwbench.analysis.evidence import (
@@ -76,12 +76,6 @@ def _widest_nu_sweep(rows: pd.DataFrame) -> pd.DataFrame:
     return rows[rows["d_key"] == best]
 
 
-def capacities(rows: pd.DataFrame) -> dict[str, tuple[CapacityEstimate, str]]:
-    """variant → (capacity estimate, its description) for the rows of one setting and d_key."""
-    table = capacity_intervals(rows)
-    return {row["variant"]: (CapacityEstimate.from_row(row), describe(row)) for _, row in table.iterrows()}
-
-
 def _official(setting: int) -> pd.DataFrame:
     return retrieval_rows(official_records(), setting)
 
@@ -110,7 +104,7 @@ def claim_linear_fails_softmax_holds(frame: pd.DataFrame) -> ClaimResult:
     reference, minimum = "Sec. 6.1, Fig. 2 (left)", f"linear to S=80, softmax to S={SOFTMAX_HOLDS_TO}; " \
         + RETRIEVAL_MINIMUM
     rows = _rows_of(frame, 1, ["linear", "softmax"])
-    caps = capacities(rows)
+    caps = capacity_estimates(rows)
     if "linear" not in caps or "softmax" not in caps:
         return not_run("C1", claim, paper, "needs Setting 1 runs of linear and softmax", minimum, reference)
     (linear, linear_text), (softmax, softmax_text) = caps["linear"], caps["softmax"]
@@ -129,7 +123,7 @@ def claim_dpfp_capacity_grows_with_nu(frame: pd.DataFrame) -> ClaimResult:
     reference, minimum = "Sec. 6.1, Fig. 2 (left)", "ν = 1, 2, 3 at one d_key; " + RETRIEVAL_MINIMUM
     rows = _widest_nu_sweep(retrieval_rows(frame, 1))
     rows = rows[rows["variant"].str.startswith("dpfp:nu=")] if not rows.empty else rows
-    caps = capacities(rows)
+    caps = capacity_estimates(rows)
     nus = sorted(int(v.split("=")[1]) for v in caps)
     if len(nus) < 2:
         return not_run("C2", claim, paper, "needs Setting 1 runs of at least two values of ν", minimum, reference)
@@ -141,8 +135,8 @@ def claim_dpfp_capacity_grows_with_nu(frame: pd.DataFrame) -> ClaimResult:
     return judge("C2", claim, paper, measured, lean(checks), gaps, minimum, reference)
 
 
-def _sum_rule_named() -> list[str]:
-    return ["linear", "dpfp:nu=1", "dpfp:nu=2", "dpfp:nu=3"]
+#: The sum-rule memories C3 names (Figure 2 left, d_key 64).
+SUM_RULE_NAMED = ["linear", "dpfp:nu=1", "dpfp:nu=2", "dpfp:nu=3"]
 
 
 def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult:
@@ -150,9 +144,9 @@ def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult
     ν = 1, 2, 3 at d_key 64 (FAIL when a ratio is certainly outside the band, seed interval and grid)."""
     low_band, high_band = D_DOT_BAND
     claim = f"C3: for the sum rule, capacity ≈ d_dot (capacity / d_dot within {low_band}–{high_band}, d_key 64)"
-    official = capacities(_official(1))
+    official = capacity_estimates(_official(1))
     paper = "capacity / d_dot: " + ", ".join(
-        f"{v} {official[v][0].value / parse_spec_d_dot(v):.2f}" for v in _sum_rule_named())
+        f"{v} {official[v][0].value / _paper_d_dot(v):.2f}" for v in SUM_RULE_NAMED)
     reference, minimum = "Sec. 6.1 (\"capacity = d_dot\"), Fig. 2 (left)", \
         "linear, DPFP ν = 1, 2, 3 bracketed at d_key 64; " + RETRIEVAL_MINIMUM
     rows = retrieval_rows(frame, 1)
@@ -160,8 +154,8 @@ def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult
     if rows.empty:
         return not_run("C3", claim, paper, "needs Setting 1 runs of linear or DPFP", minimum, reference)
     d_key = int(rows["d_key"].iloc[0]) if "d_key" in rows and pd.notna(rows["d_key"].iloc[0]) else PAPER_D_KEY
-    caps = capacities(rows)
-    parts, checks, gaps = [], [], [*retrieval_gaps(rows), variants_missing(rows, _sum_rule_named())]
+    caps = capacity_estimates(rows)
+    parts, checks, gaps = [], [], [*retrieval_gaps(rows), variants_missing(rows, SUM_RULE_NAMED)]
     if d_key != PAPER_D_KEY:
         gaps.append(f"d_key {d_key}, not the paper's {PAPER_D_KEY}")
     for variant, (cap, text) in caps.items():
@@ -185,7 +179,7 @@ def _is_sum_rule_linear_or_dpfp(variant: str) -> bool:
     return spec.info.rule == "sum" and spec.name in ("linear", "dpfp")
 
 
-def parse_spec_d_dot(variant: str) -> float:
+def _paper_d_dot(variant: str) -> float:
     """d_dot of a spec at the paper's d_key."""
     return float(d_dot_of(variant, PAPER_D_KEY))
 
@@ -248,7 +242,7 @@ def claim_dpfp_beats_favor_at_equal_d_dot(frame: pd.DataFrame) -> ClaimResult:
         f"{d} {_official_capacity_text(1, d)} vs {f} {_official_capacity_text(1, f)}" for d, f in pairs)
     reference, minimum = "Sec. 6.1, Fig. 2 (left)", "both pairs (d_dot 128, 256) at d_key 64; " + RETRIEVAL_MINIMUM
     rows = _rows_of(frame, 1, [v for pair in pairs for v in pair])
-    caps = capacities(rows)
+    caps = capacity_estimates(rows)
     ran = [(d, f) for d, f in pairs if d in caps and f in caps]
     if not ran:
         return not_run("C12", claim, paper, "needs Setting 1 runs of DPFP and FAVOR+ with equal d_dot", minimum,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from fwbench.analysis.capacity import CapacityEstimate, capacity_intervals, describe, retrieval_rows
+from fwbench.analysis.capacity import capacity_estimates, retrieval_rows
 from fwbench.analysis.evidence import (
     RETRIEVAL_MINIMUM,
     cell_loss,
@@ -96,11 +96,6 @@ def claim_setting2_delta_beats_sum(frame: pd.DataFrame) -> ClaimResult:
     return judge("C5", claim, paper, measured, lean(checks), gaps, minimum, reference)
 
 
-def _capacities(rows: pd.DataFrame) -> dict[str, tuple[CapacityEstimate, str]]:
-    return {row["variant"]: (CapacityEstimate.from_row(row), describe(row))
-            for _, row in capacity_intervals(rows).iterrows()}
-
-
 def claim_delta_rule_needs_capacity(frame: pd.DataFrame) -> ClaimResult:
     """C6: Setting 2: linear-delta (d_dot 64) fails by S=80 while DPFP ν=2 delta (d_dot 256) holds to S=200.
 
@@ -108,14 +103,14 @@ def claim_delta_rule_needs_capacity(frame: pd.DataFrame) -> ClaimResult:
     cap it. FAIL when linear-delta's capacity is certainly above 80 or DPFP ν=2 delta's certainly below 200.
     """
     claim = "C6: the delta rule still needs capacity: linear-delta fails by S=80, dpfp-delta ν=2 holds to S=200"
-    official = _capacities(retrieval_rows(official_records(), 2))
+    official = capacity_estimates(retrieval_rows(official_records(), 2))
     paper = (f"capacity: linear-delta {official['linear-delta'][1]}; dpfp-delta:nu=2 "
              f"{official['dpfp-delta:nu=2'][1]}").replace("(1 seed", "(seed 1")
     reference, minimum = "Sec. 6.1, Fig. 2 (right)", \
         f"linear-delta to S=80, dpfp-delta:nu=2 to S={SETTING2_S_MAX}; " + RETRIEVAL_MINIMUM
     rows = _setting2(frame)
     rows = rows[rows["variant"].isin(["linear-delta", "dpfp-delta:nu=2"])] if not rows.empty else rows
-    caps = _capacities(rows)
+    caps = capacity_estimates(rows)
     if len(caps) < 2:
         return not_run("C6", claim, paper, "needs Setting 2 runs of linear-delta and dpfp-delta:nu=2", minimum,
                        reference)
