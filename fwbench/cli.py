@@ -181,6 +181,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.capacity import capacity_intervals, describe, write_capacity_csv
+    from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
     from fwbench.analysis.records import records_frame
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
     from fwbench.run.grid import load_grid
@@ -204,6 +205,9 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
         print(f"{row['variant']:<18} d_key {int(row['d_key']):<4} d_dot {int(row['d_dot']):<5} "
               f"capacity {describe(row)}")
     print(f"capacities written to {csv}, figure to {figure}")
+    for claim in (claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot):
+        result = claim(frame)
+        print(f"{result.id} {result.verdict}: {result.measured}\n    evidence: {result.evidence}")
     return 0
 
 

@@ -19,6 +19,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         row = {
             "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
             "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],
+            # the report names the step of every divergence (it crashed on a diverged run without them)
+            "diverged_at": r.get("diverged_at"), "diverged_reason": r.get("diverged_reason"),
             "steps": r["steps"], "wall_s": r["wall_s"], "steps_per_s": r.get("steps_per_s"),
             "device": r.get("environment", {}).get("device"),
             "torch": r.get("environment", {}).get("torch"),
@@ -43,11 +45,17 @@ class Capacity:
 
     ``value`` is the interpolated crossing of the threshold; ``lower_bound_only`` means every S run
     passed (capacity ≥ value); ``upper_bound_only`` means even the smallest S failed (< value).
+    [``grid_low``, ``grid_high``] are the grid points around the crossing (the last S that retrieved,
+    the first S that failed; 0 / inf when censored). ``ignored`` lists the S of isolated failures that
+    were read as one bad point (see :func:`estimate_capacity`).
     """
 
     value: float
     lower_bound_only: bool = False
     upper_bound_only: bool = False
+    grid_low: float = math.nan
+    grid_high: float = math.nan
+    ignored: tuple[float, ...] = ()
 
     def __str__(self) -> str:
         if math.isnan(self.value):
@@ -73,24 +81,37 @@ class Capacity:
 
 
 def estimate_capacity(S: list[float], loss: list[float], threshold: float = CAPACITY_THRESHOLD) -> Capacity:
-    """Capacity from a loss-vs-S curve: the S where the loss first rises above ``threshold``.
+    """Capacity from a loss-vs-S curve: the S where the loss rises above ``threshold`` to stay.
 
-    Between the last passing S and the first failing one the crossing is interpolated linearly in
-    log-loss. Points are sorted by S; NaN losses are ignored.
+    Robust to one bad point: a failure whose next grid point retrieves again is an isolated blip and
+    is skipped (listed in ``Capacity.ignored``): the official DPFP ν=2 delta run of Setting 2 fails at
+    S=100 only, and holds from 120 to 200. A failure at the last S run counts (nothing shows it to be
+    a blip). Between the last passing S and the failure the crossing is interpolated linearly in
+    log-loss. Points are sorted by S; NaN losses (no measurement, e.g. a diverged run) are ignored;
+    an infinite loss is a failure.
     """
     points = sorted((s, l) for s, l in zip(S, loss) if not (l is None or math.isnan(l)))
     if not points:
         return Capacity(math.nan)
-    previous = None
-    for s, l in points:
-        if l > threshold:
-            if previous is None:
-                return Capacity(float(s), upper_bound_only=True)
-            s0, l0 = previous
-            fraction = (math.log(threshold) - math.log(max(l0, 1e-12))) / (math.log(l) - math.log(max(l0, 1e-12)))
-            return Capacity(float(s0 + fraction * (s - s0)))
-        previous = (s, l)
-    return Capacity(float(points[-1][0]), lower_bound_only=True)
+    fails = [l > threshold for _, l in points]
+    ignored = []
+    for i, (s, l) in enumerate(points):
+        if not fails[i]:
+            continue
+        if i + 1 < len(points) and not fails[i + 1]:
+            ignored.append(float(s))  # one bad point between retrieving ones
+            continue
+        before = [p for j, p in enumerate(points[:i]) if not fails[j]]
+        if not before:
+            return Capacity(float(s), upper_bound_only=True, grid_low=0.0, grid_high=float(s),
+                            ignored=tuple(ignored))
+        s0, l0 = before[-1]
+        log_l0 = math.log(max(l0, 1e-12))
+        fraction = (math.log(threshold) - log_l0) / (math.log(l) - log_l0)  # 0 for an infinite loss
+        return Capacity(float(s0 + fraction * (s - s0)), grid_low=float(s0), grid_high=float(s),
+                        ignored=tuple(ignored))
+    last = float(points[-1][0])
+    return Capacity(last, lower_bound_only=True, grid_low=last, grid_high=math.inf, ignored=tuple(ignored))
 
 
 def mean_over_seeds(frame: pd.DataFrame, by: list[str], value: str) -> pd.DataFrame:

@@ -7,6 +7,10 @@ interval: its bounds are NaN and the report says "1 seed" instead of drawing a b
 Why Student t rather than a bootstrap: the grids run 1 to 5 seeds, too few for a bootstrap to say
 anything, and t is exact for normally distributed per-seed results. Values are the per-seed best
 evaluation losses or per-seed capacities, each computed on one seed's own curve.
+
+Losses are positive and spread over decades (0.0005 and 0.3 in one cell), so their intervals are
+computed in log space (:func:`log_interval`): the geometric mean with exp(mean ± t·s/√n) of the log
+losses, which never leaves (0, ∞); a plain t-interval of [0.0005, 0.0008, 0.3] would reach −0.33.
 """
 
 from __future__ import annotations
@@ -73,6 +77,26 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Inter
     return Interval(mean, float(low), float(high), n, confidence)
 
 
+#: Losses are floored here before their logarithm (a loss of exactly 0 would be −∞ in log space).
+LOG_FLOOR = 1e-12
+
+
+def log_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
+    """Geometric mean of positive ``values`` (losses, perplexities) with a Student-t interval taken in
+    log space and mapped back: it stays positive, as the quantity does. NaN and infinite values are
+    dropped (a diverged run is not a measured loss). Values ≤ 0 are floored at :data:`LOG_FLOOR`.
+
+    Raises:
+        ValueError: ``confidence`` outside (0, 1).
+    """
+    finite = [max(float(v), LOG_FLOOR) for v in values if v is not None and math.isfinite(v)]
+    logs = t_interval([math.log(v) for v in finite], confidence)
+    if logs.n == 0:
+        return logs
+    low, high = (math.nan, math.nan) if logs.n == 1 else (math.exp(logs.low), math.exp(logs.high))
+    return Interval(math.exp(logs.mean), low, high, logs.n, confidence)
+
+
 def mean_ci(frame: pd.DataFrame, by: list[str], value: str, confidence: float = CONFIDENCE) -> pd.DataFrame:
     """Per group of ``by``: ``mean``, ``std``, ``n`` (seeds with a finite value), ``ci_low``, ``ci_high``.
 
@@ -90,3 +114,17 @@ def mean_ci(frame: pd.DataFrame, by: list[str], value: str, confidence: float = 
     out["ci_low"] = out["mean"] - half
     out["ci_high"] = out["mean"] + half
     return out[columns]
+
+
+def log_mean_ci(frame: pd.DataFrame, by: list[str], value: str, confidence: float = CONFIDENCE) -> pd.DataFrame:
+    """As :func:`mean_ci`, in log space: ``mean`` is the geometric mean and [``ci_low``, ``ci_high``] the
+    interval of :func:`log_interval`, so a band on a loss never reaches below zero. Non-finite and
+    missing values are left out (``n`` counts the rest); values ≤ 0 are floored at :data:`LOG_FLOOR`."""
+    logged = frame.copy()
+    raw = logged[value].astype(float)
+    logged[value] = np.log(raw.where(np.isfinite(raw)).clip(lower=LOG_FLOOR))
+    out = mean_ci(logged, by, value, confidence)
+    for column in ("mean", "ci_low", "ci_high"):
+        out[column] = np.exp(out[column])
+    out["std"] = math.nan  # a standard deviation of logs would read as one of the values
+    return out

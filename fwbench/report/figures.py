@@ -10,25 +10,29 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fwbench.analysis.capacity import measured_loss  # noqa: E402
 from fwbench.analysis.reference import official_synthetic  # noqa: E402
-from fwbench.analysis.statistics import mean_ci  # noqa: E402
+from fwbench.analysis.statistics import log_mean_ci  # noqa: E402
+from fwbench.report.figure_style import legend_beside, plain_ticks, save  # noqa: E402
 
 
 def capacity_figure(ours: pd.DataFrame, setting: int, path: Path, title: str) -> Path:
-    """Best eval loss vs S, one line per variant (seed mean, 95 % t-band), official seed 1 dashed.
+    """Best eval loss vs S, one line per variant (geometric seed mean, 95 % log-space band), official
+    seed 1 dashed; the legend beside the axes. Diverged runs are not measured losses (left out).
 
     ``ours`` holds the retrieval rows of one setting (see :func:`analysis.records_frame`).
     """
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(10, 5))
+    ours = ours.assign(best_eval_loss=measured_loss(ours))
     official = official_synthetic()
     official = official[official["setting"] == setting]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (variant, rows) in enumerate(sorted(ours.groupby("variant"), key=lambda kv: kv[0])):
         colour = colours[index % len(colours)]
-        stats = mean_ci(rows, ["S"], "best_eval_loss").set_index("S").sort_index()
+        stats = log_mean_ci(rows, ["S"], "best_eval_loss").set_index("S").sort_index()
         ax.plot(stats.index, stats["mean"], "o-", color=colour, label=f"{variant} (fwbench)")
-        if rows["seed"].nunique() > 1:  # 95 % Student-t band over seeds
-            ax.fill_between(stats.index, stats["ci_low"].clip(lower=1e-6), stats["ci_high"], color=colour, alpha=0.2)
+        if rows["seed"].nunique() > 1:  # 95 % band over seeds, in log space
+            ax.fill_between(stats.index, stats["ci_low"], stats["ci_high"], color=colour, alpha=0.2)
         ref = official[official["variant"] == variant].sort_values("S")
         if not ref.empty:
             ax.plot(ref["S"], ref["min_eval_loss"], "--", color=colour, alpha=0.6, label=f"{variant} (official, seed 1)")
@@ -37,10 +41,7 @@ def capacity_figure(ours: pd.DataFrame, setting: int, path: Path, title: str) ->
     ax.set_ylabel("best evaluation loss ½‖v − v̂‖²")
     ax.axhline(0.01, color="grey", lw=0.8, ls=":")
     ax.set_title(title)
-    ax.legend(fontsize=7, ncol=2)
+    legend_beside(ax)  # inside, it covered the official softmax curve at S ≈ 350-500
+    plain_ticks(ax)
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

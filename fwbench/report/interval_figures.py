@@ -15,36 +15,35 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fwbench.analysis.records import CAPACITY_THRESHOLD, estimate_capacity  # noqa: E402
-from fwbench.analysis.reference import official_synthetic  # noqa: E402
-from fwbench.analysis.statistics import mean_ci  # noqa: E402
+from fwbench.analysis.capacity import capacity_intervals, measured_loss, retrieval_rows  # noqa: E402
+from fwbench.analysis.records import CAPACITY_THRESHOLD  # noqa: E402
+from fwbench.analysis.reference import official_records, official_synthetic  # noqa: E402
+from fwbench.analysis.statistics import log_mean_ci, mean_ci  # noqa: E402
+from fwbench.report.figure_style import legend_beside, plain_ticks, save  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")  # keeps a legend placed beside the axes
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def finite_loss(rows: pd.DataFrame) -> pd.DataFrame:
-    """``rows`` with a column ``loss``: the best eval loss, NaN where it is not finite (diverged)."""
+    """``rows`` with a column ``loss``: the best eval loss, NaN where it is not finite or the run diverged
+    (a diverged run is not a measured loss)."""
     rows = rows.copy()
-    loss = rows["best_eval_loss"].astype(float)
+    loss = measured_loss(rows)
     rows["loss"] = loss.where(np.isfinite(loss))
     return rows
 
 
 def loss_vs_S_figure(rows: pd.DataFrame, setting: int, path: Path, title: str) -> Path:
-    """Best eval loss vs S per variant: seed mean (markers + line), 95 % t-band (≥ 2 seeds), official
-    seed 1 dashed, diverged runs as red crosses at the top of the axis (label: step of divergence)."""
+    """Best eval loss vs S per variant: geometric seed mean (markers + line), 95 % log-space band (≥ 2
+    seeds), official seed 1 dashed, diverged runs as red crosses at the top of the axis (count per S)."""
     fig, ax = plt.subplots(figsize=(10.5, 5.2))
     official = official_synthetic()
     official = official[official["setting"] == setting]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     rows = finite_loss(rows)
-    stats = mean_ci(rows, ["variant", "S"], "loss")
+    stats = log_mean_ci(rows, ["variant", "S"], "loss")
     top = 1.0
     for index, (variant, group) in enumerate(sorted(stats.groupby("variant"), key=lambda kv: kv[0])):
         colour = colours[index % len(colours)]
@@ -52,42 +51,40 @@ def loss_vs_S_figure(rows: pd.DataFrame, setting: int, path: Path, title: str) -
         ax.plot(group["S"], group["mean"], "o-", color=colour, label=f"{variant} (fwbench)")
         band = group[group["n"] > 1]
         if not band.empty:
-            ax.fill_between(band["S"], band["ci_low"].clip(lower=1e-6), band["ci_high"], color=colour, alpha=0.2)
+            ax.fill_between(band["S"], band["ci_low"], band["ci_high"], color=colour, alpha=0.2)
         ref = official[official["variant"] == variant].sort_values("S")
         if not ref.empty:
+            # the official code evaluated Setting 2 on length S; we train and evaluate on 2S
+            evaluated = ", evaluated on S" if setting == 2 else ""
             ax.plot(ref["S"], ref["min_eval_loss"], "--", color=colour, alpha=0.6,
-                    label=f"{variant} (official, seed 1)")
+                    label=f"{variant} (official, seed 1{evaluated})")
         top = max(top, float(np.nanmax(group["mean"])) if group["mean"].notna().any() else top)
     diverged = rows[rows["status"] == "diverged"]
-    for _, run in diverged.iterrows():
-        ax.plot(run["S"], top * 1.5, "x", color="red", ms=9)
-        ax.annotate(f"{run['variant']} diverged @ {run['diverged_at']}", (run["S"], top * 1.5), fontsize=6,
-                    xytext=(4, -10), textcoords="offset points", color="red")
+    if not diverged.empty:  # one cross per S, with how many runs diverged there (their names: the table)
+        counts = diverged.groupby("S").size()
+        ax.plot(counts.index, [top * 1.5] * len(counts), "x", color="red", ms=9, ls="none",
+                label="diverged runs at this S (count; no loss)")
+        for S, count in counts.items():
+            ax.annotate(str(count), (S, top * 1.5), fontsize=7, xytext=(0, 6), textcoords="offset points",
+                        color="red", ha="center")
     ax.set_yscale("log")
     ax.set_xlabel("number of unique keys S")
     ax.set_ylabel("best evaluation loss ½‖v − v̂‖²")
     ax.axhline(CAPACITY_THRESHOLD, color="grey", lw=0.8, ls=":")
     ax.set_title(title)
-    # beside the axes: inside, two columns of labels covered the curves they name
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    legend_beside(ax)  # inside, two columns of labels covered the curves they name
+    plain_ticks(ax)
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 
 
 def official_capacities(threshold: float = CAPACITY_THRESHOLD) -> pd.DataFrame:
-    """Setting 1 capacities of the official seed-1 runs (d_key 64): variant, d_dot, capacity, bound."""
-    from fwbench.variants import d_dot_of
-
-    official = official_synthetic()
-    rows = []
-    for variant, group in official[official["setting"] == 1].groupby("variant"):
-        d_dot = d_dot_of(variant, 64)
-        if d_dot is None:
-            continue
-        capacity = estimate_capacity(list(group["S"]), list(group["min_eval_loss"]), threshold)
-        bound = "≥" if capacity.lower_bound_only else "<" if capacity.upper_bound_only else ""
-        rows.append({"variant": variant, "d_dot": d_dot, "capacity": capacity.value, "bound": bound})
-    return pd.DataFrame(rows)
+    """Setting 1 capacities of the official seed-1 runs (d_key 64), from the one capacity estimator
+    (:func:`fwbench.analysis.capacity.capacity_intervals`): variant, d_dot, capacity, bound."""
+    table = capacity_intervals(retrieval_rows(official_records(), 1), threshold)
+    table = table[table["d_dot"].notna()]
+    return pd.DataFrame({"variant": table["variant"], "d_dot": table["d_dot"], "capacity": table["capacity_mean"],
+                         "bound": table["bound"]}).reset_index(drop=True)
 
 
 def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataFrame | None = None) -> Path:
@@ -136,8 +133,9 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
     ax.set_ylabel(f"capacity: largest S with best loss ≤ {CAPACITY_THRESHOLD}")
     ax.set_title("Setting 1: capacity vs d_dot (seed mean; bars: 95 % t-interval, dotted: S-grid bracket)",
                  fontsize=10)
-    # beside the axes: inside, two columns of labels covered the curves they name
-    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    legend_beside(ax)  # inside, two columns of labels covered the markers they name
+    plain_ticks(ax, "x")
+    plain_ticks(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)
 
@@ -163,6 +161,7 @@ def mqar_figure(rows: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("d_model")
     ax.set_ylabel("accuracy at query positions (best evaluation)")
     ax.set_title("Multi-query associative recall (Zoology generator)")
-    ax.legend(fontsize=7, ncol=2)
+    legend_beside(ax)
+    plain_ticks(ax, "x")
     ax.grid(True, which="both", alpha=0.3)
     return _save(fig, path)

@@ -49,13 +49,14 @@ def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
         d_key = row["d_model"] // row["n_heads"]
         d_dot = d_dot_of(spec, d_key)
         table.append({
-            "variant": row["variant"], "rule": spec.info.rule, "d_dot": d_dot or "—", "seed": row["seed"],
+            "variant": row["variant"], "rule": spec.info.rule, "d_dot": int(d_dot) if d_dot else "—",
+            "seed": int(row["seed"]),
             "val ppl": _number(row.get("val_ppl")), "val bpc": _number(row.get("val_bpc"), 3),
             "bits below unigram": _number(row.get("unigram_bpc", math.nan) - row.get("val_bpc", math.nan), 2),
             "carried ÷ per-segment ppl": _number(
                 row.get("stream_ppl", math.nan) / row.get("stream_reset_ppl", math.nan), 3),
             "tokens/s": _number(row.get("tokens_per_s"), 0), "parameters": f"{int(row['parameters']):,}",
-            "steps": row["steps"], "status": row["status"], "wall (s)": _number(row["wall_s"], 0),
+            "steps": int(row["steps"]), "status": row["status"], "wall (s)": _number(row["wall_s"], 0),
         })
     return pd.DataFrame(table)
 
@@ -70,7 +71,7 @@ def long_context_table(rows: pd.DataFrame) -> pd.DataFrame:
         lc = evaluation["long_context"]
         lo, hi = lc["buckets"][-1]
         table.append({
-            "variant": row["variant"], "seed": row["seed"], "characters": f"{lc['tokens']:,}",
+            "variant": row["variant"], "seed": int(row["seed"]), "characters": f"{int(lc['tokens']):,}",
             "per-segment ppl": _number(lc["reset_ppl_all"]), "carried ppl": _number(lc["carried_ppl_all"]),
             "carried ÷ per-segment": _number(lc["carried_ppl_all"] / lc["reset_ppl_all"], 3),
             "last bucket": f"[{lo:,}, {hi:,})",
@@ -109,7 +110,9 @@ def section_shakespeare(frame: pd.DataFrame, out_dir: Path) -> str:
         "(or its first `stream_characters`) read as one stream, every layer's state carried from segment to "
         "segment and never reset (fast weights carry W; softmax's KV cache covers only its own segment, its "
         "training window), relative to reading the same characters segment by segment. tokens/s: training "
-        "throughput on the recorded device.",
+        "throughput on the recorded device. The learning curves' bpc is measured during training on the "
+        "evaluation subset (`eval_segments` segments); the table's val bpc after training on the whole "
+        "validation split, so the two differ by the subset's sampling.",
         "",
     ]
     for key, rows in groups:

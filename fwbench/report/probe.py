@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from fwbench.report.figure_style import legend_below, plain_ticks, save  # noqa: E402
 from fwbench.run.strict_json import write_csv  # noqa: E402
 from fwbench.variants import build_attention, parse_spec  # noqa: E402
 
@@ -95,7 +96,7 @@ def run_probe(variants: list[str] | None = None, d_key: int = 64, ratios: tuple[
 def probe_figure(table: pd.DataFrame, path: Path) -> Path:
     """Error rate vs S/d_dot, one panel per update rule, one line per variant; S = d_dot marked."""
     rules = [r for r in ("sum", "delta", "fwm") if r in set(table["rule"])]
-    fig, axes = plt.subplots(1, len(rules), figsize=(5 * len(rules), 4.2), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(1, len(rules), figsize=(5 * len(rules), 6.2), sharey=True, squeeze=False)
     for ax, rule in zip(axes[0], rules, strict=True):
         for variant, rows in table[table["rule"] == rule].groupby("variant", sort=True):
             rows = rows.sort_values("S_over_d_dot")
@@ -108,14 +109,11 @@ def probe_figure(table: pd.DataFrame, path: Path) -> Path:
         ax.set_xlabel("pairs written / d_dot  (S / d_dot)")
         ax.set_title(f"{rule} rule")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")  # errors rise left to right: the top left stays empty
+        plain_ticks(ax, "x")
+        legend_below(ax)  # inside, it covered linear's first points and most of the fwm panel
     axes[0][0].set_ylabel("relative retrieval error 1 − cos²(v, v̂)")
     fig.suptitle("Training-free capacity probe: random keys, no training", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def write_probe(out_dir: Path, variants: list[str] | None = None, d_key: int = 64, trials: int = 4,

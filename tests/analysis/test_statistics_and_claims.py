@@ -1,5 +1,6 @@
-"""Seed statistics, per-seed capacities with intervals, the grid's profile blocks, claims C3-C7 and
-the new report sections, on hand-made data whose answers are known."""
+"""Seed statistics, per-seed capacities with intervals and the grid's profile blocks, on hand-made data
+whose answers are known. The claims' criteria are tested in test_claims_criteria.py and on the paper's
+own logs in test_claims_official_logs.py."""
 
 from __future__ import annotations
 
@@ -9,21 +10,8 @@ import pandas as pd
 import pytest
 
 from fwbench.analysis.capacity import capacity_intervals, describe, seed_capacities, summary_capacity
-from fwbench.analysis.claims import (
-    CLAIMS,
-    FAIL,
-    NOT_RUN,
-    PASS,
-    claim_delta_rule_needs_capacity,
-    claim_dpfp_capacity_grows_with_nu,
-    claim_favor_never_reaches_zero,
-    claim_linear_fails_softmax_holds,
-    claim_setting2_delta_beats_sum,
-    claim_sum_rule_failure_scales_with_d_dot,
-    claim_unnormalised_delta_rule_fails,
-    evaluate_claims,
-)
-from fwbench.analysis.statistics import mean_ci, t_interval
+from fwbench.analysis.records import estimate_capacity
+from fwbench.analysis.statistics import log_interval, mean_ci, t_interval
 from fwbench.run.grid import expand, load_grid
 
 # t_{0.975, 4} and t_{0.975, 2}, from a printed table of Student's t distribution.
@@ -92,21 +80,54 @@ def test_capacity_is_estimated_per_seed_then_given_a_t_interval():
     assert describe(row).startswith("≈ 55 [")
 
 
-def test_capacity_censoring_and_divergence_count_as_bounds_and_failures():
+def test_capacity_censoring_and_the_divergence_policy():
+    """Changed on purpose (issue 13): a diverged run used to count as a failure (+inf); it is now neither
+    a pass nor a measured loss, left out of the curve and counted."""
     frame = retrieval_rows([
         ("dpfp:nu=2", 256, 20, 1, 1e-4), ("dpfp:nu=2", 256, 80, 1, 1e-3),  # passes every S: ≥ 80
         ("linear", 64, 20, 1, 0.3),  # fails the smallest S: < 20
-        ("favor:m=64", 128, 20, 1, 1e-3), ("favor:m=64", 128, 40, 1, math.nan, "diverged", 12),  # diverged: +inf
+        ("favor:m=64", 128, 20, 1, 1e-3), ("favor:m=64", 128, 40, 1, 0.002, "diverged", 12),
+        ("favor:m=64", 128, 60, 1, 0.3),
     ])
     table = capacity_intervals(frame).set_index("variant")
     assert table.loc["dpfp:nu=2", "bound"] == "≥" and summary_capacity(table.loc["dpfp:nu=2"]).lower_bound_only
     assert table.loc["linear", "bound"] == "<"
-    # a diverged run fails with an infinite loss: the crossing is the last S that passed
-    assert table.loc["favor:m=64", "bound"] == "" and table.loc["favor:m=64", "capacity_mean"] == 20
+    # the diverged run at S=40 is left out (its pre-divergence loss 0.002 is not a pass either): the
+    # crossing lies between 20 and 60
+    favor = table.loc["favor:m=64"]
+    assert favor["bound"] == "" and (favor["grid_low"], favor["grid_high"]) == (20, 60)
+    assert favor["n_diverged"] == 1
     assert describe(table.loc["dpfp:nu=2"]) == "≥ 80 (1 seed)"
-    assert describe(table.loc["favor:m=64"]) == "≈ 20 (1 seed; grid 20–40)"
+    assert describe(favor).startswith("≈ 36 (1 seed; grid 20–60)")  # log-interpolated: 20 + 40·ln 10 / ln 300
+    assert "1 diverged run(s) left out" in describe(favor)
     assert (table.loc["dpfp:nu=2", "grid_low"], table.loc["dpfp:nu=2", "grid_high"]) == (80, math.inf)
     assert (table.loc["linear", "grid_low"], table.loc["linear", "grid_high"]) == (0, 20)
+
+
+def test_one_bad_point_does_not_cap_a_capacity():
+    """The official DPFP ν=2 delta run of Setting 2 fails at S=100 only (0.0854) and holds to S=200."""
+    S = [20, 40, 60, 80, 100, 120, 140, 160, 180, 200]
+    loss = [9.7e-4, 5.3e-4, 4.9e-4, 8.1e-4, 0.0854, 7.3e-4, 2.9e-4, 4.0e-4, 4.0e-4, 8.4e-4]
+    capacity = estimate_capacity(S, loss)
+    assert capacity.lower_bound_only and capacity.value == 200 and capacity.ignored == (100.0,)
+    # two failures in a row are a real crossing; a failure at the last S counts too
+    assert estimate_capacity([20, 40, 60, 80], [1e-3, 0.1, 0.2, 1e-3]).grid_high == 40
+    assert estimate_capacity([20, 40, 60], [1e-3, 1e-3, 0.1]).grid_high == 60
+
+
+def test_log_interval_stays_in_range():
+    """[0.0005, 0.0008, 0.3]: the plain t-interval reaches below zero; the log-space one cannot."""
+    values = [0.0005, 0.0008, 0.3]
+    assert t_interval(values).low < 0
+    interval = log_interval(values)
+    logs = [math.log(v) for v in values]
+    mean = sum(logs) / 3
+    s = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    assert interval.mean == pytest.approx(math.exp(mean))
+    assert interval.low == pytest.approx(math.exp(mean - T_975_DF2 * s / math.sqrt(3)))
+    assert interval.high == pytest.approx(math.exp(mean + T_975_DF2 * s / math.sqrt(3)))
+    assert 0 < interval.low < min(values) and interval.high > max(values)
+    assert log_interval([math.inf, 0.1]).n == 1  # a diverged run's loss is not a measurement
 
 
 def test_grid_bracket_is_the_widest_pair_of_grid_points_around_the_crossing_over_seeds():
@@ -155,86 +176,25 @@ def test_bundled_grids_expand_with_their_quick_and_full_profiles(name):
     assert {s.seed for s in full} >= {1, 2, 3}, "the full profile runs at least 3 seeds"
 
 
-# --------------------------------------------------------------------------------------------
-# Claims C3-C7.
-# --------------------------------------------------------------------------------------------
+def test_records_frame_keeps_the_step_and_reason_of_a_divergence():
+    from fwbench.analysis.records import records_frame
+
+    record = {"run_id": "a", "task": "retrieval", "variant": {"spec": "favor-delta:m=64", "d_dot": 128}, "seed": 1,
+              "status": "diverged", "diverged_at": 1100, "diverged_reason": "evaluation loss is nan", "steps": 1100,
+              "wall_s": 1.0, "config": {"setting": 2, "S": 140}, "metrics": {"best_eval_loss": None}}
+    row = records_frame([record]).iloc[0]
+    assert row["diverged_at"] == 1100 and row["diverged_reason"] == "evaluation loss is nan"
 
 
-def test_claims_table_lists_c1_to_c10_and_says_not_run_on_an_empty_store():
-    results = evaluate_claims(pd.DataFrame())  # C1-C7 synthetic, C8-C10 language modelling
-    assert [r.id for r in results] == [f"C{i}" for i in range(1, 11)] and len(CLAIMS) == 10
-    assert all(r.verdict == NOT_RUN for r in results)
-    assert all(r.paper for r in results), "every claim states the paper's figure"
+def test_two_capacities_differ_only_when_intervals_are_apart_and_a_grid_point_separates_them():
+    from fwbench.analysis.capacity import CapacityEstimate
 
-
-def test_c3_passes_when_sum_rule_capacities_track_d_dot_and_fails_otherwise():
-    tracks = retrieval_rows([
-        ("linear", 64, 40, 1, 1e-3), ("linear", 64, 80, 1, 0.2),
-        ("dpfp:nu=1", 128, 80, 1, 1e-3), ("dpfp:nu=1", 128, 160, 1, 0.2),
-        ("dpfp:nu=2", 256, 80, 1, 1e-3), ("dpfp:nu=2", 256, 160, 1, 1e-3),  # ≥ 160: consistent
-    ])
-    assert claim_sum_rule_failure_scales_with_d_dot(tracks).verdict == PASS
-    too_small = retrieval_rows([
-        ("linear", 64, 10, 1, 1e-3), ("linear", 64, 20, 1, 0.2),  # capacity ≈ 15 < 64 / 2
-        ("dpfp:nu=1", 128, 80, 1, 1e-3), ("dpfp:nu=1", 128, 160, 1, 0.2),
-    ])
-    result = claim_sum_rule_failure_scales_with_d_dot(too_small)
-    assert result.verdict == FAIL and "linear" in result.measured.split("—")[-1]
-    assert claim_sum_rule_failure_scales_with_d_dot(retrieval_rows([("softmax", None, 20, 1, 0.0)])).verdict == NOT_RUN
-
-
-def test_c4_checks_favor_at_the_smallest_S():
-    high = retrieval_rows([("favor:m=64", 128, 20, 1, 0.11), ("favor:m=64", 128, 20, 2, 0.09)])
-    assert claim_favor_never_reaches_zero(high).verdict == PASS
-    reaches = retrieval_rows([("favor:m=128", 256, 20, 1, 0.004)])
-    assert claim_favor_never_reaches_zero(reaches).verdict == FAIL
-    assert claim_favor_never_reaches_zero(retrieval_rows([("favor:m=64", 128, 40, 1, 0.2)])).verdict == NOT_RUN
-
-
-def test_c5_compares_the_delta_and_sum_rule_on_the_same_feature_map():
-    ok = retrieval_rows([("dpfp:nu=1", 128, 20, 1, 0.1), ("dpfp-delta:nu=1", 128, 20, 1, 0.001)], setting=2)
-    assert claim_setting2_delta_beats_sum(ok).verdict == PASS
-    sum_fine = retrieval_rows([("dpfp:nu=1", 128, 20, 1, 0.02), ("dpfp-delta:nu=1", 128, 20, 1, 0.001)], setting=2)
-    assert claim_setting2_delta_beats_sum(sum_fine).verdict == FAIL
-    unpaired = retrieval_rows([("dpfp-delta:nu=1", 128, 20, 1, 0.001), ("linear", 64, 20, 1, 0.2)], setting=2)
-    assert claim_setting2_delta_beats_sum(unpaired).verdict == NOT_RUN
-
-
-def test_c6_needs_linear_delta_to_fail_where_dpfp_nu2_delta_holds():
-    ok = retrieval_rows([("linear-delta", 64, 80, 1, 0.1), ("dpfp-delta:nu=2", 256, 80, 1, 0.002)], setting=2)
-    assert claim_delta_rule_needs_capacity(ok).verdict == PASS
-    dpfp_fails = retrieval_rows([("linear-delta", 64, 80, 1, 0.1), ("dpfp-delta:nu=2", 256, 80, 1, 0.03)], setting=2)
-    assert claim_delta_rule_needs_capacity(dpfp_fails).verdict == FAIL
-    too_small = retrieval_rows([("linear-delta", 64, 80, 1, 0.1), ("dpfp-delta:nu=2", 256, 40, 1, 0.001)], setting=2)
-    assert claim_delta_rule_needs_capacity(too_small).verdict == FAIL  # never compared at S = 80
-    assert claim_delta_rule_needs_capacity(ok[ok["variant"] == "linear-delta"]).verdict == NOT_RUN
-
-
-def test_c7_passes_on_divergence_or_a_clearly_worse_loss():
-    diverged = retrieval_rows([
-        ("dpfp-delta-unnorm:nu=1", 128, 20, 1, math.inf, "diverged", 37), ("dpfp-delta:nu=1", 128, 20, 1, 0.001),
-    ], setting=2)
-    result = claim_unnormalised_delta_rule_fails(diverged)
-    assert result.verdict == PASS and "diverged at step 37" in result.measured
-    worse = retrieval_rows([("dpfp-delta-unnorm:nu=1", 128, 20, 1, 0.2), ("dpfp-delta:nu=1", 128, 20, 1, 0.001)],
-                           setting=2)
-    assert claim_unnormalised_delta_rule_fails(worse).verdict == PASS
-    same = retrieval_rows([("dpfp-delta-unnorm:nu=1", 128, 20, 1, 0.0007), ("dpfp-delta:nu=1", 128, 20, 1, 0.001)],
-                          setting=2)
-    assert claim_unnormalised_delta_rule_fails(same).verdict == FAIL
-    alone = retrieval_rows([("dpfp-delta-unnorm:nu=1", 128, 20, 1, 0.2)], setting=2)
-    assert claim_unnormalised_delta_rule_fails(alone).verdict == NOT_RUN
-
-
-def test_c1_and_c2_never_mix_key_sizes():
-    """A ν sweep at d_key 16 next to the paper's d_key 64 runs: C1 reads d_key 64 only; C2 uses the
-    d_key with the most values of ν (16 here) instead of averaging losses across key sizes."""
-    paper = retrieval_rows([("linear", 64, 40, 1, 0.001), ("linear", 64, 80, 1, 0.2), ("softmax", None, 80, 1, 0.0),
-                            ("dpfp:nu=1", 128, 80, 1, 0.001)])
-    sweep = retrieval_rows([("linear", 16, 80, 1, 0.001)] + [
-        (f"dpfp:nu={nu}", 32 * nu, S, 1, 1e-3 if S <= 32 * nu else 0.2) for nu in (1, 2, 3) for S in (16, 48, 80, 112)
-    ], d_key=16)
-    frame = pd.concat([paper, sweep])
-    assert claim_linear_fails_softmax_holds(frame).verdict == PASS
-    c2 = claim_dpfp_capacity_grows_with_nu(frame)
-    assert c2.verdict == PASS and "d_key 16" in c2.measured
+    low = CapacityEstimate(100, 95, 105, grid_low=80, grid_high=120, n_seeds=3)
+    apart_same_grid = CapacityEstimate(115, 112, 118, grid_low=100, grid_high=120, n_seeds=3)
+    apart_and_separated = CapacityEstimate(130, 125, 135, grid_low=120, grid_high=140, n_seeds=3)
+    overlapping = CapacityEstimate(130, 100, 160, grid_low=120, grid_high=140, n_seeds=3)
+    assert apart_same_grid.above(low) is None  # intervals apart, but no S where one retrieves and the other not
+    assert apart_and_separated.above(low) is True and low.above(apart_and_separated) is False
+    assert overlapping.above(low) is None
+    bound = CapacityEstimate(160, 160, math.inf, grid_low=160, grid_high=math.inf, n_seeds=1, bound="≥")
+    assert bound.above(low) is True and bound.at_least(150) is True and bound.at_most(500) is None

@@ -101,7 +101,11 @@ def test_capacity_command_writes_a_csv_with_intervals_and_a_figure(tmp_path, cap
     assert set(table["d_dot"]) == {8, 16} and (table["n_seeds"] == 2).all()
     assert {"capacity_mean", "ci_low", "ci_high", "bound", "per_seed"} <= set(table.columns)
     assert (out / "tiny_nu.png").stat().st_size > 1000
-    assert "capacities written to" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "capacities written to" in printed
+    # C2 and C3 with their evidence: two seeds at d_key 4 can only be INDICATIVE
+    assert "C2 INDICATIVE: capacity ν=1: " in printed and "C3 INDICATIVE: " in printed
+    assert "missing: 2 seeds" in printed and "d_key 4, not the paper's 64" in printed
 
 
 def test_reproduce_runs_the_new_grids():
@@ -125,8 +129,10 @@ def test_report_renders_setting2_mqar_capacity_probe_and_statistics_sections(tmp
     for figure in ("setting2.png", "capacity_vs_d_dot.png", "mqar.png", "probe.png"):
         assert (out / figure).stat().st_size > 1000 and f"({figure})" in text
     claims = text.split("## Claims")[1].split("##")[0]
-    for i in range(1, 8):
+    for i in range(1, 15):
         assert f"C{i}:" in claims
+    assert "| evidence |" in claims and "| reference |" in claims
+    assert "## Setup: differences from the official code" in text and "Σφ(x) + 1e-06" in text
     # two seeds per Setting 2 cell: the table shows an interval
     setting2 = text.split("## Setting 2")[1].split("\n## ")[0]
     assert "[" in setting2.split("| S |")[1]

@@ -50,7 +50,7 @@ def write_grid(tmp_path, text: str):
 def test_bundled_capacity_grid_expands_to_the_product_of_its_axes():
     grid = load_grid("capacity")
     specs = expand(grid, "quick")
-    assert len(specs) == 5 * 4  # variants × S values × 1 seed
+    assert len(specs) == 5 * 4 + 1  # variants × S values × 1 seed, and the block of FAVOR+ m=128 at S=20
     assert len({s.run_id for s in specs}) == len(specs)
     assert {s.config["S"] for s in specs} == {20, 40, 80, 160}
 

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import math
 
-import pandas as pd
 import pytest
 import torch
 from official_retrieval import official_model
 
-from fwbench.analysis.claims import FAIL, NOT_RUN, PASS, claim_dpfp_capacity_grows_with_nu, claim_linear_fails_softmax_holds
 from fwbench.analysis.records import estimate_capacity
 from fwbench.analysis.reference import official_synthetic, official_variant_spec
 from fwbench.tasks.retrieval import RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss, sample_batch
@@ -80,25 +78,6 @@ def test_official_names_map_to_fwbench_specs():
     assert {"linear", "softmax", "dpfp:nu=1", "favor:m=64"} <= set(official_synthetic()["variant"])
 
 
-def frame_of(rows):
-    return pd.DataFrame(
-        [{"task": "retrieval", "setting": 1, "variant": v, "S": s, "best_eval_loss": loss, "seed": 1} for v, s, loss in rows]
-    )
-
-
-def test_claim_c1_passes_fails_and_reports_missing_runs():
-    passing = frame_of([("linear", 40, 0.001), ("linear", 80, 0.2), ("softmax", 40, 0.0), ("softmax", 80, 0.001)])
-    assert claim_linear_fails_softmax_holds(passing).verdict == PASS
-    failing = frame_of([("linear", 40, 0.001), ("linear", 80, 0.001), ("softmax", 80, 0.0)])
-    assert claim_linear_fails_softmax_holds(failing).verdict == FAIL
-    assert claim_linear_fails_softmax_holds(frame_of([("linear", 80, 0.2)])).verdict == NOT_RUN
-
-
-def test_claim_c2_compares_dpfp_capacities():
-    grows = frame_of([("dpfp:nu=1", 40, 0.001), ("dpfp:nu=1", 80, 0.2), ("dpfp:nu=2", 40, 0.001), ("dpfp:nu=2", 80, 0.001)])
-    assert claim_dpfp_capacity_grows_with_nu(grows).verdict == PASS
-    flat = frame_of([("dpfp:nu=1", 40, 0.001), ("dpfp:nu=1", 80, 0.2), ("dpfp:nu=2", 40, 0.001), ("dpfp:nu=2", 80, 0.3)])
-    assert claim_dpfp_capacity_grows_with_nu(flat).verdict == FAIL
 
 
 @pytest.mark.parametrize("variant", ["dpfp-delta:nu=1", "linear"])
