@@ -3,7 +3,7 @@
     fwbench variants [--d-key 64]                 list the attention variants and their d_dot
     fwbench grids                                 list the bundled grids and their profiles
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
-                     [--launcher local|ray] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
+                     [--launcher local|ray] [--jobs N] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
     fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
@@ -80,6 +80,9 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).resolve())
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
+    jobs = getattr(args, "jobs", 1)
+    if jobs < 1:
+        raise FwbenchError(f"--jobs: got {jobs}; expected a positive integer")
     # Fail on a bad --device before any run starts; Ray workers check availability where they run.
     device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
     context = distributed.context_from_environment()
@@ -89,12 +92,18 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
                 f"--launcher: got {launcher!r} under torchrun; data-parallel training runs with the local "
                 "launcher only (torchrun starts the processes)"
             )
+        if jobs != 1:
+            raise FwbenchError(f"--jobs: got {jobs} under torchrun; expected 1 (torchrun starts the processes)")
         context, device = distributed.start(context, device)
         quiet = quiet or not context.is_main
+    if jobs != 1 and launcher != "local":
+        raise FwbenchError(f"--jobs: got {jobs} with --launcher {launcher}; expected 1 (worker processes are the "
+                           "local launcher's; Ray sizes its own with --cpus-per-run)")
     options = LaunchOptions(
         launcher=launcher, device=str(device), threads=args.threads,
         ray_address=getattr(args, "ray_address", None), cpus_per_run=getattr(args, "cpus_per_run", 1.0),
         gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
+        jobs=jobs,
     )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
@@ -250,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="local: runs in this process (default); ray: one Ray task per run")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="local launcher: worker processes, each with --threads torch threads (default 1: "
+                   "runs train in this process); the store is written by this process only")
     p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")

@@ -630,6 +630,16 @@ def _(ctx):
     return cli(ctx, "variants")
 
 
+@row("C41")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--jobs", "0", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C42")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--jobs", "2", "--launcher", "ray", "--results-dir", str(ctx.tmp_path))
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -23,9 +24,11 @@ from fwbench.bench.regression import (
     BASELINE_PATH,
     GROSS_THRESHOLD,
     PERF_CASES,
+    PerfCase,
     compare,
     load_baseline,
     measure_ratio,
+    paired_ratio,
     write_baseline,
 )
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
@@ -270,6 +273,33 @@ def test_committed_baseline_names_every_tracked_benchmark():
 def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
     """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
     torch.set_num_threads(1)
-    measured = {case.name: measure_ratio(case, repeats=3)[0] for case in PERF_CASES if case.short}
+    measured = {case.name: measure_ratio(case, rounds=5)[0] for case in PERF_CASES if case.short}
     regressions = compare(measured, load_baseline(BASELINE_PATH), GROSS_THRESHOLD)
     assert not regressions, "; ".join(r.message() for r in regressions)
+
+
+def test_paired_ratio_follows_load_that_hits_both_sides_and_ignores_one_sided_bursts():
+    # the load doubles both times from round 3 on; a burst hits only the case in round 1 and only
+    # the calibration in round 6: every other round's ratio is 2.0, and so is the median
+    calibration = [0.010, 0.010, 0.020, 0.020, 0.020, 0.030]
+    case = [0.050, 0.020, 0.040, 0.040, 0.040, 0.020]
+    assert paired_ratio(case, calibration) == pytest.approx(2.0)
+    # the old figure: the case's median over one calibration timed before it, in a quiet stretch
+    assert statistics.median(case) / min(calibration) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("case, calibration", [([], []), ([1.0], [1.0, 2.0]), ([1.0, 0.0], [1.0, 1.0])])
+def test_paired_ratio_refuses_unpaired_or_empty_or_non_positive_times(case, calibration):
+    with pytest.raises(ValueError, match="case_times, calibration_times"):
+        paired_ratio(case, calibration)
+
+
+def test_measure_ratio_times_the_case_and_the_calibration_in_turns(monkeypatch):
+    import fwbench.bench.regression as regression
+
+    calls = []
+    monkeypatch.setattr(regression, "calibration_workload", lambda: lambda: calls.append("calibration"))
+    case = PerfCase("planted", lambda: lambda: calls.append("case"))
+    ratio, _, _ = measure_ratio(case, rounds=4)
+    assert calls == ["case", "calibration"] + ["calibration", "case", "case", "calibration"] * 2
+    assert ratio > 0
