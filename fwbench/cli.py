@@ -11,6 +11,7 @@
     fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
                                                   text from a trained language model
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
+    fwbench estimate GRID [--profile full] [--steps 3]      predicted wall time and core-hours of a profile
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.
@@ -25,6 +26,7 @@ import time
 from pathlib import Path
 
 from fwbench.bench.command import add_bench_parser
+from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
@@ -304,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_sample)
 
     add_bench_parser(sub)
+    add_estimate_parser(sub)
     return parser
 
 

@@ -99,17 +99,19 @@ def _attention_call(spec: str, form: str, T: int, backward: bool, B: int = 2, H:
     return forward_backward if backward else forward
 
 
-def retrieval_step(variant: str = "dpfp-delta:nu=1", setting: int = 2, S: int = 60) -> Callable[[], None]:
+def retrieval_step(variant: str = "dpfp-delta:nu=1", setting: int = 2, S: int = 60,
+                   device: torch.device | None = None) -> Callable[[], None]:
     """One training step (loss, backward, Adam) of a retrieval task, batch 32, on one fixed batch;
-    by default the Setting 2 shape, dpfp-delta ν=1, S=60. Built fresh (seed 0) on every call."""
+    by default the Setting 2 shape, dpfp-delta ν=1, S=60. The model is built from seed 0."""
     from fwbench.tasks.retrieval import RetrievalConfig, RetrievalTask
 
     task = RetrievalTask()
     config = RetrievalConfig(setting=setting, S=S, batch_size=32)
     torch.manual_seed(0)
-    model = task.build_model(config, variant)
+    model = task.build_model(config, variant).to(device or torch.device("cpu"))
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
-    batch = task.train_batch(config, torch.Generator().manual_seed(0))
+    batch = {name: x.to(device or torch.device("cpu")) for name, x in
+             task.train_batch(config, torch.Generator().manual_seed(0)).items()}
 
     def step():
         loss = task.loss(model, batch, config)

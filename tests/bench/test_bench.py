@@ -109,7 +109,7 @@ TINY = BenchProfile(
     "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
                                                    "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
     repeats=1, memory_max_recurrent=32, comparison_length=64, precision_length=64, chunk_sweep=(16, 32),
-    sweep_length=64, train_steps=3,
+    sweep_length=64, train_steps=3, step_cases=(("dpfp:nu=1", 1, 12), ("dpfp-fwm:nu=1", 2, 6)),
 )
 
 
@@ -119,6 +119,13 @@ def tiny_run(tmp_path_factory):
     store = ResultsStore(directory, records_file=BENCH_RECORDS)
     result = run_bench(TINY, CPU, store=store, variants=["softmax", "dpfp", "dpfp-delta"], quiet=True)
     return directory, store, result
+
+
+def test_bench_times_the_large_s_and_fwm_training_steps(tiny_run):
+    _, _, result = tiny_run
+    rows = result.extras["step_times"]
+    assert [(r["variant"], r["setting"], r["S"]) for r in rows] == [("dpfp:nu=1", 1, 12), ("dpfp-fwm:nu=1", 2, 6)]
+    assert all(0 < r["step_s"] < 10 and r["repeats"] == 1 for r in rows)
 
 
 def test_bench_writes_one_record_per_case_with_time_memory_and_flops(tiny_run):
