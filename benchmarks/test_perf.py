@@ -1,8 +1,10 @@
 """Each benchmark times one kernel call (or one training step) with pytest-benchmark, in rounds
-that each time the calibration matmul right before the case (pytest-benchmark's untimed ``setup``,
-timed here); the figure is the median over rounds of case / calibration
-(:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``; it fails when that ratio
-exceeds the committed baseline by more than the threshold.
+that each time the calibration matmul right before the case (pytest-benchmark's untimed ``setup``).
+Both are also timed in CPU time of this thread (:func:`~fwbench.bench.regression.cpu_seconds`),
+and the figure judged is the median over rounds of case / calibration CPU time
+(:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``; it fails when that
+ratio exceeds the committed baseline by more than the threshold. pytest-benchmark's table shows
+wall times.
 
 ``--plant-slowdown MODULE:FUNCTION`` (conftest.py) makes that kernel run twice per call: the check
 of the gate itself, which must then fail the cases the kernel dominates."""
@@ -11,21 +13,24 @@ from __future__ import annotations
 
 import pytest
 
-from fwbench.bench.regression import PAIRED_RATIO_ROUNDS, PERF_CASES, calibration_workload, compare, paired_ratio, timed_once
+from fwbench.bench.regression import PAIRED_RATIO_ROUNDS, PERF_CASES, calibration_workload, compare, cpu_seconds, paired_ratio
 
 
 @pytest.mark.parametrize("case", PERF_CASES, ids=[case.name for case in PERF_CASES])
 def test_perf(benchmark, case, baseline, threshold, measured):
     fn, calibration = case.build(), calibration_workload()
     calibration_times: list[float] = []
-    benchmark.pedantic(fn, setup=lambda: calibration_times.append(timed_once(calibration)),
+    case_times: list[float] = []
+    benchmark.pedantic(lambda: case_times.append(cpu_seconds(fn)),
+                       setup=lambda: calibration_times.append(cpu_seconds(calibration)),
                        rounds=PAIRED_RATIO_ROUNDS, warmup_rounds=1, iterations=1)
     if benchmark.stats is None:  # --benchmark-disable: each benchmark ran once, untimed
         pytest.skip("pytest-benchmark is disabled; nothing to compare")
-    case_times = list(benchmark.stats.stats.data)
-    ratio = paired_ratio(case_times, calibration_times[-len(case_times):])
+    rounds = slice(-PAIRED_RATIO_ROUNDS, None)  # the warm-up round is not judged
+    ratio = paired_ratio(case_times[rounds], calibration_times[rounds])
     seconds = benchmark.stats.stats.median
-    benchmark.extra_info.update(calibration_s=calibration_times[-len(case_times):], calibration_ratio=ratio)
+    benchmark.extra_info.update(calibration_cpu_s=calibration_times[rounds], case_cpu_s=case_times[rounds],
+                                calibration_ratio=ratio)
     ratios, times = measured
     ratios[case.name], times[case.name] = ratio, seconds
     regressions = compare({case.name: ratio}, baseline, threshold)

@@ -12,11 +12,14 @@ Two uses:
   :data:`PERF_CASES`, threshold :data:`FULL_THRESHOLD`); ``nox -s bench -- --short`` runs the
   CI subset with :data:`GROSS_THRESHOLD`; ``-- --update-baseline`` rewrites the baseline.
 How the ratio is measured (:func:`paired_ratio`): the calibration and the case are timed in
-alternation, one call each per round, and the figure is the median over rounds of each round's
-case time / calibration time. A shared machine's load drifts over seconds: a calibration timed
-once before the case could land in a quiet stretch and the case in a busy one (a case flagged
-1.64× slower while it ran faster than its baseline). Paired rounds see the same load on both
-sides, and the median ignores the rounds where a burst hit only one of them.
+alternation, one call each per round, in CPU time of the calling thread (:func:`cpu_seconds`;
+torch runs one thread, inline), and the figure is the median over rounds of each round's case
+time / calibration time. On a shared machine the wall time of a call is mostly how much of a core
+the scheduler gave it (with 7 runnable processes on 2 cores, about a quarter, varying by the
+second): a calibration timed once before the case could land in a quiet stretch and the case in a
+busy one (a case flagged 1.64× slower while it ran faster than its baseline). CPU time leaves out
+the time the thread waited for a core; paired rounds expose both sides to the same cache and
+memory contention; the median ignores the rounds where a burst hit only one of them.
 
 - ``tests/test_bench.py`` (run by CI through ``nox -s tests``): the short cases, measured with
   :func:`measure_ratio`, against the same baseline with the gross threshold — it catches a chunk
@@ -70,11 +73,13 @@ def paired_ratio(case_times: list[float], calibration_times: list[float]) -> flo
     return statistics.median(c / k for c, k in zip(case_times, calibration_times))
 
 
-def timed_once(fn: Callable[[], object]) -> float:
-    """Wall time of one call of ``fn`` (seconds)."""
-    start = time.perf_counter()
+def cpu_seconds(fn: Callable[[], object]) -> float:
+    """CPU time of the calling thread spent in one call of ``fn`` (seconds): its wall time less
+    the time it waited for a core. Counts torch's work only with one torch thread (intra-op work
+    then runs inline on this thread), as the benchmarks set."""
+    start = time.thread_time()
     fn()
-    return time.perf_counter() - start
+    return time.thread_time() - start
 
 
 def _attention_call(spec: str, form: str, T: int, backward: bool, B: int = 2, H: int = 8, d: int = 64):
@@ -146,15 +151,15 @@ PERF_CASES: list[PerfCase] = [
 
 
 def measure_ratio(case: PerfCase, rounds: int = PAIRED_RATIO_ROUNDS) -> tuple[float, float, float]:
-    """(ratio, case seconds, calibration seconds): :func:`paired_ratio` over ``rounds`` rounds
-    that time the calibration and the case in turns (after one warm-up call of each), and the
-    two medians."""
+    """(ratio, case CPU seconds, calibration CPU seconds): :func:`paired_ratio` over ``rounds``
+    rounds that time the calibration and the case in turns (after one warm-up call of each), in
+    :func:`cpu_seconds`, and the two medians."""
     fn, calibration = case.build(), calibration_workload()
     fn(), calibration()
     case_times, calibration_times = [], []
     for round_index in range(rounds):
         order = (calibration, fn) if round_index % 2 == 0 else (fn, calibration)
-        times = {id(f): timed_once(f) for f in order}
+        times = {id(f): cpu_seconds(f) for f in order}
         case_times.append(times[id(fn)])
         calibration_times.append(times[id(calibration)])
     return (paired_ratio(case_times, calibration_times), statistics.median(case_times),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import time
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from fwbench.bench.regression import (
     PERF_CASES,
     PerfCase,
     compare,
+    cpu_seconds,
     load_baseline,
     measure_ratio,
     paired_ratio,
@@ -299,6 +301,11 @@ def test_paired_ratio_follows_load_that_hits_both_sides_and_ignores_one_sided_bu
 def test_paired_ratio_refuses_unpaired_or_empty_or_non_positive_times(case, calibration):
     with pytest.raises(ValueError, match="case_times, calibration_times"):
         paired_ratio(case, calibration)
+
+
+def test_cpu_seconds_leaves_out_time_spent_waiting():
+    assert cpu_seconds(lambda: time.sleep(0.2)) < 0.05
+    assert cpu_seconds(lambda: sum(range(2_000_000))) > 0.005
 
 
 def test_measure_ratio_times_the_case_and_the_calibration_in_turns(monkeypatch):
