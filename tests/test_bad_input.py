@@ -640,6 +640,11 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--jobs", "2", "--launcher", "ray", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C43")
+def _(ctx):
+    return cli(ctx, "estimate", "capacity", "--steps", "0")
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------
