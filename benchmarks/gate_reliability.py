@@ -20,13 +20,13 @@ DEFAULT_PLANT = "fwbench.variants.kernels.delta_rule:delta_rule_chunk"
 DEFAULT_EXPECT = ["dpfp_delta_chunk_forward_T1024", "favor_delta_chunk_forward_T1024"]
 
 
-def failed_cases(extra: list[str]) -> tuple[set[str], float, str]:
-    """Run the suite once; (failed case names, seconds, the last line pytest printed)."""
+def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str]:
+    """Run the suite once; (failed case name → pytest's message, seconds, the last line pytest printed)."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-rf", "-p", "no:cacheprovider",
                            "--benchmark-disable-gc", *extra], capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
-    failed = set(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\]", done.stdout, re.MULTILINE))
+    failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
     return failed, time.perf_counter() - start, lines[-1] if lines else done.stderr.strip()[-200:]
 
 
@@ -47,6 +47,8 @@ def main() -> int:
             else:
                 false_failures += bool(failed)
             print(f"{label} run {index:2d} ({seconds:.0f} s): failed {sorted(failed) or 'none'} | {last}", flush=True)
+            for message in failed.values():
+                print(f"    {message}", flush=True)
     print(f"unchanged: {false_failures} of {args.runs} runs failed; planted: {missed} of {args.runs} runs missed "
           f"one of {args.expect}")
     return 0 if false_failures == 0 and missed == 0 else 1

@@ -2,9 +2,10 @@
 that each time the calibration matmul right before the case (pytest-benchmark's untimed ``setup``).
 Both are also timed in CPU time of this thread (:func:`~fwbench.bench.regression.cpu_seconds`),
 and the figure judged is the median over rounds of case / calibration CPU time
-(:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``; it fails when that
-ratio exceeds the committed baseline by more than the threshold. pytest-benchmark's table shows
-wall times.
+(:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``. A ratio past the
+threshold × baseline is measured again, up to twice (:func:`~fwbench.bench.regression.measure_ratio`),
+and the case fails when the smallest of them is still past it
+(:func:`~fwbench.bench.regression.confirmed_ratio`). pytest-benchmark's table shows wall times.
 
 ``--plant-slowdown MODULE:FUNCTION`` (conftest.py) makes that kernel run twice per call: the check
 of the gate itself, which must then fail the cases the kernel dominates."""
@@ -13,7 +14,16 @@ from __future__ import annotations
 
 import pytest
 
-from fwbench.bench.regression import PAIRED_RATIO_ROUNDS, PERF_CASES, calibration_workload, compare, cpu_seconds, paired_ratio
+from fwbench.bench.regression import (
+    PAIRED_RATIO_ROUNDS,
+    PERF_CASES,
+    calibration_workload,
+    compare,
+    confirmed_ratio,
+    cpu_seconds,
+    measure_ratio,
+    paired_ratio,
+)
 
 
 @pytest.mark.parametrize("case", PERF_CASES, ids=[case.name for case in PERF_CASES])
@@ -28,6 +38,9 @@ def test_perf(benchmark, case, baseline, threshold, measured):
         pytest.skip("pytest-benchmark is disabled; nothing to compare")
     rounds = slice(-PAIRED_RATIO_ROUNDS, None)  # the warm-up round is not judged
     ratio = paired_ratio(case_times[rounds], calibration_times[rounds])
+    if case.name in baseline:
+        ratio, measured_ratios = confirmed_ratio(ratio, lambda: measure_ratio(case)[0], threshold * baseline[case.name])
+        benchmark.extra_info.update(ratios_measured=measured_ratios)
     seconds = benchmark.stats.stats.median
     benchmark.extra_info.update(calibration_cpu_s=calibration_times[rounds], case_cpu_s=case_times[rounds],
                                 calibration_ratio=ratio)

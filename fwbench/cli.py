@@ -11,7 +11,7 @@
     fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
                                                   text from a trained language model
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
-    fwbench estimate GRID [--profile full] [--steps 3]      predicted wall time and core-hours of a profile
+    fwbench estimate GRID [--profile full] [--steps 5]      predicted wall time and core-hours of a profile
 
 Bad input (unknown variant, grid, profile or device; a malformed grid file) prints one line
 ``fwbench: error: …`` and exits with status 2; no traceback.

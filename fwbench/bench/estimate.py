@@ -10,10 +10,12 @@ For every cell of the profile: steps per run × seconds per step on this machine
 - Seconds per step: measured here, a few training steps of the real loop (:func:`fit`: batch,
   forward, backward, optimiser; 1 torch thread) per distinct step shape, i.e. per (task, variant,
   config without the keys that do not change a step's cost: lr, seeds, stopping and evaluation
-  settings). The median of ``steps`` step intervals after one warm-up step.
+  settings). The median of ``steps`` step intervals after one warm-up step, in CPU time of the
+  training thread: the time a step needs a core for, which stays put while other processes share
+  the machine (its wall time then grows with their number: ~4× with 8 runnable processes on 2 cores).
 
 Core-hours = Σ over runs of steps × s/step (one core per run); wall hours with ``--jobs N`` on N free
-cores ≈ core-hours / N. Not counted: evaluations (every ``eval_every`` steps, ``eval_sequences``
+cores ≈ core-hours / N; on a shared machine, wall time is longer by the sharing. Not counted: evaluations (every ``eval_every`` steps, ``eval_sequences``
 sequences without backward: about 1 % of the training time of the official setup) and process
 start-up. An estimate: measured runs are the check (the README marks each figure as which).
 """
@@ -85,9 +87,9 @@ def steps_needed(spec: RunSpec, official: dict[tuple[int, str, int], int]) -> tu
 
 
 def measure_step_seconds(spec: RunSpec, steps: int = 3, device: torch.device | None = None) -> float:
-    """Median seconds of ``steps`` training steps of ``spec`` after one warm-up step, timed
-    between consecutive steps of the training loop (:func:`fwbench.run.training.fit`, no
-    evaluation), with the current torch thread count.
+    """Median CPU seconds (this thread's) of ``steps`` training steps of ``spec`` after one warm-up
+    step, timed between consecutive steps of the training loop (:func:`fwbench.run.training.fit`,
+    no evaluation). With one torch thread (the runs' default) the step's work runs on this thread.
 
     Raises:
         FwbenchError: ``steps`` < 1.
@@ -99,7 +101,7 @@ def measure_step_seconds(spec: RunSpec, steps: int = 3, device: torch.device | N
     config = replace(spec.task_config(), max_steps=steps + 2, eval_every=10**9)
     ends: list[float] = []
     fit(spec.task, spec.variant, config, spec.seed, device or torch.device("cpu"),
-        on_progress=lambda step, loss: ends.append(time.perf_counter()))
+        on_progress=lambda step, loss: ends.append(time.thread_time()))
     intervals = [b - a for a, b in zip(ends[1:], ends[2:])]
     return statistics.median(intervals)
 
@@ -134,7 +136,7 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str
     """A Markdown table (variant, S or shape, runs, steps/run, source, s/step, core-hours) and the
     totals: core-hours, and wall time on one core and with ``--jobs jobs`` on as many free cores."""
     lines = [f"### {title}", "",
-             "| variant | cell | runs | steps/run | steps from | s/step | core-h |", "|---|---|---|---|---|---|---|"]
+             "| variant | cell | runs | steps/run | steps from | CPU s/step | core-h |", "|---|---|---|---|---|---|---|"]
     for cell in cells:
         shown = {k: v for k, v in cell.config.items() if k in ("setting", "S", "d_model", "n_layers", "context")}
         where = ", ".join(f"{k}={v}" for k, v in shown.items())

@@ -1,7 +1,7 @@
 """The ``fwbench estimate`` subcommand: predicted wall time and core-hours of a grid profile
 (:mod:`fwbench.bench.estimate`).
 
-    fwbench estimate GRID [--profile quick] [--seeds 1 2 3] [--steps 3] [--jobs 2] [--threads 1]
+    fwbench estimate GRID [--profile quick] [--seeds 1 2 3] [--steps 5] [--jobs 2] [--threads 1]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def add_estimate_parser(sub) -> None:
     p.add_argument("grid", help="bundled grid name or path to a .toml grid file")
     p.add_argument("--profile", default="quick", help="grid profile (default quick)")
     p.add_argument("--seeds", type=int, nargs="+", help="replace the profile's seeds")
-    p.add_argument("--steps", type=int, default=3, help="training steps timed per step shape, after one warm-up (default 3)")
+    p.add_argument("--steps", type=int, default=5, help="training steps timed per step shape, after one warm-up (default 5)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes the wall time is shown for (default 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the timed steps (default 1, as runs use)")
     p.set_defaults(func=run_estimate_command)
