@@ -15,6 +15,12 @@ norm per (batch, head) matrix. Computed in the wider of the inputs' dtype and fp
 fp16 and fp32 inputs; float64 for float64 ones); outputs come back in the dtype of ``v``; the state
 is kept in the compute dtype. ``W0`` is the state before the first token (zeros if None).
 
+Why there is no parallel or chunk form: the rescaling divides by a norm of the running state, a
+non-linear function of every earlier write, so the writes do not compose into a product of
+matrices that a chunked scan or a triangular solve could evaluate. The modules in
+:mod:`variants.attention` therefore only offer ``form="recurrent"`` (and ``"auto"``) for it; the
+evaluation below is still a token-by-token recurrence, only on small vectors.
+
 How it is computed without a fast weight per token. Autograd of the loop above keeps several
 (d_v × d_dot) tensors per token per (batch, head): gigabytes at Setting 2's S = 200 (400 tokens,
 batch 32) and ~20 s per training step, spent streaming them. But the rescaling only multiplies W
