@@ -3,10 +3,14 @@ default ``pytest`` run (``testpaths = ["tests"]``).
 
 Options: ``--short`` (the CI subset, failing only on gross regressions), ``--update-baseline``
 (write the measured ratios to ``results/baselines/perf_baseline.json`` instead of judging them),
-``--threshold X`` (override the slowdown factor that fails).
+``--threshold X`` (override the slowdown factor that fails), ``--plant-slowdown MODULE:FUNCTION``
+(run that kernel twice per call, e.g. ``fwbench.variants.kernels.delta_rule:delta_rule_chunk``: a
+planted 2× slowdown, which the gate must catch).
 """
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -20,12 +24,33 @@ def pytest_addoption(parser):
     group.addoption("--short", action="store_true", help="only the CI subset; fail only on gross regressions")
     group.addoption("--update-baseline", action="store_true", help=f"write the measured ratios to {BASELINE_PATH}")
     group.addoption("--threshold", type=float, default=None, help="slowdown factor over the baseline that fails")
+    group.addoption("--plant-slowdown", default=None, metavar="MODULE:FUNCTION",
+                    help="run this kernel twice per call (a planted 2x slowdown the gate must catch)")
 
 
 def pytest_configure(config):
     torch.set_num_threads(1)
+    planted = config.getoption("--plant-slowdown")
+    if planted:
+        _plant_slowdown(planted)
     config._fwbench_ratios = {}
     config._fwbench_seconds = {}
+
+
+def _plant_slowdown(target: str) -> None:
+    """Replace MODULE:FUNCTION with a version that calls it twice and returns the second result."""
+    module_name, _, function_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        original = getattr(module, function_name)
+    except (ImportError, AttributeError) as exc:
+        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION of a kernel ({exc})")
+
+    def twice(*args, **kwargs):
+        original(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    setattr(module, function_name, twice)
 
 
 def pytest_collection_modifyitems(config, items):

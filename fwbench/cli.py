@@ -3,7 +3,7 @@
     fwbench variants [--d-key 64]                 list the attention variants and their d_dot
     fwbench grids                                 list the bundled grids and their profiles
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
-                     [--launcher local|ray] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
+                     [--launcher local|ray] [--jobs N] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
     fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
@@ -11,6 +11,7 @@
     fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
                                                   text from a trained language model
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
+    fwbench estimate GRID [--profile full] [--steps 5]      predicted wall time and core-hours of a profile
 
 ``variants``, ``report``, ``bench`` and ``probe`` take ``--variant-module PATH_OR_MODULE`` (repeatable):
 the user's own variant modules, imported first (a grid names its own with ``variant_modules``).
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 from fwbench.bench.command import add_bench_parser
+from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
@@ -86,6 +88,9 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).resolve())
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
+    jobs = getattr(args, "jobs", 1)
+    if jobs < 1:
+        raise FwbenchError(f"--jobs: got {jobs}; expected a positive integer")
     # Fail on a bad --device before any run starts; Ray workers check availability where they run.
     device = resolve_device(args.device) if launcher == "local" else check_device_name(args.device)
     context = distributed.context_from_environment()
@@ -95,12 +100,18 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
                 f"--launcher: got {launcher!r} under torchrun; data-parallel training runs with the local "
                 "launcher only (torchrun starts the processes)"
             )
+        if jobs != 1:
+            raise FwbenchError(f"--jobs: got {jobs} under torchrun; expected 1 (torchrun starts the processes)")
         context, device = distributed.start(context, device)
         quiet = quiet or not context.is_main
+    if jobs != 1 and launcher != "local":
+        raise FwbenchError(f"--jobs: got {jobs} with --launcher {launcher}; expected 1 (worker processes are the "
+                           "local launcher's; Ray sizes its own with --cpus-per-run)")
     options = LaunchOptions(
         launcher=launcher, device=str(device), threads=args.threads,
         ray_address=getattr(args, "ray_address", None), cpus_per_run=getattr(args, "cpus_per_run", 1.0),
         gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
+        jobs=jobs,
     )
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
@@ -262,6 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_options(p)
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="local: runs in this process (default); ray: one Ray task per run")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="local launcher: worker processes, each with --threads torch threads (default 1: "
+                   "runs train in this process); the store is written by this process only")
     p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")
@@ -309,6 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--variant-module", action="append", default=[], metavar="PATH_OR_MODULE",
             help="a .py file or module name that registers your own variants (repeatable; see README)",
         )
+    add_estimate_parser(sub)
     return parser
 
 

@@ -722,6 +722,21 @@ def _(ctx):
     return cli(ctx, "variants")
 
 
+@row("C41")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--jobs", "0", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C42")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--jobs", "2", "--launcher", "ray", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C43")
+def _(ctx):
+    return cli(ctx, "estimate", "capacity", "--steps", "0")
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------

@@ -76,6 +76,13 @@ def run_bench_command(args: argparse.Namespace) -> int:
     ratios = acceptance_ratios(frame, result.extras)
     print("\nacceptance ratios (measured in this run; the machine may be shared, so compare ratios only):")
     print(format_ratios(ratios))
+    steps = result.extras.get("step_times") or []
+    if steps:
+        print("\ntraining step times (loss, backward, Adam; batch 32, one fixed batch; "
+              f"{torch.get_num_threads()} thread(s)):")
+        for row in steps:
+            print(f"  {row['variant']:<16} Setting {row['setting']} S={row['S']:<4} {row['step_s'] * 1e3:9.1f} ms "
+                  f"({row['repeats']} timed)")
     store.append(summary_record(result.session, result.extras, ratios, describe_environment(device)))
     print(f"\n{len(result.records)} records appended to {store.path} (session {result.session})")
     return 0

@@ -39,6 +39,7 @@ from fwbench.bench.measure import (
     time_call,
     time_interleaved,
 )
+from fwbench.bench.regression import retrieval_step
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import describe_environment
 from fwbench.variants import DEFAULT_CHUNK_SIZE, build_attention, parse_spec
@@ -86,6 +87,10 @@ class BenchProfile:
     sweep_length: int = 4096
     #: training steps timed on the paper's Setting 2 shape
     train_steps: int = 200
+    #: (variant, setting, S) of the retrieval training steps timed one by one (batch 32): the
+    #: large-S Setting 1 step and the FWM rule's Setting 2 step, the two costliest cells of the paper
+    step_cases: tuple[tuple[str, int, int], ...] = (("dpfp:nu=1", 1, 600), ("softmax", 1, 600),
+                                                    ("dpfp-fwm:nu=1", 2, 200))
 
     def cap(self, key: str, device: torch.device) -> int:
         table = {**self.max_length, **(self.max_length_cuda if device.type == "cuda" else {})}
@@ -525,6 +530,21 @@ def _training_throughput(runner: _Runner) -> None:
                f"({torch.get_num_threads()} thread(s))")
 
 
+def _step_times(runner: _Runner) -> None:
+    """Seconds per training step (loss, backward, Adam; batch 32) of the profile's ``step_cases``:
+    median of ``repeats`` steps after one warm-up, or the second step alone where a step takes
+    3 s or more (:func:`~fwbench.bench.measure.time_call`)."""
+    rows = []
+    for variant, setting, S in runner.profile.step_cases:
+        step = retrieval_step(variant, setting, S, device=runner.device)
+        timing = time_call(step, runner.device, runner.profile.repeats)
+        rows.append({"variant": variant, "setting": setting, "S": S, "batch": 32, "step_s": timing.median_s,
+                     "repeats": timing.repeats})
+        runner.log(f"  training step {variant} Setting {setting} S={S}: {timing.median_s * 1e3:.0f} ms "
+                   f"({timing.repeats} timed)")
+    runner.result.extras["step_times"] = rows
+
+
 def run_bench(profile: str | BenchProfile, device: torch.device, store=None, variants: Iterable[str] | None = None,
               lengths: Iterable[int] | None = None, B: int = 2, H: int = 8, d_head: int = 64,
               quiet: bool = False, extras: bool = True) -> BenchResult:
@@ -555,4 +575,5 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
         _paired_ratios(runner)
         _precision_check(runner)
         _training_throughput(runner)
+        _step_times(runner)
     return runner.result

@@ -1,6 +1,8 @@
 """Launchers decide where the runs of a grid execute; the results store stays the single writer.
 
-- ``local``: one run after another in this process (the default).
+- ``local``: one run after another in this process (the default); with ``jobs`` > 1, in that many
+  worker processes (one torch thread each) whose records come back to this process, which alone
+  appends them to the store, as with Ray.
 - ``ray``: each unfinished run is a Ray task with its own CPU/GPU resources, on a cluster
   (``--ray-address`` or ``RAY_ADDRESS``) or on a Ray instance started for this command. Records come
   back to this process, which appends each one to the store as soon as its task finishes, so a
@@ -12,9 +14,14 @@ A launcher yields records in completion order; a run that raises becomes a recor
 
 from __future__ import annotations
 
+import ctypes
+import multiprocessing
 import os
+import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +49,7 @@ class LaunchOptions:
         ray_num_cpus: CPUs of a local Ray instance started here (``None``: all of this machine's).
         checkpoint_dir: where runs whose config asks for checkpoints keep ``<run_id>.pt``
             (set by :func:`runner.run_grid` to ``<results_dir>/checkpoints``).
+        jobs: worker processes of the local launcher (1: runs train in this process).
     """
 
     launcher: str = "local"
@@ -52,6 +60,7 @@ class LaunchOptions:
     gpus_per_run: float = 0.0
     ray_num_cpus: int | None = None
     checkpoint_dir: str | None = None
+    jobs: int = 1
 
     def checkpoint_for(self, spec: RunSpec) -> Path | None:
         return None if self.checkpoint_dir is None else Path(self.checkpoint_dir) / f"{spec.run_id}.pt"
@@ -95,6 +104,53 @@ def launch_local(specs: list[RunSpec], options: LaunchOptions,
             raise  # the user's setup is wrong (a path, a missing corpus): every run would fail alike
         except Exception as exc:
             yield failed_record(spec, exc)
+
+
+#: prctl option that sends a signal to this process when its parent dies (Linux, <sys/prctl.h>).
+_PR_SET_PDEATHSIG = 1
+
+
+def _worker_start(threads: int) -> None:
+    """Initialiser of a local worker process: its torch threads, and, on Linux, death with the
+    parent. A worker left running after ``kill -9`` of the parent would train on for nothing (its
+    record can only reach the store through the parent) and take a core from the rerun."""
+    torch.set_num_threads(threads)
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
+                      on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
+    """Run specs in ``options.jobs`` worker processes and yield records in completion order.
+
+    Workers are started fresh (``spawn``: no copy of this process's open files or locks, so the
+    store's claims stay this process's), each with ``options.threads`` torch threads. A run that
+    raises is a ``failed`` record; so is every unfinished run if a worker dies (out of memory,
+    killed), and those are retried by the next invocation. Per-step progress is not shown.
+
+    Raises:
+        FwbenchError: ``jobs`` < 1.
+    """
+    if isinstance(options.jobs, bool) or not isinstance(options.jobs, int) or options.jobs < 1:
+        raise FwbenchError(f"--jobs: got {options.jobs!r}; expected a positive integer")
+    device = options.device
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(options.jobs, mp_context=context, initializer=_worker_start,
+                             initargs=(options.threads,)) as pool:
+        pending = {pool.submit(execute_in_worker, spec, device, options.threads, options.checkpoint_for(spec)): spec
+                   for spec in specs}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    spec = pending.pop(future)
+                    try:
+                        yield future.result()
+                    except Exception as exc:  # the worker process died (BrokenProcessPool)
+                        yield failed_record(spec, exc)
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _import_ray():
@@ -155,6 +211,8 @@ def launch(specs: list[RunSpec], options: LaunchOptions, on_progress) -> Iterato
         FwbenchError: unknown launcher, or Ray asked for where it is not installed.
     """
     if options.launcher == "local":
+        if options.jobs != 1:
+            return launch_local_jobs(specs, options, on_progress)
         return launch_local(specs, options, on_progress)
     if options.launcher == "ray":
         return launch_ray(specs, options, on_progress)

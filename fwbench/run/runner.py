@@ -47,7 +47,8 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     Safe to run in several processes on one store: each run is claimed while it trains
     (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited for
     and skipped if that process stored it (or run here if it died first). With the Ray launcher this
-    process claims every run it submits and stays the only writer of their records.
+    process claims every run it submits and stays the only writer of their records; so it does with
+    the local launcher's worker processes (``options.jobs`` > 1).
     Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
     ``diverged``, ``failed``.
 
@@ -88,7 +89,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
             store_record(record)
 
     try:
-        if options.launcher == "local":
+        if options.launcher == "local" and options.jobs == 1:
             held_elsewhere = []
             for spec in todo:
                 with store.claim(spec.run_id, wait=False) as claimed:

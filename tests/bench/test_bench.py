@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
+import time
 
 import pytest
 import torch
@@ -23,9 +25,13 @@ from fwbench.bench.regression import (
     BASELINE_PATH,
     GROSS_THRESHOLD,
     PERF_CASES,
+    PerfCase,
     compare,
+    confirmed_ratio,
+    cpu_seconds,
     load_baseline,
     measure_ratio,
+    paired_ratio,
     write_baseline,
 )
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
@@ -106,7 +112,7 @@ TINY = BenchProfile(
     "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
                                                    "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},
     repeats=1, memory_max_recurrent=32, comparison_length=64, precision_length=64, chunk_sweep=(16, 32),
-    sweep_length=64, train_steps=3,
+    sweep_length=64, train_steps=3, step_cases=(("dpfp:nu=1", 1, 12), ("dpfp-fwm:nu=1", 2, 6)),
 )
 
 
@@ -116,6 +122,14 @@ def tiny_run(tmp_path_factory):
     store = ResultsStore(directory, records_file=BENCH_RECORDS)
     result = run_bench(TINY, CPU, store=store, variants=["softmax", "dpfp", "dpfp-delta"], quiet=True)
     return directory, store, result
+
+
+@pytest.mark.slow
+def test_bench_times_the_large_s_and_fwm_training_steps(tiny_run):
+    _, _, result = tiny_run
+    rows = result.extras["step_times"]
+    assert [(r["variant"], r["setting"], r["S"]) for r in rows] == [("dpfp:nu=1", 1, 12), ("dpfp-fwm:nu=1", 2, 6)]
+    assert all(0 < r["step_s"] < 10 and r["repeats"] == 1 for r in rows)
 
 
 @pytest.mark.slow
@@ -276,6 +290,46 @@ def test_committed_baseline_names_every_tracked_benchmark():
 def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
     """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
     torch.set_num_threads(1)
-    measured = {case.name: measure_ratio(case, repeats=3)[0] for case in PERF_CASES if case.short}
+    measured = {case.name: measure_ratio(case, rounds=5)[0] for case in PERF_CASES if case.short}
     regressions = compare(measured, load_baseline(BASELINE_PATH), GROSS_THRESHOLD)
     assert not regressions, "; ".join(r.message() for r in regressions)
+
+
+def test_paired_ratio_follows_load_that_hits_both_sides_and_ignores_one_sided_bursts():
+    # the load doubles both times from round 3 on; a burst hits only the case in round 1 and only
+    # the calibration in round 6: every other round's ratio is 2.0, and so is the median
+    calibration = [0.010, 0.010, 0.020, 0.020, 0.020, 0.030]
+    case = [0.050, 0.020, 0.040, 0.040, 0.040, 0.020]
+    assert paired_ratio(case, calibration) == pytest.approx(2.0)
+    # the old figure: the case's median over one calibration timed before it, in a quiet stretch
+    assert statistics.median(case) / min(calibration) == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("case, calibration", [([], []), ([1.0], [1.0, 2.0]), ([1.0, 0.0], [1.0, 1.0])])
+def test_paired_ratio_refuses_unpaired_or_empty_or_non_positive_times(case, calibration):
+    with pytest.raises(ValueError, match="case_times, calibration_times"):
+        paired_ratio(case, calibration)
+
+
+def test_confirmed_ratio_remeasures_only_past_the_limit_and_keeps_the_smallest():
+    again = iter([1.9, 1.2, 5.0])
+    assert confirmed_ratio(1.0, lambda: next(again), limit=1.5) == (1.0, [1.0])
+    assert confirmed_ratio(2.0, lambda: next(again), limit=1.5) == (1.2, [2.0, 1.9, 1.2])
+    slower = iter([2.1, 1.9, 1.0])  # a slower kernel: every repetition is past the limit
+    assert confirmed_ratio(2.0, lambda: next(slower), limit=1.5) == (1.9, [2.0, 2.1, 1.9])
+
+
+def test_cpu_seconds_leaves_out_time_spent_waiting():
+    assert cpu_seconds(lambda: time.sleep(0.2)) < 0.05
+    assert cpu_seconds(lambda: sum(range(2_000_000))) > 0.005
+
+
+def test_measure_ratio_times_the_case_and_the_calibration_in_turns(monkeypatch):
+    import fwbench.bench.regression as regression
+
+    calls = []
+    monkeypatch.setattr(regression, "calibration_workload", lambda: lambda: calls.append("calibration"))
+    case = PerfCase("planted", lambda: lambda: calls.append("case"))
+    ratio, _, _ = measure_ratio(case, rounds=4)
+    assert calls == ["case", "calibration"] + ["calibration", "case", "case", "calibration"] * 2
+    assert ratio > 0

@@ -11,13 +11,31 @@ write strengths β_t:
     y_t = LayerNorm(W_t q_t)                          (over d_v, no affine parameters)
 
 Shapes: q, k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T); W (B, H, d_v, d_dot), one Frobenius
-norm per (batch, head) matrix. Computed in fp32, or float64 for float64 inputs; outputs come back
-in the dtype of ``v``; the state stays in that compute dtype. ``W0`` is the state before the first token (zeros if None).
+norm per (batch, head) matrix. Computed in the wider of the inputs' dtype and fp32 (fp32 for bf16,
+fp16 and fp32 inputs; float64 for float64 ones); outputs come back in the dtype of ``v``; the state
+is kept in the compute dtype. ``W0`` is the state before the first token (zeros if None).
 
 Why there is no parallel or chunk form: the rescaling divides by a norm of the running state, a
 non-linear function of every earlier write, so the writes do not compose into a product of
 matrices that a chunked scan or a triangular solve could evaluate. The modules in
-:mod:`variants.attention` therefore only offer ``form="recurrent"`` (and ``"auto"``) for it.
+:mod:`variants.attention` therefore only offer ``form="recurrent"`` (and ``"auto"``) for it; the
+evaluation below is still a token-by-token recurrence, only on small vectors.
+
+How it is computed without a fast weight per token. Autograd of the loop above keeps several
+(d_v × d_dot) tensors per token per (batch, head): gigabytes at Setting 2's S = 200 (400 tokens,
+batch 32) and ~20 s per training step, spent streaming them. But the rescaling only multiplies W
+by a scalar, so within a chunk of C tokens the state is
+
+    W_t = e^{−L_t} W_0 + Σ_{i≤t} e^{−(L_t − L_{i−1})} e_i k_iᵀ,   e_i = β_i (v_i − W_{i−1} k_i),
+    L_t = Σ_{j≤t} log s_j,   s_j = max(1, ‖W'_j‖_F),
+
+and everything the recurrence needs is small: W_{t−1} k_t = e^{−L_{t−1}} (W_0 k_t) +
+Σ_{i<t} e^{−(L_{t−1} − L_{i−1})} (k_i·k_t) e_i, and the norm follows exactly from
+‖W_{t−1} + e kᵀ‖² = ‖W_{t−1}‖² + 2 eᵀ(W_{t−1} k) + ‖e‖² ‖k‖². The token loop (:func:`_chunk`)
+touches only (C × d_v) vectors; the (d_v × d_dot) state is formed once per chunk, with matmuls, and
+its norm recomputed there, so no rounding drift carries past a chunk. Decays are exponentials of
+non-positive log-scale differences (no overflow, whatever the norms). Autograd differentiates this
+form; it keeps one state per chunk instead of several per token.
 
 Differences from the official synthetic-task code (``synthetic/linearAttention.py`` of the paper's
 repository), facts only: it skips the rescaling after the very first write (W_1 = β_1 v_1 k_1ᵀ);
@@ -28,6 +46,9 @@ acts as a fixed gain of about 1/√eps, which is how a trained FWM can reach a s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -37,26 +58,149 @@ from .precision import compute_dtype
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
 FWM_LAYER_NORM_EPS = 1e-5
 
+#: Tokens per chunk: the token loop's small (t × d_v) products grow with it, the per-chunk state
+#: matmuls shrink with it.
+FWM_CHUNK_SIZE = 16
 
-def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None) -> Tensor:
+
+def _chunk(W0: Tensor, K: Tensor, V: Tensor, beta: Tensor, Q: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """One chunk of writes (and reads) from W0 (N, d_v, d_dot), in the form of the module docstring.
+
+    K (N, C, d_dot), V (N, C, d_v), β (N, C), Q None or (N, C, d_dot). Returns (W_C (N, d_v, d_dot),
+    raw reads W_t q_t (N, C, d_v) or None).
+    """
+    N, C, _ = K.shape
+    from_state = K @ W0.mT                                  # (N, C, d_v): W0 k_t
+    gram = K @ K.mT                                         # (N, C, C): k_i·k_t
+    key_norms = gram.diagonal(dim1=1, dim2=2)               # (N, C): ‖k_t‖²
+    squared_norm = W0.pow(2).sum(dim=(1, 2))                # ‖W_{t−1}‖²
+    log_scale = W0.new_zeros(N)                             # L_{t−1}
+    errors: list[Tensor] = []                               # e_i
+    logs_before: list[Tensor] = []                          # L_{i−1}
+    for t in range(C):
+        u = torch.exp(-log_scale)[:, None] * from_state[:, t]
+        if t:
+            decay = torch.exp(torch.stack(logs_before, dim=1) - log_scale[:, None])     # (N, t)
+            u = u + ((decay * gram[:, :t, t])[:, None, :] @ torch.stack(errors, dim=1)).squeeze(1)
+        e = beta[:, t, None] * (V[:, t] - u)
+        written = squared_norm + 2.0 * (e * u).sum(-1) + e.pow(2).sum(-1) * key_norms[:, t]
+        # s² = max(1, ‖W'‖²), clamped as the plain loop is, so the gradients follow torch's convention
+        clamped = written.clamp(min=1.0)
+        squared_norm = written / clamped
+        logs_before.append(log_scale)
+        log_scale = log_scale + 0.5 * torch.log(clamped)
+        errors.append(e)
+    E = torch.stack(errors, dim=1)                          # (N, C, d_v)
+    L_before = torch.stack(logs_before, dim=1)              # (N, C): L_{i−1}
+    W = torch.exp(-log_scale)[:, None, None] * W0 + (E * torch.exp(L_before - log_scale[:, None])[..., None]).mT @ K
+    if Q is None:
+        return W, None
+    L_after = torch.cat([L_before[:, 1:], log_scale[:, None]], dim=1)                   # (N, C): L_t
+    causal = torch.ones(C, C, dtype=torch.bool, device=K.device).tril()               # [t, i]: i ≤ t
+    exponent = torch.where(causal, L_before[:, None, :] - L_after[:, :, None], float("-inf"))
+    weights = torch.exp(exponent) * (Q @ K.mT)                                          # (N, C_t, C_i)
+    reads = torch.exp(-L_after)[..., None] * (Q @ W0.mT) + weights @ E
+    return W, reads
+
+
+def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None, dtype: torch.dtype) -> Tensor:
+    """The state before the first token, (B, H, d_v, d_dot) in ``dtype``: W0, or zeros."""
+    if W0 is not None:
+        return W0.to(dtype)
     B, H, _, d_dot = k.shape
-    if W0 is None:
-        return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=compute_dtype(k, v))
-    return W0.to(compute_dtype(k, v, W0))
+    return k.new_zeros(B, H, v.shape[-1], d_dot, dtype=dtype)
 
 
-def _write_one(W: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor) -> Tensor:
-    """One FWM write: the delta-rule replacement, then the rescaling by max(1, ‖W‖_F)."""
-    v_bar = (W @ k_t[..., None]).squeeze(-1)
-    W = W + (beta_t[..., None] * (v_t - v_bar))[..., None] * k_t[:, :, None, :]
-    # sqrt(max(1, ‖W‖²)) rather than max(1, ‖W‖): equal values, but finite gradients at W = 0.
-    squared_norm = W.pow(2).sum(dim=(-2, -1), keepdim=True)
-    return W / squared_norm.clamp(min=1.0).sqrt()
+def _scan_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None,
+                 chunk_size: int = FWM_CHUNK_SIZE) -> tuple[Tensor | None, Tensor]:
+    """All writes (and reads) chunk by chunk on (B, H, T, ·) inputs, in the compute dtype.
+    Returns (raw reads W_t q_t (B, H, T, d_v), or None without q; W_T (B, H, d_v, d_dot))."""
+    B, H, T, d_dot = k.shape
+    d_v = v.shape[-1]
+    dtype = compute_dtype(q, k, v, beta, W0)
+    W = _initial_state(k, v, W0, dtype).reshape(B * H, d_v, d_dot)
+
+    def flat(x: Tensor, *tail: int) -> Tensor:
+        return x.to(dtype).reshape(B * H, T, *tail)
+
+    k_, v_, b_ = flat(k, d_dot), flat(v, d_v), flat(beta)
+    q_ = None if q is None else flat(q, d_dot)
+    reads = []
+    for start in range(0, T, chunk_size):
+        part = slice(start, start + chunk_size)
+        W, chunk_reads = _chunk(W, k_[:, part], v_[:, part], b_[:, part], None if q_ is None else q_[:, part])
+        reads.append(chunk_reads)
+    y = None if q is None else torch.cat(reads, dim=1).view(B, H, T, d_v)
+    return y, W.view(B, H, d_v, d_dot)
+
+
+@contextmanager
+def denormals_flushed() -> Iterator[None]:
+    """Run the block with denormal floats flushed to zero on this thread (FTZ/DAZ), then restore.
+
+    Why: every write divides the whole fast weight by s ≥ 1, so an old association's entries decay
+    geometrically, through the denormal range (below 1.2e-38 in fp32) where each CPU operation on
+    them is tens of times slower: a Setting 2 step at S = 200 spent about half its time there. Values
+    that small are below any tolerance the suite uses. torch has no getter for the mode, so whether
+    it was on is read from its effect on one denormal number.
+    """
+    was_on = bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+    if not torch.set_flush_denormal(True):  # the CPU has no such mode: nothing to do
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(was_on)
+
+
+class _FlushedScan(torch.autograd.Function):
+    """:func:`_scan_chunks` with its forward and its backward both under :func:`denormals_flushed`.
+    The chunked form's graph is built inside ``forward`` on detached inputs and kept in ``ctx``;
+    ``backward`` differentiates it with :func:`torch.autograd.grad`, keeping it for a second
+    backward through a retained outer graph (it is freed with the outer graph). Inputs (q or None, k, v, β,
+    W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, W0):
+        inputs = [None if x is None else x.detach().requires_grad_(needs) for x, needs in
+                  zip((q, k, v, beta, W0), ctx.needs_input_grad)]
+        with torch.enable_grad(), denormals_flushed():
+            reads, W = _scan_chunks(*inputs)
+        reads = k.new_empty(0) if reads is None else reads
+        ctx.graph = (inputs, reads, W)
+        return reads.detach(), W.detach()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_reads, d_W):
+        inputs, reads, W = ctx.graph
+        wanted = [x for x in inputs if x is not None and x.requires_grad]
+        outputs = [(reads, d_reads), (W, d_W)]
+        outputs = [(out, grad) for out, grad in outputs if grad is not None and out.requires_grad]
+        if not wanted or not outputs:
+            return (None,) * 5
+        with denormals_flushed():
+            grads = iter(torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs],
+                                             retain_graph=True, allow_unused=True))
+        return tuple(next(grads) if x is not None and x.requires_grad else None for x in inputs)
+
+
+def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """All writes (and reads) on (B, H, T, ·) inputs, with denormals flushed (see
+    :func:`denormals_flushed`). Returns (raw reads W_t q_t (B, H, T, d_v) or None; W_T (B, H, d_v, d_dot))."""
+    if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in (q, k, v, beta, W0)):
+        with denormals_flushed():
+            return _scan_chunks(q, k, v, beta, W0)
+    reads, W = _FlushedScan.apply(q, k, v, beta, W0)
+    return (None if q is None else reads), W
 
 
 def fwm_rule_read(q: Tensor, W: Tensor, eps: float = FWM_LAYER_NORM_EPS) -> Tensor:
-    """Read the memory with φ-mapped queries (B, H, T_q, d_dot): y = LayerNorm(W q), fp32."""
-    y = q.to(W.dtype) @ W.mT
+    """Read the memory with φ-mapped queries (B, H, T_q, d_dot): y = LayerNorm(W q), in the
+    compute dtype (fp32, or float64 for float64 inputs)."""
+    dtype = compute_dtype(q, W)
+    y = q.to(dtype) @ W.to(dtype).mT
     return F.layer_norm(y, (y.shape[-1],), eps=eps)
 
 
@@ -65,22 +209,14 @@ def fwm_rule_recurrent(
     eps: float = FWM_LAYER_NORM_EPS,
 ) -> tuple[Tensor, Tensor]:
     """One token at a time (write, then read). Returns (y (B, H, T, d_v), W_T)."""
-    W = _initial_state(k, v, W0)
-    q32, k32, v32, b32 = (x.to(W.dtype) for x in (q, k, v, beta))
-    outputs = []
-    for t in range(k.shape[2]):
-        W = _write_one(W, k32[:, :, t], v32[:, :, t], b32[:, :, t])
-        outputs.append((W @ q32[:, :, t, :, None]).squeeze(-1))
-    if not outputs:
-        return v.new_zeros(v.shape), W
-    y = torch.stack(outputs, dim=2)
+    if k.shape[2] == 0:
+        return v.new_zeros(v.shape), _initial_state(k, v, W0, compute_dtype(q, k, v, beta, W0))
+    y, W = _scan(q, k, v, beta, W0)
     return F.layer_norm(y, (y.shape[-1],), eps=eps).to(v.dtype), W
 
 
 def fwm_rule_write(k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None = None) -> Tensor:
     """Store every (k_t, v_t) without reading; returns W_T (B, H, d_v, d_dot)."""
-    W = _initial_state(k, v, W0)
-    k32, v32, b32 = (x.to(W.dtype) for x in (k, v, beta))
-    for t in range(k.shape[2]):
-        W = _write_one(W, k32[:, :, t], v32[:, :, t], b32[:, :, t])
-    return W
+    if k.shape[2] == 0:
+        return _initial_state(k, v, W0, compute_dtype(k, v, beta, W0))
+    return _scan(None, k, v, beta, W0)[1]

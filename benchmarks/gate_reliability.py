@@ -1,0 +1,58 @@
+"""How reliable the performance gate is (issue 14 item 11): run ``python -m pytest benchmarks`` N
+times on the unchanged checkout (every failure is a false one) and N times with a planted 2×
+slowdown in a kernel (``--plant-slowdown``; every case that kernel dominates must fail each time),
+one after another on this machine as it is, and print each run's failed cases and the totals.
+
+Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--plant MODULE:FUNCTION]
+[--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
+forward-only cases it dominates expected to fail). Exit status 0 when there was no false failure
+and every planted run failed every expected case."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+
+DEFAULT_PLANT = "fwbench.variants.kernels.delta_rule:delta_rule_chunk"
+DEFAULT_EXPECT = ["dpfp_delta_chunk_forward_T1024", "favor_delta_chunk_forward_T1024"]
+
+
+def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str]:
+    """Run the suite once; (failed case name → pytest's message, seconds, the last line pytest printed)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-rf", "-p", "no:cacheprovider",
+                           "--benchmark-disable-gc", *extra], capture_output=True, text=True)
+    lines = done.stdout.strip().splitlines()
+    failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
+    return failed, time.perf_counter() - start, lines[-1] if lines else done.stderr.strip()[-200:]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--short", action="store_true", help="the CI subset (gross threshold)")
+    parser.add_argument("--plant", default=DEFAULT_PLANT)
+    parser.add_argument("--expect", nargs="+", default=DEFAULT_EXPECT)
+    args = parser.parse_args()
+    extra = ["--short"] if args.short else []
+    false_failures, missed = 0, 0
+    for label, plant in (("unchanged", []), ("planted", ["--plant-slowdown", args.plant])):
+        for index in range(1, args.runs + 1):
+            failed, seconds, last = failed_cases(extra + plant)
+            if plant:
+                missed += bool(set(args.expect) - failed)
+            else:
+                false_failures += bool(failed)
+            print(f"{label} run {index:2d} ({seconds:.0f} s): failed {sorted(failed) or 'none'} | {last}", flush=True)
+            for message in failed.values():
+                print(f"    {message}", flush=True)
+    print(f"unchanged: {false_failures} of {args.runs} runs failed; planted: {missed} of {args.runs} runs missed "
+          f"one of {args.expect}")
+    return 0 if false_failures == 0 and missed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

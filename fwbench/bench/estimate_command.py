@@ -1,0 +1,46 @@
+"""The ``fwbench estimate`` subcommand: predicted wall time and core-hours of a grid profile
+(:mod:`fwbench.bench.estimate`).
+
+    fwbench estimate GRID [--profile quick] [--seeds 1 2 3] [--steps 5] [--jobs 2] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from fwbench.bench.estimate import estimate, format_estimate, measure_step_seconds
+from fwbench.errors import FwbenchError
+
+
+def add_estimate_parser(sub) -> None:
+    """Register ``estimate`` on the CLI's subparsers."""
+    p = sub.add_parser("estimate", help="predicted wall time and core-hours of a grid profile on this machine")
+    p.add_argument("grid", help="bundled grid name or path to a .toml grid file")
+    p.add_argument("--profile", default="quick", help="grid profile (default quick)")
+    p.add_argument("--seeds", type=int, nargs="+", help="replace the profile's seeds")
+    p.add_argument("--steps", type=int, default=5, help="training steps timed per step shape, after one warm-up (default 5)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes the wall time is shown for (default 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the timed steps (default 1, as runs use)")
+    p.set_defaults(func=run_estimate_command)
+
+
+def run_estimate_command(args: argparse.Namespace) -> int:
+    from fwbench.run.grid import expand, load_grid
+
+    for name in ("steps", "jobs", "threads"):
+        if getattr(args, name) < 1:
+            raise FwbenchError(f"--{name}: got {getattr(args, name)}; expected a positive integer")
+    torch.set_num_threads(args.threads)
+    grid = load_grid(args.grid)
+    specs = expand(grid, args.profile, args.seeds)
+
+    def show(cell) -> None:
+        print(f"  measured {cell.variant} {cell.config.get('S', '')}: {cell.step_s * 1e3:.1f} ms/step", file=sys.stderr,
+              flush=True)
+
+    cells = estimate(specs, lambda spec: measure_step_seconds(spec, args.steps), on_cell=show)
+    print(format_estimate(cells, f"{grid.name} [{args.profile}]: {len(specs)} runs", jobs=args.jobs))
+    return 0

@@ -1,0 +1,78 @@
+"""``fwbench estimate`` (issue 16 item 1): steps per run from the official logs (capped by
+max_steps) or the cap, times a step time measured once per step shape, summed into core-hours.
+The arithmetic is checked with a fake step timer; one real measurement checks the timer."""
+
+from __future__ import annotations
+
+import pytest
+
+from fwbench.bench.estimate import CAP, OFFICIAL, estimate, format_estimate, measure_step_seconds, step_shape
+from fwbench.cli import main
+from fwbench.run.grid import expand, load_grid
+
+GRID = """
+name = "estimate-tiny"
+task = "retrieval"
+
+[defaults]
+setting = 1
+d_key = 8
+batch_size = 4
+eval_sequences = 4
+
+[profiles.quick]
+variant = ["dpfp:nu=1", "linear"]
+S = [20, 40, 7]
+seed = [1, 2]
+lr = [1e-3, 3e-4]
+max_steps = 150
+"""
+
+
+@pytest.fixture
+def specs(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID)
+    return expand(load_grid(path), "quick")
+
+
+def fake_timer(calls):
+    def timer(spec):
+        calls.append(step_shape(spec))
+        return 0.01 * spec.config["S"] + (0.5 if spec.variant == "linear" else 0.0)
+    return timer
+
+
+def test_estimate_multiplies_official_or_capped_steps_by_one_step_time_per_shape(specs):
+    calls = []
+    cells = estimate(specs, fake_timer(calls))
+    assert len(specs) == 24 and len(cells) == 12  # seeds share a cell
+    assert len(calls) == len(set(calls)) == 6  # one timing per (variant, S): lr and seed do not change a step
+    by_key = {(c.variant, c.config["S"], c.config["lr"]): c for c in cells}
+    # official dpfp ν=1 Setting 1 logs: S=20 stopped at step 100, S=40 at 200 (capped here at 150)
+    assert (by_key["dpfp:nu=1", 20, 1e-3].steps, by_key["dpfp:nu=1", 20, 1e-3].source) == (100, OFFICIAL)
+    assert (by_key["dpfp:nu=1", 40, 1e-3].steps, by_key["dpfp:nu=1", 40, 1e-3].source) == (150, OFFICIAL)
+    assert (by_key["dpfp:nu=1", 7, 1e-3].steps, by_key["dpfp:nu=1", 7, 1e-3].source) == (150, CAP)
+    cell = by_key["linear", 20, 3e-4]
+    assert cell.runs == 2 and cell.step_s == pytest.approx(0.7)
+    # linear S=20: official last step, capped at 150; 2 runs × 150 steps × 0.7 s
+    assert cell.core_hours == pytest.approx(2 * min(150, cell.steps) * 0.7 / 3600)
+    total = sum(c.core_hours for c in cells)
+    expected = sum(2 * c.steps * c.step_s for c in cells) / 3600
+    assert total == pytest.approx(expected)
+    text = format_estimate(cells, "tiny", jobs=2)
+    assert f"24 runs, {total:.2f} core-hours" in text and "with --jobs 2" in text
+
+
+def test_measured_step_time_is_positive_and_small_for_a_tiny_model(specs):
+    seconds = measure_step_seconds(specs[0], steps=2)
+    assert 0 < seconds < 5
+
+
+@pytest.mark.slow
+def test_estimate_command_prints_the_table_and_the_total(tmp_path, capsys):
+    path = tmp_path / "grid.toml"
+    path.write_text(GRID.replace('S = [20, 40, 7]', 'S = [20]').replace('lr = [1e-3, 3e-4]', 'lr = 1e-3'))
+    assert main(["estimate", str(path), "--profile", "quick", "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| dpfp:nu=1 | setting=1, S=20 | 2 | 100 | official log |" in out and "4 runs" in out
