@@ -215,7 +215,8 @@ def test_bad_config_is_one_clear_grid_error(tmp_path, key, value, expected):
 
 
 def write_tiny_grid(tmp_path: Path, variants: list[str], **overrides) -> Path:
-    fields = {**TINY, "stream_characters": 256, **overrides}
+    # 16 × context + 1: the longest carried length the evaluation reads (16× the training length)
+    fields = {**TINY, "stream_characters": 257, "sliding_stride": 8, **overrides}
     body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items())
     path = tmp_path / "tinylm.toml"
     path.write_text(textwrap.dedent(f"""
@@ -240,7 +241,9 @@ def test_run_record_report_and_sample_from_the_command_line(tmp_path, capsys):
     assert [p["step"] for p in record["curve"]] == [5, 10, 15, 20]
     assert record["tokens_per_s"] > 0 and record["metrics"]["parameters"] > 0
     assert {"val_ppl", "val_bpc", "unigram_bpc", "stream_ppl"} <= record["metrics"].keys()
-    assert record["final_evaluation"]["long_context"]["tokens"] == 255
+    assert record["final_evaluation"]["long_context"]["tokens"] == 256
+    assert record["final_evaluation"]["carried_lengths"]["lengths"] == [16, 64, 256]
+    assert {"sliding_ppl", "carried_ppl_1x", "carried_ppl_16x"} <= record["metrics"].keys()
     # d_dot of the per-head key size d_model / n_heads = 8: elu+1 keeps it (not the d_key 64 default)
     linear, = (r for r in records if r["variant"]["spec"] == "linear")
     assert linear["variant"]["d_dot"] == TINY["d_model"] // TINY["n_heads"] == 8
@@ -314,7 +317,7 @@ def test_fwbench_run_killed_with_sigkill_resumes_to_the_same_record(tmp_path):
     if not REAL_DATA_DIR:
         pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
     grid = write_tiny_grid(tmp_path, ["favor-delta:m=8"], context=64, max_steps=160, eval_every=40,
-                           checkpoint_every=20, eval_segments=4, stream_characters=512, sample_tokens=20)
+                           checkpoint_every=20, eval_segments=4, stream_characters=1025, sample_tokens=20)
     env = {**os.environ, DATA_DIR_ENV: REAL_DATA_DIR}
     command = [sys.executable, "-m", "fwbench", "run", str(grid), "--quiet"]
     cwd = Path(__file__).resolve().parents[2]
