@@ -195,23 +195,18 @@ def sliding_window_losses(model, ids: Tensor, context: int, stride: int, device:
     was_training = model.training
     model.eval()
     ends = sliding_window_ends(ids.numel(), context, stride)
-    # each window: (start, end, first scored input position); full windows run batched
-    windows, previous = [], 0
-    for end in ends:
-        windows.append((max(0, end - context), end, previous))
-        previous = end
+    # every window holds min(context, N − 1) inputs (the first and last are aligned to the stream's
+    # ends), so they batch; window i scores the targets after the previous window's end
+    starts = [max(0, end - context) for end in ends]
+    scored_from = [0] + ends[:-1]
     losses = []
-    for first in range(0, len(windows), batch_size):
-        group = windows[first : first + batch_size]
-        lengths = {end - start for start, end, _ in group}
-        batches = [group] if len(lengths) == 1 else [[w] for w in group]
-        for part in batches:
-            start0, end0, _ = part[0]
-            inputs = torch.stack([ids[s : e + 1] for s, e, _ in part]).to(device)
-            logits, _ = model(inputs[:, :-1], form=form, chunk_size=chunk_size)
-            per_token = F.cross_entropy(logits.float().transpose(1, 2), inputs[:, 1:], reduction="none")
-            for row, (s, e, scored_from) in enumerate(part):
-                losses.append(per_token[row, scored_from - s :])
+    for first in range(0, len(ends), batch_size):
+        group = slice(first, first + batch_size)
+        inputs = torch.stack([ids[s : e + 1] for s, e in zip(starts[group], ends[group], strict=True)]).to(device)
+        logits, _ = model(inputs[:, :-1], form=form, chunk_size=chunk_size)
+        per_token = F.cross_entropy(logits.float().transpose(1, 2), inputs[:, 1:], reduction="none")
+        for row, (start, scored) in enumerate(zip(starts[group], scored_from[group], strict=True)):
+            losses.append(per_token[row, scored - start :])
     model.train(was_training)
     return torch.cat(losses).cpu() if losses else torch.zeros(0)
 
