@@ -54,7 +54,8 @@ def describe_setup(key: tuple) -> str:
     values = dict(zip(SETUP_FIELDS, key, strict=True))
     text = (f"d_model {values['d_model']}, {values['n_heads']} heads, {values['n_layers']} layers, "
             f"d_ff {values['d_ff']}, context {values['context']}, batch {values['batch_size']}, "
-            f"{values['max_steps']} steps, {values['positional']} positions")
+            f"{values['max_steps']} steps, "
+            + ("no positional encoding" if values["positional"] == "none" else f"{values['positional']} positions"))
     if carried_segments(key) > 1:
         text += f", trained with the state carried over {carried_segments(key)} segments"
         if values.get("truncated_bptt"):
