@@ -368,3 +368,28 @@ def test_a_setup_reads_as_integers_when_pandas_made_its_columns_floats():
     assert text.startswith("d_model 64, 4 heads, 2 layers, d_ff 256, context 64, batch 16, 1500 steps") and ".0" not in text
     # the learning rate is swept per variant, so it does not split a setup
     assert "lr" not in SETUP_FIELDS and key == setup_key(pd.Series({**values, "lr": 3e-3}))
+
+
+@pytest.mark.slow
+def test_the_quick_profile_gives_every_lm_claim_a_verdict(tmp_path, monkeypatch):
+    """The main job's LM grid, shrunk to a few steps per run but with its real cells (both blocks, every
+    seed and learning rate) and evaluations: afterwards no LM claim reads NOT RUN."""
+    if not REAL_DATA_DIR:
+        pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
+    from dataclasses import replace
+
+    from fwbench.analysis.claims_lm import LM_CLAIMS
+    from fwbench.run.launchers import LaunchOptions
+    from fwbench.run.runner import run_grid
+
+    monkeypatch.setenv(DATA_DIR_ENV, REAL_DATA_DIR)  # the fixture pointed the task at the fake corpus
+    monkeypatch.setitem(TASKS, "shakespeare", ShakespeareTask())
+    shrink = {"max_steps": 2, "eval_every": 2, "checkpoint_every": 0, "eval_segments": 2, "sample_tokens": 5}
+    specs = [replace(s, config={**s.config, **shrink}) for s in expand(load_grid("shakespeare"), "quick")]
+    store = ResultsStore(tmp_path / "results")
+    summary = run_grid(specs, store, LaunchOptions(device="cpu"), quiet=True)
+    assert summary["ran"] == len(specs) == 20 and summary["failed"] == 0
+    frame = records_frame(store.records())
+    assert frame["carried_ppl_16x"].notna().all() and frame["sliding_ppl"].notna().sum() == 18
+    verdicts = {claim(frame).verdict for claim in LM_CLAIMS}
+    assert NOT_RUN not in verdicts
