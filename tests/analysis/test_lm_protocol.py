@@ -64,3 +64,13 @@ def test_c10_reads_the_carried_length_evaluation():
     assert result.verdict == PASS and "16× ÷ 1×" in result.measured and "truncated BPTT" in result.measured
     # what the quick runs showed: the delta rule's perplexity grows beyond the carried training length
     assert claim_carried_state_sum_degrades_delta_holds(carried_rows(1.04, 1.9)).verdict == FAIL
+
+
+def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_stored():
+    limited = [row(v, seed, 6e-3, p * (1 + 0.01 * seed)) for v, p in (("linear", 11.0), ("linear-delta", 9.5))
+               for seed in (1, 2, 3)]
+    carried = [{**row(v, 1, 6e-3, p), "train_segments": 4, "truncated_bptt": True}
+               for v, p in (("linear", 9.0), ("linear-delta", 9.5))]
+    for rows in (carried + limited, limited + carried):  # whichever the store holds first
+        result = claim_delta_beats_sum(pd.DataFrame(rows))
+        assert result.verdict == PASS and "3 seeds per variant" in result.measured
