@@ -83,7 +83,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def reproduce(session: nox.Session) -> None:
-    """Run every paper grid and render reports/REPORT.md (`-- --profile quick|full`, `--device cuda`)."""
+    """Run every paper grid, the Tiny Shakespeare LM grid included, and render reports/REPORT.md
+    (`-- --profile quick|full`, `--device cuda`). The LM grid needs the corpus: FWBENCH_DATA_DIR=DIR or
+    `-- --data-dir DIR` (DIR/tinyshakespeare/input.txt), else the user cache or a download."""
     install_project(session)
     session.run("python", "-m", "fwbench", "reproduce", *(session.posargs or ["--profile", "quick"]))
 

@@ -44,7 +44,7 @@ def _plant_slowdown(target: str) -> None:
         module = importlib.import_module(module_name)
         original = getattr(module, function_name)
     except (ImportError, AttributeError) as exc:
-        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION of a kernel ({exc})")
+        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION of a kernel ({exc})") from None
 
     def twice(*args, **kwargs):
         original(*args, **kwargs)

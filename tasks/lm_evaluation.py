@@ -149,3 +149,95 @@ def unigram_loss(train_ids: Tensor, eval_ids: Tensor, vocab_size: int) -> float:
     counts = torch.bincount(train_ids, minlength=vocab_size).double() + 1.0
     log_p = counts.log() - counts.sum().log()
     return -log_p[eval_ids].mean().item()
+
+
+#: Carried lengths of the long-context evaluation, as multiples of the length carried in training (C10).
+CARRIED_MULTIPLES = (1, 4, 16)
+
+
+def sliding_window_ends(n_tokens: int, context: int, stride: int) -> list[int]:
+    """End (exclusive, in input positions) of each sliding window over a stream of ``n_tokens`` ids.
+
+    Windows end at ``context``, ``context + stride``, … and the last one at ``n_tokens − 1``, so that
+    every predicted id 1..n−1 is scored once: the first window scores all its tokens, each later one
+    only the targets after the previous window's end.
+    """
+    last = n_tokens - 1
+    if last < 1:
+        return []
+    ends = list(range(min(context, last), last + 1, stride))
+    if ends[-1] != last:
+        ends.append(last)
+    return ends
+
+
+@torch.no_grad()
+def sliding_window_losses(model, ids: Tensor, context: int, stride: int, device: torch.device,
+                          batch_size: int = 64) -> Tensor:
+    """Cross-entropy (nats) of every predicted token of ``ids`` (1-D int64) by a sliding window.
+
+    The paper's evaluation of limited-context models (Sec. 6): each window of ``context`` inputs
+    starts from an empty memory; it moves by ``stride`` tokens and scores only the targets it adds,
+    so every token after the first ``context`` is predicted from at least ``context − stride + 1``
+    preceding tokens (exactly ``context`` at stride 1), never from a truncated segment start as in
+    ``token_losses(carry=False)``. Entry i is the loss of ids[i + 1]; N − 1 entries for N ids.
+
+    Cost: about context / stride times the forward passes of the independent-segment evaluation.
+
+    Raises:
+        ValueError: ``stride`` outside [1, context] (the message names it).
+    """
+    if not 1 <= stride <= context:
+        raise ValueError(f"stride: got {stride}; expected an integer in [1, context={context}]")
+    was_training = model.training
+    model.eval()
+    ends = sliding_window_ends(ids.numel(), context, stride)
+    # every window holds min(context, N − 1) inputs (the first and last are aligned to the stream's
+    # ends), so they batch; window i scores the targets after the previous window's end
+    starts = [max(0, end - context) for end in ends]
+    scored_from = [0] + ends[:-1]
+    losses = []
+    for first in range(0, len(ends), batch_size):
+        group = slice(first, first + batch_size)
+        inputs = torch.stack([ids[s : e + 1] for s, e in zip(starts[group], ends[group], strict=True)]).to(device)
+        logits, _ = model(inputs[:, :-1])
+        per_token = F.cross_entropy(logits.float().transpose(1, 2), inputs[:, 1:], reduction="none")
+        for row, (start, scored) in enumerate(zip(starts[group], scored_from[group], strict=True)):
+            losses.append(per_token[row, scored - start :])
+    model.train(was_training)
+    return torch.cat(losses).cpu() if losses else torch.zeros(0)
+
+
+def carried_stream(ids: Tensor, longest: int) -> Tensor:
+    """The longest prefix of ``ids`` whose scored tokens fill whole windows of ``longest`` inputs
+    (at least one window; shorter streams are returned whole)."""
+    windows = max(1, (ids.numel() - 1) // longest)
+    return ids[: windows * longest + 1]
+
+
+@torch.no_grad()
+def carried_length_evaluation(model, ids: Tensor, train_length: int, context: int, device: torch.device,
+                              batch_size: int = 64, multiples: tuple[int, ...] = CARRIED_MULTIPLES) -> dict:
+    """Perplexity with the state carried over ``m × train_length`` tokens, for each m in ``multiples`` (C10).
+
+    The same tokens are scored at every length: the stream (the longest prefix of ``ids`` holding whole
+    windows of the longest length) is cut into windows of ``m · train_length`` tokens, each read from
+    an empty memory, segment by segment of ``context`` with every layer's state carried across the
+    segments inside it (the paper's Table 4 evaluation, at finite lengths). A memory that holds keeps
+    its perplexity as m grows; one that fills up (the sum rule) degrades. Softmax, whose KV cache
+    never crosses a segment boundary (see :mod:`tasks.lm_model`), scores the same at every m.
+
+    Args:
+        ids: (N,) validation ids; train_length: tokens carried in training (context × train_segments).
+
+    Returns a JSON-ready dict: ``train_length``, ``lengths`` (tokens carried), ``tokens`` (scored),
+    ``loss`` (nats) and ``ppl`` per length, and ``ppl_ratio`` (each ppl ÷ the ppl at the first length).
+    """
+    lengths = [m * train_length for m in multiples]
+    stream = carried_stream(ids, max(lengths))
+    losses = [token_losses(model, stream, length, device, carry=False,
+                           batch_size=max(1, batch_size * context // length)).double().mean().item()
+              for length in lengths]
+    ppl = [perplexity(loss) for loss in losses]
+    return {"train_length": train_length, "lengths": lengths, "tokens": int(stream.numel() - 1), "loss": losses,
+            "ppl": ppl, "ppl_ratio": [p / ppl[0] for p in ppl]}

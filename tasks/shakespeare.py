@@ -32,9 +32,13 @@ from fwbench.variants import parse_spec
 
 from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
 from .lm_evaluation import (
+    CARRIED_MULTIPLES,
     bits_per_character,
+    carried_length_evaluation,
     language_model_metrics,
     long_context_evaluation,
+    perplexity,
+    sliding_window_losses,
     token_losses,
     unigram_loss,
 )
@@ -57,8 +61,11 @@ class ShakespeareConfig:
         context: segment length in characters: the model's training context and softmax's window.
         train_segments: consecutive segments per training sequence. 1: independent segments, each
             from an empty memory (the paper's limited-context setup, Table 2). K > 1: every layer's
-            state is carried from one segment into the next, with gradients through all K (the
-            paper's carried-state training, Table 4, truncated to K segments).
+            state is carried from one segment into the next (the paper's carried-state training,
+            Table 4, over K · context characters: the carried length seen in training).
+        truncated_bptt: with K > 1, stop gradients at every segment boundary (the state is carried
+            forward detached, as the official code carries it from batch to batch); off: gradients
+            flow through all K segments.
         batch_size: sequences per training step.
         lr: peak learning rate of Adam; schedule: ``noam`` (linear warm-up over ``warmup_steps``,
             then ∝ 1/√step) or ``constant``; grad_clip: global gradient-norm clip (0 = off).
@@ -68,8 +75,13 @@ class ShakespeareConfig:
         checkpoint_every: save a resumable checkpoint every this many steps (0 = never).
         form, chunk_size: attention form and longest chunk of the model, for training and
             evaluation (unset chunk size: :data:`variants.DEFAULT_CHUNK_SIZE`); chosen when it is built.
-        stream_eval: run the long-context evaluation after training, on the first
-            ``stream_characters`` characters of the validation split (0 = all of it).
+        stream_eval: run the long-context evaluations after training, on the first
+            ``stream_characters`` characters of the validation split (0 = all of it): the whole
+            stream carried, and the carried-length evaluation at 1×, 4× and 16× the carried length
+            seen in training (:func:`tasks.lm_evaluation.carried_length_evaluation`).
+        sliding_stride: after training, also score the first ``stream_characters`` validation
+            characters with a sliding window of ``context`` moved by this many characters (the
+            paper's evaluation; 0 = off; see :func:`tasks.lm_evaluation.sliding_window_losses`).
         prompt, sample_tokens, temperature: the text sample stored in the record.
         train_fraction: leading share of the corpus used for training (the rest validates).
     """
@@ -83,6 +95,7 @@ class ShakespeareConfig:
     positional: str = "none"
     context: int = 128
     train_segments: int = 1
+    truncated_bptt: bool = False
     batch_size: int = 32
     lr: float = 2e-3
     schedule: str = "noam"
@@ -98,6 +111,7 @@ class ShakespeareConfig:
     chunk_size: int | None = None
     stream_eval: bool = True
     stream_characters: int = 0
+    sliding_stride: int = 0
     prompt: str = "It is"
     sample_tokens: int = 500
     temperature: float = 0.8
@@ -110,7 +124,8 @@ class ShakespeareConfig:
 
     @property
     def sequence_length(self) -> int:
-        """Tokens per training sequence (the harness's tokens/s uses it)."""
+        """Tokens per training sequence (the harness's tokens/s uses it), also the carried length
+        seen in training."""
         return self.context * self.train_segments
 
     def decoder_config(self, vocab_size: int) -> DecoderConfig:
@@ -228,7 +243,8 @@ class ShakespeareTask:
             value = getattr(config, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
-        for name in ("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens", "stream_characters"):
+        for name in ("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens", "stream_characters",
+                     "sliding_stride"):
             if getattr(config, name) < 0:
                 raise ValueError(f"{name}: got {getattr(config, name)!r}; expected an integer >= 0")
         if config.d_model % config.n_heads:
@@ -241,6 +257,14 @@ class ShakespeareTask:
         if 0 < config.stream_characters < config.context + 1:
             raise ValueError(f"stream_characters: got {config.stream_characters}; expected 0 (the whole validation "
                              f"split) or at least context + 1 = {config.context + 1}")
+        longest = max(CARRIED_MULTIPLES) * config.sequence_length
+        if config.stream_eval and 0 < config.stream_characters < longest + 1:
+            raise ValueError(f"stream_characters: got {config.stream_characters}; expected 0 (the whole validation "
+                             f"split) or at least {max(CARRIED_MULTIPLES)} × context × train_segments + 1 = "
+                             f"{longest + 1} (the longest carried length evaluated)")
+        if config.sliding_stride > config.context:
+            raise ValueError(f"sliding_stride: got {config.sliding_stride}; expected 0 (off) or at most "
+                             f"context = {config.context}")
         if not 0.0 < config.train_fraction < 1.0:
             raise ValueError(f"train_fraction: got {config.train_fraction}; expected a fraction in (0, 1)")
         if config.schedule not in SCHEDULES:
@@ -278,9 +302,19 @@ class ShakespeareTask:
 
     def loss(self, model: DecoderLM, batch: Tensor, config: ShakespeareConfig) -> Tensor:
         """Mean next-character cross-entropy (nats) over the batch; the model reads each sequence in
-        segments of ``context``, carrying fast-weight states across them (see :class:`DecoderLM`)."""
-        logits, _ = model(batch[:, :-1])
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        segments of ``context``, carrying fast-weight states across them (see :class:`DecoderLM`),
+        with gradients cut at every segment boundary when ``config.truncated_bptt``."""
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        if config.truncated_bptt and inputs.shape[1] > config.context:
+            pieces, states = [], None
+            for start in range(0, inputs.shape[1], config.context):
+                logits, states = model(inputs[:, start : start + config.context], states)
+                states = [state.detach() for state in states]
+                pieces.append(logits)
+            logits = torch.cat(pieces, dim=1)
+        else:
+            logits, _ = model(inputs)
+        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     @torch.no_grad()
     def evaluate(self, model: DecoderLM, config: ShakespeareConfig, generator: torch.Generator,
@@ -298,8 +332,11 @@ class ShakespeareTask:
         """Whole-split validation metrics, the unigram baseline, the long-context evaluation and a sample.
 
         Returns ``{"metrics": {val_loss, val_ppl, val_bpc, unigram_bpc, [stream_ppl, stream_bpc,
-        stream_reset_ppl]},
-        "long_context": {...} (if ``stream_eval``), "sample": {prompt, temperature, seed, text}}``.
+        stream_reset_ppl, carried_ppl_1x, carried_ppl_4x, carried_ppl_16x], [sliding_ppl, sliding_bpc,
+        segments_ppl]}, "long_context": {...} and "carried_lengths": {...} (if ``stream_eval``),
+        "sliding_window": {stride, characters, ppl, segments_ppl} (if ``sliding_stride``),
+        "sample": {prompt, temperature, seed, text}}``. ``segments_ppl`` is the independent-segment
+        perplexity of the same characters the sliding window scored.
         """
         corpus = self.corpus(config.train_fraction)
         out: dict = {}
@@ -315,6 +352,21 @@ class ShakespeareTask:
             metrics["stream_ppl"] = out["long_context"]["carried_ppl_all"]
             metrics["stream_bpc"] = bits_per_character(out["long_context"]["carried_loss"])
             metrics["stream_reset_ppl"] = out["long_context"]["reset_ppl_all"]
+            carried = carried_length_evaluation(model, stream, config.sequence_length, config.context, device,
+                                                batch_size=eval_batch(config))
+            out["carried_lengths"] = carried
+            for multiple, ppl in zip(CARRIED_MULTIPLES, carried["ppl"], strict=True):
+                metrics[f"carried_ppl_{multiple}x"] = ppl
+        if config.sliding_stride:
+            text = corpus.valid[: config.stream_characters] if config.stream_characters else corpus.valid
+            sliding = sliding_window_losses(model, text, config.context, config.sliding_stride, device,
+                                            batch_size=eval_batch(config)).double().mean().item()
+            segments = token_losses(model, text, config.context, device, carry=False,
+                                    batch_size=eval_batch(config)).double().mean().item()
+            out["sliding_window"] = {"stride": config.sliding_stride, "characters": int(text.numel()),
+                                     "ppl": perplexity(sliding), "segments_ppl": perplexity(segments)}
+            metrics.update(sliding_ppl=perplexity(sliding), sliding_bpc=bits_per_character(sliding),
+                           segments_ppl=perplexity(segments))
         out["metrics"] = metrics
         out["sample"] = sample_text(model, corpus.vocabulary, config.prompt, config.sample_tokens,
                                     config.temperature, seed, device)

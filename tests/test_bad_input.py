@@ -855,6 +855,19 @@ def _(ctx):
     return grid_error(ctx, GRID_HEAD + 'variant = "tanh-fwm"\nseed = 1\nform = "chunk"\n')
 
 
+LM_GRID_HEAD = 'task = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\ncontext = 64\n'
+
+
+@row("G19")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "sliding_stride = 65\n")
+
+
+@row("G20")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "train_segments = 4\nstream_characters = 2048\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ For every cell of the profile: steps per run × seconds per step on this machine
   the machine (its wall time then grows with their number: ~4× with 8 runnable processes on 2 cores).
 
 Core-hours = Σ over runs of steps × s/step (one core per run); wall hours with ``--jobs N`` on N free
-cores ≈ core-hours / N; on a shared machine, wall time is longer by the sharing. Not counted: evaluations (every ``eval_every`` steps, ``eval_sequences``
+cores ≈ core-hours / N; on a shared machine, wall time is longer by the sharing. Not counted:
+evaluations (every ``eval_every`` steps, ``eval_sequences``
 sequences without backward: about 1 % of the training time of the official setup) and process
 start-up. An estimate: measured runs are the check (the README marks each figure as which).
 """

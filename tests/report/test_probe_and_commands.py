@@ -109,7 +109,7 @@ def test_capacity_command_writes_a_csv_with_intervals_and_a_figure(tmp_path, cap
 
 
 def test_reproduce_runs_the_new_grids():
-    assert PAPER_GRIDS[0] == "capacity" and {"setting2", "capacity_nu", "mqar"} <= set(PAPER_GRIDS)
+    assert PAPER_GRIDS[0] == "capacity" and {"setting2", "capacity_nu", "mqar", "shakespeare"} <= set(PAPER_GRIDS)
 
 
 @pytest.mark.slow

@@ -1,0 +1,76 @@
+"""How the LM claims read a setup: each variant at its best learning rate, differences beyond seed
+noise, and C10 from the carried-length evaluation (16× ÷ 1× the carried training length)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from fwbench.analysis.claims_lm import claim_carried_state_sum_degrades_delta_holds, claim_delta_beats_sum
+from fwbench.analysis.lm_protocol import at_best_learning_rate, best_learning_rates, carried_ratio, compare
+from fwbench.analysis.verdicts import FAIL, PASS
+
+SETUP = {"task": "shakespeare", "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "context": 16,
+         "batch_size": 4, "max_steps": 20, "positional": "none", "schedule": "noam", "dropout": 0.0,
+         "tied_output": True, "train_segments": 1, "truncated_bptt": False, "final_evaluation": None}
+
+
+def row(variant: str, seed: int, lr: float, val_ppl: float, status: str = "max_steps", **metrics) -> dict:
+    return {**SETUP, "variant": variant, "seed": seed, "lr": lr, "val_ppl": val_ppl, "status": status, **metrics}
+
+
+def test_each_variant_is_read_at_its_best_seed_mean_learning_rate_and_a_divergence_disqualifies_a_rate():
+    rows = pd.DataFrame([
+        row("linear", 1, 1e-3, 6.0), row("linear", 2, 1e-3, 6.2),
+        row("linear", 1, 3e-3, 5.0), row("linear", 2, 3e-3, 5.2),
+        # the delta rule's higher rate is best on seed 1 but diverged on seed 2: never chosen
+        row("linear-delta", 1, 1e-3, 5.5), row("linear-delta", 2, 1e-3, 5.6),
+        row("linear-delta", 1, 3e-3, 4.0), row("linear-delta", 2, 3e-3, math.nan, status="diverged"),
+    ])
+    assert best_learning_rates(rows) == {"linear": 3e-3, "linear-delta": 1e-3}
+    chosen = at_best_learning_rate(rows)
+    assert sorted(zip(chosen["variant"], chosen["lr"], chosen["seed"])) == [
+        ("linear", 3e-3, 1), ("linear", 3e-3, 2), ("linear-delta", 1e-3, 1), ("linear-delta", 1e-3, 2)]
+    # read at their best rates, the sum rule wins here: C8 fails
+    assert claim_delta_beats_sum(rows).verdict == FAIL
+
+
+def test_the_margin_is_two_welch_standard_errors_of_the_ln_ppl_difference():
+    better, worse = [4.0, 4.4, 4.2], [5.0, 5.5, 5.2]
+    rows = pd.DataFrame([row("a", i, 1e-3, p) for i, p in enumerate(better)]
+                        + [row("b", i, 1e-3, p) for i, p in enumerate(worse)])
+    got = compare(rows, "a", "b")
+    la, lb = pd.Series(better).map(math.log), pd.Series(worse).map(math.log)
+    assert got.difference == pytest.approx(lb.mean() - la.mean())
+    assert got.margin == pytest.approx(2 * math.sqrt(la.var() / 3 + lb.var() / 3))
+    assert got.separated
+    assert not compare(rows, "b", "a").separated
+    one = compare(pd.DataFrame([row("a", 1, 1e-3, 4.0), row("b", 1, 1e-3, 5.0)]), "a", "b")
+    assert one.difference > 0 and math.isinf(one.margin) and not one.separated
+
+
+def carried_rows(sum_ratio: float, delta_ratio: float) -> pd.DataFrame:
+    setup = {"train_segments": 4, "truncated_bptt": True}
+    return pd.DataFrame([
+        {**row(v, seed, 6e-3, 8.0, carried_ppl_1x=8.0, carried_ppl_16x=8.0 * r * (1 + 0.01 * seed)), **setup}
+        for v, r in (("linear", sum_ratio), ("linear-delta", delta_ratio)) for seed in (1, 2, 3)])
+
+
+def test_c10_reads_the_carried_length_evaluation():
+    assert carried_ratio(carried_rows(1.3, 1.0)).round(3).to_dict() == {"linear": 1.326, "linear-delta": 1.02}
+    result = claim_carried_state_sum_degrades_delta_holds(carried_rows(1.3, 1.0))
+    assert result.verdict == PASS and "16× ÷ 1×" in result.measured and "truncated BPTT" in result.measured
+    # what the quick runs showed: the delta rule's perplexity grows beyond the carried training length
+    assert claim_carried_state_sum_degrades_delta_holds(carried_rows(1.04, 1.9)).verdict == FAIL
+
+
+def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_stored():
+    limited = [row(v, seed, 6e-3, p * (1 + 0.01 * seed)) for v, p in (("linear", 11.0), ("linear-delta", 9.5))
+               for seed in (1, 2, 3)]
+    carried = [{**row(v, 1, 6e-3, p), "train_segments": 4, "truncated_bptt": True}
+               for v, p in (("linear", 9.0), ("linear-delta", 9.5))]
+    for rows in (carried + limited, limited + carried):  # whichever the store holds first
+        result = claim_delta_beats_sum(pd.DataFrame(rows))
+        assert result.verdict == PASS and "3 seeds per variant" in result.measured
