@@ -79,19 +79,13 @@ def carried_segments(key: tuple) -> int:
     return 1 if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
-#: Fields a claim sweeps within one setup: each variant is judged at its best value (the paper tuned
-#: each model; every value of the sweep has the same budget).
-SWEPT_FIELDS = ("lr",)
-
-
-def setups(frame: pd.DataFrame, ignore: tuple[str, ...] = ()) -> list[tuple[tuple, pd.DataFrame]]:
-    """(setup key, rows) for every setup among the LM rows, largest model and budget first. Fields in
-    ``ignore`` (e.g. :data:`SWEPT_FIELDS`) do not split setups; they read None in the key."""
+def setups(frame: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """(setup key, rows) for every setup among the LM rows, largest model and budget first (a
+    learning-rate sweep stays inside one setup: the rate is not a setup field)."""
     rows = lm_frame(frame)
     if rows.empty:
         return []
-    keys = rows.apply(lambda row: tuple(None if f in ignore else v
-                                        for f, v in zip(SETUP_FIELDS, setup_key(row), strict=True)), axis=1)
+    keys = rows.apply(setup_key, axis=1)
     groups = [(key, rows[keys == key]) for key in dict.fromkeys(keys)]
     return sorted(groups, key=lambda kv: (kv[0][0], kv[0][2], kv[0][6]), reverse=True)
 
@@ -103,25 +97,17 @@ def val_ppl_by_variant(rows: pd.DataFrame) -> pd.Series:
 
 
 def ppl_cells(rows: pd.DataFrame) -> dict[str, tuple[Interval, int]]:
-    """variant → (log-space interval of the measured validation perplexities, diverged runs). Where a
-    variant ran several values of a swept field (a learning-rate sweep), the value with the lowest
-    geometric-mean perplexity is used, its seeds only."""
-    return {variant: _best_of_sweep(rows[rows["variant"] == variant]) for variant in dict.fromkeys(rows["variant"])}
+    """variant → (log-space interval of the measured validation perplexities, diverged runs), each
+    variant at its best learning rate, its seeds only (a rate that diverged on any seed is never the
+    best; :func:`~fwbench.analysis.lm_protocol.at_best_learning_rate`)."""
+    chosen = at_best_learning_rate(rows)
+    return {variant: _cell(chosen[chosen["variant"] == variant]) for variant in dict.fromkeys(chosen["variant"])}
 
 
 def _cell(rows: pd.DataFrame) -> tuple[Interval, int]:
     ppl = rows["val_ppl"] if "val_ppl" in rows else pd.Series(math.nan, index=rows.index)
     diverged = rows["status"] == "diverged"
     return log_interval(list(ppl.where(~diverged, math.nan))), int(diverged.sum())
-
-
-def _best_of_sweep(rows: pd.DataFrame) -> tuple[Interval, int]:
-    swept = [f for f in SWEPT_FIELDS if f in rows and rows[f].nunique() > 1]
-    if not swept:
-        return _cell(rows)
-    cells = [_cell(group) for _, group in rows.groupby(swept, dropna=False)]
-    measured = [c for c in cells if c[0].n] or cells
-    return min(measured, key=lambda c: c[0].mean if c[0].n else math.inf)
 
 
 def lm_gaps(rows: pd.DataFrame, variants: list[str]) -> list[str]:
@@ -167,7 +153,7 @@ def paper_ppl(table: int, config: str, model: str, rule: str) -> str:
 
 def _pick(frame: pd.DataFrame, usable, prefer=None) -> tuple[tuple, pd.DataFrame] | None:
     """The first (largest) setup whose rows are ``usable``; those whose key satisfies ``prefer`` first."""
-    candidates = [(key, rows) for key, rows in setups(frame, ignore=SWEPT_FIELDS) if usable(rows)]
+    candidates = [(key, rows) for key, rows in setups(frame) if usable(rows)]
     preferred = [(key, rows) for key, rows in candidates if prefer is not None and prefer(key)]
     return (preferred or candidates or [None])[0]
 

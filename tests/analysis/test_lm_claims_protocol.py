@@ -13,7 +13,7 @@ from fwbench.analysis.lm_protocol import at_best_learning_rate, best_learning_ra
 from fwbench.analysis.verdicts import FAIL, PASS
 
 SETUP = {"task": "shakespeare", "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "context": 16,
-         "batch_size": 4, "max_steps": 20, "positional": "none", "schedule": "noam", "dropout": 0.0,
+         "batch_size": 4, "max_steps": 1000, "positional": "none", "schedule": "noam", "dropout": 0.0,
          "tied_output": True, "train_segments": 1, "truncated_bptt": False, "final_evaluation": None}
 
 
@@ -33,8 +33,9 @@ def test_each_variant_is_read_at_its_best_seed_mean_learning_rate_and_a_divergen
     chosen = at_best_learning_rate(rows)
     assert sorted(zip(chosen["variant"], chosen["lr"], chosen["seed"])) == [
         ("linear", 3e-3, 1), ("linear", 3e-3, 2), ("linear-delta", 1e-3, 1), ("linear-delta", 1e-3, 2)]
-    # read at their best rates, the sum rule wins here: C8 fails
-    assert claim_delta_beats_sum(rows).verdict == FAIL
+    # read at their best rates the sum rule is ahead here: C8 cannot lean PASS (two seeds: INDICATIVE)
+    result = claim_delta_beats_sum(rows)
+    assert result.leaning != PASS and "linear-delta 0.001" in result.measured
 
 
 def test_the_margin_is_two_welch_standard_errors_of_the_ln_ppl_difference():
@@ -73,4 +74,4 @@ def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_s
                for v, p in (("linear", 9.0), ("linear-delta", 9.5))]
     for rows in (carried + limited, limited + carried):  # whichever the store holds first
         result = claim_delta_beats_sum(pd.DataFrame(rows))
-        assert result.verdict == PASS and "3 seeds per variant" in result.measured
+        assert result.verdict == PASS and "carried over" not in result.measured

@@ -20,6 +20,7 @@ from fwbench.tasks.lm_evaluation import (
 )
 from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
 from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask
+from fwbench.variants import using_form
 
 VOCAB = 11
 #: fp32 relative RMSE between two orders of the same computation (chunked vs token by token).
@@ -53,10 +54,10 @@ def test_truncated_bptt_loss_is_the_token_by_token_loss_and_its_gradient_the_per
     got = {name: p.grad.clone() for name, p in model.named_parameters()}
 
     # reference 1, the value: one token at a time in the recurrent form, the state never reset
-    with torch.no_grad():
+    with torch.no_grad(), using_form(model, "recurrent"):
         states, steps = None, []
         for t in range(batch.shape[1] - 1):
-            logits, states = model(batch[:, t : t + 1], states, form="recurrent")
+            logits, states = model(batch[:, t : t + 1], states)
             steps.append(logits)
         unrolled = F.cross_entropy(torch.cat(steps, 1).reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
     assert_close(loss.detach(), unrolled, RTOL)
@@ -129,11 +130,11 @@ def test_carried_length_evaluation_reads_each_window_token_by_token_from_an_empt
     assert result["tokens"] == longest * ((ids.numel() - 1) // longest)  # whole windows of the longest length
     for length, loss in zip(result["lengths"], result["loss"], strict=True):
         losses = []
-        with torch.no_grad():
+        with torch.no_grad(), using_form(model, "recurrent"):
             for start in range(0, result["tokens"], length):
                 states = None
                 for t in range(start, start + length):
-                    logits, states = model(ids[None, t : t + 1], states, form="recurrent")
+                    logits, states = model(ids[None, t : t + 1], states)
                     losses.append(F.cross_entropy(logits[0], ids[t + 1][None]))
         assert loss == pytest.approx(torch.stack(losses).double().mean().item(), rel=1e-5)
     assert result["ppl_ratio"][0] == 1.0
