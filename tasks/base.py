@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from fwbench.variants import chunk_size_in_use
+from fwbench.variants import FORMS, chunk_size_in_use
 
 
 class TaskConfig(Protocol):
@@ -65,6 +65,25 @@ def config_field_types(config_class: type) -> dict[str, type]:
         t = f.type if isinstance(f.type, type) else resolved.get(str(f.type).split("|")[0].strip(), str)
         out[f.name] = t
     return out
+
+
+def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
+    """The range checks every task's ``validate`` shares: integer fields that must be ≥ 1 (``None``
+    allowed: unset), fields that must be ≥ 0, and the attention ``form``.
+
+    Raises:
+        ValueError: naming the first field out of range, its value and what is allowed.
+    """
+    for name in positive:
+        value = getattr(config, name)
+        if value is not None and value < 1:
+            raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+    for name in non_negative:
+        value = getattr(config, name)
+        if value < 0:
+            raise ValueError(f"{name}: got {value!r}; expected an integer >= 0")
+    if getattr(config, "form", "auto") not in FORMS:
+        raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
 
 
 def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import acting_config
+from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import AttentionLayer, parse_spec
 
 #: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
@@ -181,17 +181,12 @@ class MQARTask:
 
     def validate(self, config: MQARConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
-        for name in ("vocab_size", "seq_len", "num_kv_pairs", "d_model", "n_heads", "n_layers", "batch_size",
-                     "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
-            value = getattr(config, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+        check_fields(config, positive=("vocab_size", "seq_len", "num_kv_pairs", "d_model", "n_heads", "n_layers",
+                                       "batch_size", "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"))
         if config.lr <= 0 or config.power_a <= 0:
             raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
-        if config.form not in ("auto", "parallel", "chunk", "recurrent"):
-            raise ValueError(f"form: got {config.form!r}; expected one of auto, parallel, chunk, recurrent")
         generate_mqar(1, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
                       torch.Generator().manual_seed(0), config.random_non_queries)
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from fwbench.tasks.base import acting_config
+from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import build_attention, parse_spec, write_read_path
 
 from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
@@ -320,16 +320,12 @@ class RetrievalTask:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
         if config.setting not in (1, 2):
             raise ValueError(f"setting: got {config.setting!r}; expected 1 (capacity) or 2 (overwriting)")
-        for name in ("S", "d_key", "batch_size", "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"):
-            value = getattr(config, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+        check_fields(config, positive=("S", "d_key", "batch_size", "eval_every", "eval_sequences", "patience",
+                                       "max_steps", "chunk_size"))
         if config.S < 2:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
         if config.lr <= 0 or config.embedding_factor <= 0:
             raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
-        if config.form not in ("auto", "parallel", "chunk", "recurrent"):
-            raise ValueError(f"form: got {config.form!r}; expected one of auto, parallel, chunk, recurrent")
 
     def build_model(self, config: RetrievalConfig, variant: str) -> RetrievalModel:
         parse_spec(variant)

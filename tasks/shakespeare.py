@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fwbench.tasks.base import acting_config
+from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import parse_spec
 
 from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
@@ -48,7 +48,6 @@ SCHEDULES = ("constant", "noam")
 #: Validation segments per forward pass (at least; the training batch size if larger): evaluation
 #: needs no gradients, and small batches would make a pass over the split needlessly slow.
 EVAL_BATCH_SEGMENTS = 64
-FORMS = ("auto", "parallel", "chunk", "recurrent")
 
 
 @dataclass(frozen=True)
@@ -238,15 +237,11 @@ class ShakespeareTask:
 
     def validate(self, config: ShakespeareConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
-        for name in ("d_model", "n_heads", "n_layers", "d_ff", "context", "train_segments", "batch_size", "max_steps",
-                     "eval_every", "patience", "chunk_size"):
-            value = getattr(config, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
-        for name in ("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens", "stream_characters",
-                     "sliding_stride"):
-            if getattr(config, name) < 0:
-                raise ValueError(f"{name}: got {getattr(config, name)!r}; expected an integer >= 0")
+        check_fields(config,
+                     positive=("d_model", "n_heads", "n_layers", "d_ff", "context", "train_segments", "batch_size",
+                               "max_steps", "eval_every", "patience", "chunk_size"),
+                     non_negative=("eval_segments", "checkpoint_every", "warmup_steps", "sample_tokens",
+                                   "stream_characters", "sliding_stride"))
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
         if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
@@ -271,8 +266,6 @@ class ShakespeareTask:
             raise ValueError(f"schedule: got {config.schedule!r}; expected one of {', '.join(SCHEDULES)}")
         if config.positional not in POSITIONAL:
             raise ValueError(f"positional: got {config.positional!r}; expected one of {', '.join(POSITIONAL)}")
-        if config.form not in FORMS:
-            raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
         if not config.prompt:
             raise ValueError("prompt: got ''; expected at least one character")
 

@@ -16,7 +16,7 @@ from .attention import (
     write_read_path,
 )
 from .errors import NonFiniteError, VariantError
-from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize
+from .feature_maps import DPFP, ElementwiseFeatureMap, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize
 from .layer import AttentionLayer
 from .plugins import import_variant_modules
 from .registry import (
@@ -37,7 +37,7 @@ from .state import FastWeightState, KVCacheState
 __all__ = [
     "DEFAULT_CHUNK_SIZE", "FEATURE_MAPS", "FORMS", "REGISTRY", "RULES", "DPFP", "UpdateRule", "chunk_size_in_use",
     "import_variant_modules", "register_feature_map", "register_rule", "using_form",
-    "write_read_path", "Attention", "AttentionLayer", "EluPlusOne",
+    "write_read_path", "Attention", "AttentionLayer", "ElementwiseFeatureMap", "EluPlusOne",
     "FastWeightAttention", "FastWeightState", "Favor", "FeatureMap", "KVCacheState", "NonFiniteError",
     "SoftmaxAttention",
     "Tanh", "VariantError", "VariantSpec", "build_attention", "d_dot_of", "list_variants", "parse_spec",

@@ -99,10 +99,8 @@ class FeatureMap(nn.Module):
         return f"d_key={self.d_key}, d_dot={self.d_dot}"
 
 
-class EluPlusOne(FeatureMap):
-    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key."""
-
-    name = "elu+1"
+class ElementwiseFeatureMap(FeatureMap):
+    """A φ applied element by element: d_dot = d_key. Subclasses define ``forward``."""
 
     @classmethod
     def output_size(cls, d_key: int) -> int:
@@ -111,23 +109,21 @@ class EluPlusOne(FeatureMap):
     @property
     def d_dot(self) -> int:
         return self.d_key
+
+
+class EluPlusOne(ElementwiseFeatureMap):
+    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key."""
+
+    name = "elu+1"
 
     def forward(self, x: Tensor) -> Tensor:
         return F.elu(x) + 1.0
 
 
-class Tanh(FeatureMap):
+class Tanh(ElementwiseFeatureMap):
     """φ(x) = tanh(x) (the FWM of Schlag et al. 2021); d_dot = d_key. Not non-negative."""
 
     name = "tanh"
-
-    @classmethod
-    def output_size(cls, d_key: int) -> int:
-        return d_key
-
-    @property
-    def d_dot(self) -> int:
-        return self.d_key
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.tanh(x)
