@@ -53,7 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .precision import compute_dtype
+from .precision import all_finite, compute_dtype
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
 FWM_LAYER_NORM_EPS = 1e-5
@@ -162,11 +162,11 @@ class _FlushedScan(torch.autograd.Function):
     W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`."""
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, W0):
+    def forward(ctx, q, k, v, beta, W0, chunk_size):
         inputs = [None if x is None else x.detach().requires_grad_(needs) for x, needs in
                   zip((q, k, v, beta, W0), ctx.needs_input_grad)]
         with torch.enable_grad(), denormals_flushed():
-            reads, W = _scan_chunks(*inputs)
+            reads, W = _scan_chunks(*inputs, chunk_size=chunk_size)
         reads = k.new_empty(0) if reads is None else reads
         ctx.graph = (inputs, reads, W)
         return reads.detach(), W.detach()
@@ -179,21 +179,56 @@ class _FlushedScan(torch.autograd.Function):
         outputs = [(reads, d_reads), (W, d_W)]
         outputs = [(out, grad) for out, grad in outputs if grad is not None and out.requires_grad]
         if not wanted or not outputs:
-            return (None,) * 5
+            return (None,) * 6
         with denormals_flushed():
             grads = iter(torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs],
                                              retain_graph=True, allow_unused=True))
-        return tuple(next(grads) if x is not None and x.requires_grad else None for x in inputs)
+        return (*(next(grads) if x is not None and x.requires_grad else None for x in inputs), None)
+
+
+def _scan_in_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None,
+                    chunk_size: int) -> tuple[Tensor | None, Tensor]:
+    """:func:`_scan_chunks` with denormals flushed, through :class:`_FlushedScan` where a gradient is needed."""
+    if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in (q, k, v, beta, W0)):
+        with denormals_flushed():
+            return _scan_chunks(q, k, v, beta, W0, chunk_size)
+    reads, W = _FlushedScan.apply(q, k, v, beta, W0, chunk_size)
+    return (None if q is None else reads), W
+
+
+def _reached_by_non_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> Tensor:
+    """(B, H, T) bool: True from the first token of each sequence and head that holds a NaN or ±inf
+    in q, k, v or β on (everywhere for a non-finite W0 of that sequence and head)."""
+    bad = ~torch.isfinite(beta)
+    for x in (q, k, v):
+        if x is not None:
+            bad |= ~torch.isfinite(x).all(-1)
+    if W0 is not None:
+        bad[..., 0] |= ~torch.isfinite(W0).flatten(2).all(-1)
+    return bad.cumsum(dim=-1) > 0
 
 
 def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
     """All writes (and reads) on (B, H, T, ·) inputs, with denormals flushed (see
-    :func:`denormals_flushed`). Returns (raw reads W_t q_t (B, H, T, d_v) or None; W_T (B, H, d_v, d_dot))."""
-    if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in (q, k, v, beta, W0)):
-        with denormals_flushed():
-            return _scan_chunks(q, k, v, beta, W0)
-    reads, W = _FlushedScan.apply(q, k, v, beta, W0)
-    return (None if q is None else reads), W
+    :func:`denormals_flushed`). Returns (raw reads W_t q_t (B, H, T, d_v) or None; W_T (B, H, d_v, d_dot)).
+
+    NaN and ±inf stay causal: inside a chunk a later token's non-finite value would reach the earlier
+    reads through the masked products (0·inf), and a sequence's would reach no other sequence. So
+    with any among the inputs, the reads and states of the tokens it has not reached are those of the
+    same chunked scan with the non-finite values read as 0 (the same chunks and shapes as without
+    them: the same numbers), and from the first token that holds one they are those of a scan one
+    token per chunk on the inputs as given (as the token-by-token recurrence)."""
+    if all_finite(q, k, v, beta, W0):
+        return _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
+    reached = _reached_by_non_finite(q, k, v, beta, W0)
+
+    def finite(x: Tensor | None) -> Tensor | None:
+        return None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+    reads_clean, W_clean = _scan_in_chunks(finite(q), finite(k), finite(v), finite(beta), finite(W0), FWM_CHUNK_SIZE)
+    reads_given, W_given = _scan_in_chunks(q, k, v, beta, W0, 1)
+    W = torch.where(reached[..., -1, None, None], W_given, W_clean)
+    return (None if q is None else torch.where(reached[..., None], reads_given, reads_clean)), W
 
 
 def fwm_rule_read(q: Tensor, W: Tensor, eps: float = FWM_LAYER_NORM_EPS) -> Tensor:
