@@ -16,6 +16,7 @@ import pandas as pd  # noqa: E402
 
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
 from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, time_table  # noqa: E402
+from fwbench.report.figure_style import save  # noqa: E402
 from fwbench.run.store import ResultsStore  # noqa: E402
 
 _LINESTYLES = {"chunk": "-", "parallel": "--", "recurrent": ":", "anchor": "-."}
@@ -60,11 +61,7 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
             legend.setdefault(label, handle)
     fig.legend(list(legend.values()), list(legend), loc="center right", fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 0.8, 0.96))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path, rect=(0, 0, 0.8, 0.96))
 
 
 def _markdown(frame: pd.DataFrame) -> str:

@@ -56,9 +56,10 @@ def integer_ticks(ax, axis: str = "x") -> None:
     (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(ticker.MaxNLocator(integer=True))
 
 
-def save(fig, path: Path) -> Path:
-    """Write ``fig`` as PNG with a tight bounding box (keeps a legend placed outside the axes), close it."""
-    fig.tight_layout()
+def save(fig, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
+    """Write ``fig`` as PNG with a tight bounding box (keeps a legend placed outside the axes), close it.
+    ``rect``: the part of the figure the axes are laid out in (room for a figure-level legend)."""
+    fig.tight_layout(rect=rect)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

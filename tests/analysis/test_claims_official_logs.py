@@ -49,12 +49,14 @@ def test_every_claim_is_listed_with_its_reference():
     assert all(r.paper and r.reference and "minimum" in r.evidence for r in results)
 
 
+@pytest.mark.slow
 def test_the_full_profile_runs_the_papers_S_grid():
     assert {S for _, v, S in profile_cells("full") if v == "softmax"} == set(range(20, 601, 20))
     setting2 = {(v, S) for s, v, S in profile_cells("full") if s == 2}
     assert {S for v, S in setting2 if v == "dpfp-delta:nu=2"} == set(range(20, 201, 20))
 
 
+@pytest.mark.slow
 def test_official_logs_pass_every_synthetic_claim_on_the_full_grid():
     results = synthetic(evaluate_claims(on_cells(official_records((1, 2, 3)), profile_cells("full"))))
     assert sorted(results, key=lambda i: int(i[1:])) == SYNTHETIC
@@ -62,6 +64,7 @@ def test_official_logs_pass_every_synthetic_claim_on_the_full_grid():
     assert not failed
 
 
+@pytest.mark.slow
 def test_official_logs_with_seed_noise_still_pass():
     """Three seeds that differ by ±20 % (log-normal, fixed draw) as real seeds do: the criteria must not
     need identical seeds to decide. Neighbouring cells that differ less than the noise (FAVOR+ m=64 vs
@@ -73,6 +76,7 @@ def test_official_logs_with_seed_noise_still_pass():
     assert {i: r.verdict for i, r in results.items()} == dict.fromkeys(results, PASS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("profile", [p for p in ("quick", "paper", "full") if profile_cells(p)])
 def test_official_seed_1_never_fails_a_claim_and_is_indicative_on_one_seed(profile):
     results = synthetic(evaluate_claims(on_cells(official_records(), profile_cells(profile))))
@@ -83,6 +87,7 @@ def test_official_seed_1_never_fails_a_claim_and_is_indicative_on_one_seed(profi
             assert "1 seed" in r.evidence
 
 
+@pytest.mark.slow
 def test_on_the_quick_grid_the_evidence_names_the_missing_S_range():
     results = synthetic(evaluate_claims(on_cells(official_records((1, 2, 3)), profile_cells("quick"))))
     c1 = results["C1"]
@@ -123,6 +128,7 @@ WRONG_TWINS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("twin", list(WRONG_TWINS))
 def test_a_wrong_twin_of_the_official_logs_fails_its_claim(twin):
     claim_id, corrupt = WRONG_TWINS[twin]

@@ -43,6 +43,7 @@ from fwbench.run.store import ResultsStore
 CPU = torch.device("cpu")
 
 
+@pytest.mark.slow
 def test_peak_memory_counts_tensor_bytes_alive_at_the_peak():
     def allocate():
         a = torch.ones(1000, 1000)  # 4 MB
@@ -54,6 +55,7 @@ def test_peak_memory_counts_tensor_bytes_alive_at_the_peak():
     assert 12_000_000 <= peak_memory_bytes(allocate, CPU) <= 12_000_100
 
 
+@pytest.mark.slow
 def test_flop_count_of_a_matmul_and_its_backward():
     a = torch.randn(8, 16, requires_grad=True)
     b = torch.randn(16, 4)
@@ -201,6 +203,7 @@ def test_ratios_fall_back_to_the_grid_without_paired_timings(tiny_run):
         assert acceptance_ratios(frame, {**extras, "paired": paired})[0].detail == "from the grid"
 
 
+@pytest.mark.slow
 def test_paired_ratios_skip_out_of_memory_but_raise_other_errors(monkeypatch):
     import fwbench.bench.suite as bench
 
@@ -287,6 +290,7 @@ def test_committed_baseline_names_every_tracked_benchmark():
     assert set(load_baseline(BASELINE_PATH)) == {case.name for case in PERF_CASES}
 
 
+@pytest.mark.slow
 def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
     """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
     torch.set_num_threads(1)

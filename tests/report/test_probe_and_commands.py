@@ -82,6 +82,7 @@ def test_probe_covers_every_rule_and_is_deterministic():
         probe_variant("softmax", d_key=8)
 
 
+@pytest.mark.slow
 def test_probe_command_writes_csv_and_figure(tmp_path, capsys):
     torch.set_num_threads(1)
     assert main(["probe", "--out", str(tmp_path), "--d-key", "8", "--trials", "1"]) == 0
@@ -91,6 +92,7 @@ def test_probe_command_writes_csv_and_figure(tmp_path, capsys):
     assert main(["probe", "--trials", "0"]) == 2
 
 
+@pytest.mark.slow
 def test_capacity_command_writes_a_csv_with_intervals_and_a_figure(tmp_path, capsys):
     grid = tmp_path / "tiny_nu.toml"
     grid.write_text(TINY_NU)

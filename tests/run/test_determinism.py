@@ -52,6 +52,7 @@ def outcome(record: dict) -> str:
     return json.dumps({k: record[k] for k in ("status", "steps", "metrics", "curve", "diverged_at")}, sort_keys=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("task_name", sorted(TASKS))
 def test_same_config_and_seed_give_bit_identical_records(task_name, variant):
@@ -66,6 +67,7 @@ def test_same_config_and_seed_give_bit_identical_records(task_name, variant):
     assert outcome(execute(tiny_spec(task_name, variant, seed=4), CPU)) != outcome(first)  # the seed matters
 
 
+@pytest.mark.slow
 def test_report_states_torch_version_device_and_threads_of_every_run(tmp_path):
     store = ResultsStore(tmp_path / "results")
     run_grid([tiny_spec("retrieval", v) for v in ("linear", "dpfp:nu=1")], store, LaunchOptions(device="cpu"), quiet=True)

@@ -141,6 +141,7 @@ def test_same_config_and_seed_give_identical_records(tiny_grid, tmp_path):
     assert by_id[0] == by_id[1]
 
 
+@pytest.mark.slow
 def test_report_has_claims_table_and_capacity_figure(tiny_grid, tmp_path):
     results, out = tmp_path / "results", tmp_path / "reports"
     main(["run", str(tiny_grid), "--results-dir", str(results), "--quiet"])

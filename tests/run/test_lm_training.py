@@ -86,6 +86,7 @@ def test_noam_schedule_warms_up_linearly_then_decays_as_inverse_square_root():
     assert noam_factor(400, 100) == pytest.approx(0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["favor-delta:m=8", "dpfp:nu=1"])
 def test_a_run_killed_mid_training_resumes_with_the_same_final_metrics(variant, tmp_path):
     config = tiny_config(dropout=0.1)  # dropout and FAVOR+ redraws both draw from the global RNG
@@ -107,6 +108,7 @@ def test_a_finished_checkpoint_is_not_trained_again(tmp_path):
     assert torch.load(tmp_path / "c.pt", weights_only=True)["optimizer"] is None  # slimmed once finished
 
 
+@pytest.mark.slow
 def test_gradient_clipping_and_schedule_change_the_run():
     device = torch.device("cpu")
     base = fit("shakespeare", "linear", tiny_config(), 1, device)

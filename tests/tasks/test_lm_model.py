@@ -66,6 +66,7 @@ def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():
             assert same != carries, spec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [s for s in SPECS if s != "softmax"])
 def test_generation_memory_is_constant_per_token_for_fast_weights(spec):
     model = tiny_model(spec, n_layers=1)
@@ -77,6 +78,7 @@ def test_generation_memory_is_constant_per_token_for_fast_weights(spec):
     assert states_nbytes(long_states) == states_nbytes(short_states) > 0
 
 
+@pytest.mark.slow
 def test_softmax_generation_memory_is_bounded_by_its_segment():
     model = tiny_model("softmax", n_layers=1, context=8)
     _, states = model.generate(torch.tensor([[1]]), 500, temperature=1.0, generator=torch.Generator().manual_seed(0))

@@ -119,6 +119,7 @@ def test_sliding_window_ends_cover_every_target_once():
         sliding_window_losses(tiny_model("linear"), torch.zeros(20, dtype=torch.int64), 8, 9, CPU)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["linear", "linear-delta"])
 def test_carried_length_evaluation_reads_each_window_token_by_token_from_an_empty_memory(spec):
     context, train_length = 4, 8  # trained on 2 segments of 4 carried

@@ -111,6 +111,7 @@ def test_chunk_equals_parallel_at_T_1000(spec, chunk_size):
     _assert_same(_run(attention, inputs, state, "chunk", chunk_size), _run(attention, inputs, state, "parallel", None))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp-delta:nu=1"])
 def test_chunk_equals_recurrent_at_T_1000(spec):
     attention = build(spec)

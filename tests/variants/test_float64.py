@@ -79,6 +79,7 @@ def test_float64_inputs_give_float64_outputs_and_state(spec):
         assert all(x.dtype == torch.float64 for x in state_tensors(state))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ALL_SPECS)
 def test_gradcheck_every_variant_and_form_in_float64(spec):
     """Before: Jacobian errors of 1e-3 to 0.25 (computed in fp32). Checks q, k, v, β and the state."""
@@ -98,6 +99,7 @@ def test_gradcheck_every_variant_and_form_in_float64(spec):
         assert torch.autograd.gradcheck(run, (*leaves, *state_leaves), eps=1e-6, atol=1e-8, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [s for s in ALL_SPECS if s != "softmax"])
 def test_gradcheck_write_read_and_read_in_float64(spec):
     attention = module(spec)

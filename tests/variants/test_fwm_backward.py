@@ -73,6 +73,7 @@ def test_fwm_write_gradients_equal_autograd_of_the_plain_loop(T):
         assert_close(got, want, 1e-10)
 
 
+@pytest.mark.slow
 def test_fwm_backward_passes_gradcheck_from_the_zero_state():
     q, k, v, beta, _ = fwm_leaves(7, 1.5, seed=7)
     assert torch.autograd.gradcheck(lambda *x: fwm_rule_recurrent(*x), (q, k, v, beta))
