@@ -3,7 +3,7 @@
 On CPU (always run):
 - the dispatch decision: which chunk-form calls go to fla and which stay with our kernels, each
   with its reason (switch, device, availability, dtype, d_dot, odd sizes in 16-bit, T = 0), and the
-  ``FWBENCH_FLA=0`` switch read at import;
+  ``FWBENCH_FLA=0`` switch read from the environment (a bad value: ``docs/bad_input.md`` row L64);
 - the translation of our calls into fla's contract (layout (B, T, H, D), ``scale=1.0``, state
   S = Wᵀ, the sum rule's normaliser computed outside): fla's functions are replaced by stand-ins that
   implement fla-core 0.6.0's documented contract on top of fla's own pure-PyTorch references
@@ -189,8 +189,8 @@ def test_fla_is_not_importable_without_triton_and_says_so():
     assert kernels is None and "cannot be imported" in reason and "fwbench[gpu]" in reason
 
 
-@pytest.mark.parametrize(("value", "enabled"), [("0", False), ("1", True), (None, True)])
-def test_environment_switch_read_at_import(value, enabled):
+@pytest.mark.parametrize(("value", "enabled"), [("0", False), ("off", False), ("1", True), (None, True)])
+def test_environment_switch_read_by_a_fresh_process(value, enabled):
     env = {name: val for name, val in os.environ.items() if name != fla_dispatch.FLA_ENV}
     if value is not None:
         env[fla_dispatch.FLA_ENV] = value

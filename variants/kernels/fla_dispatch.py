@@ -18,8 +18,9 @@ four ways, all translated here:
 
 Which calls fla serves (:func:`decide`, each refusal with its reason):
 
-- the module-level switch: ``FWBENCH_FLA=0`` in the environment (read at import) or
-  :func:`set_fla_enabled` turns the dispatch off;
+- the module-level switch: ``FWBENCH_FLA=0`` in the environment (read on first use; any value but
+  1/on/true/yes, 0/off/false/no or unset is a ``VariantError``) or :func:`set_fla_enabled` turns the
+  dispatch off;
 - CUDA tensors only, and fla's kernels must import (they need triton);
 - float64 → ours: fla computes in fp32 at most; gradcheck and the float64 references need ours;
 - q, k, v of different dtypes → ours (fla asserts one dtype);
@@ -50,11 +51,12 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from ..errors import VariantError
 from .chunking import DEFAULT_CHUNK_SIZE
 from .delta_rule import delta_rule_chunk
 from .sum_rule import NORMALIZER_FLOOR, sum_rule_chunk
 
-#: Environment variable whose value ``0`` turns the dispatch off (read once, at import).
+#: Environment variable whose value ``0`` turns the dispatch off (read once, on first use).
 FLA_ENV = "FWBENCH_FLA"
 #: Largest d_dot fla's delta-rule state kernel accepts (``fla/ops/common/chunk_delta_h.py``).
 FLA_DELTA_MAX_D_DOT = 256
@@ -63,7 +65,9 @@ FLA_DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 #: Dtypes fla's kernels compute in natively.
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
-_enabled = os.environ.get(FLA_ENV, "1").strip() != "0"
+_SWITCH_ON, _SWITCH_OFF = ("1", "on", "true", "yes"), ("0", "off", "false", "no")
+#: the switch: ``None`` until :func:`fla_enabled` first reads ``FWBENCH_FLA``
+_enabled: bool | None = None
 
 
 class FlaKernels(NamedTuple):
@@ -85,13 +89,26 @@ class Decision(NamedTuple):
 
 
 def set_fla_enabled(enabled: bool) -> None:
-    """Turn the fla dispatch on or off for this process (the switch ``FWBENCH_FLA=0`` sets at import)."""
+    """Turn the fla dispatch on or off for this process, whatever ``FWBENCH_FLA`` says."""
     global _enabled
     _enabled = bool(enabled)
 
 
 def fla_enabled() -> bool:
-    """Whether the dispatch may send calls to fla (the module-level switch; fla may still be absent)."""
+    """Whether the dispatch may send calls to fla (the module-level switch; fla may still be absent).
+
+    Read from ``FWBENCH_FLA`` on first use (1/on/true/yes or unset: on; 0/off/false/no: off), unless
+    :func:`set_fla_enabled` was called first.
+
+    Raises:
+        VariantError: ``FWBENCH_FLA`` holds anything else.
+    """
+    global _enabled
+    if _enabled is None:
+        setting = os.environ.get(FLA_ENV, "1").strip().lower()
+        if setting not in _SWITCH_ON + _SWITCH_OFF:
+            raise VariantError(f"${FLA_ENV}: got {os.environ[FLA_ENV]!r}; expected 1 (on, the default) or 0 (off)")
+        _enabled = setting in _SWITCH_ON
     return _enabled
 
 
@@ -119,8 +136,11 @@ def decide(rule: str, q: Tensor, k: Tensor, v: Tensor) -> Decision:
 
     Returns a :class:`Decision`; the rules are listed in the module docstring, checked in that order.
     Never synchronises with the device (shapes, dtypes and devices only).
+
+    Raises:
+        VariantError: ``FWBENCH_FLA`` is neither on nor off (:func:`fla_enabled`).
     """
-    if not _enabled:
+    if not fla_enabled():
         return Decision("ours", f"the fla dispatch is off ({FLA_ENV}=0 or set_fla_enabled(False))")
     if q.device.type not in FLA_DEVICE_TYPES:
         return Decision("ours", f"tensors on {q.device.type}, fla's kernels run on CUDA")
