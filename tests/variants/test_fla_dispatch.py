@@ -313,11 +313,12 @@ def _cuda(inputs, dtype, n_tokens):
 
 
 @needs_cuda_fla
-@pytest.mark.parametrize("rule", ["sum", "delta"])
-def test_cuda_fla_bf16_matches_ours_forward_and_backward(monkeypatch, rule):
+@pytest.mark.parametrize(("rule", "d_dot"), [("sum", 64), ("delta", 64), ("delta", 256), ("sum", 384)])
+def test_cuda_fla_bf16_matches_ours_forward_and_backward(monkeypatch, rule, d_dot):
+    """d_dot 64 (DPFP ν=1 at d_key 32), 256 (the delta kernel's widest), 384 (DPFP ν=3 at d_key 64)."""
     monkeypatch.setattr(fla_dispatch, "_enabled", True)
     torch.manual_seed(0)
-    T, d_dot, d_v = 300, 64, 64
+    T, d_v = 300, 64
     if rule == "sum":
         inputs = _sum_inputs(T, carried=True, d_dot=d_dot, d_v=d_v)
         fla_fn, ours_fn = fla_dispatch.sum_rule_chunk_dispatch, sum_rule_chunk
