@@ -135,9 +135,10 @@ def _delta_inputs(T, dtype=torch.float32, carried=False, d_dot=D_DOT, d_v=D_V):
 # --------------------------------------------------------------------------------------------
 
 
-def _tensors(dtype=torch.float32, T=5, d_dot=D_DOT, d_v=D_V, k_dtype=None):
-    q = torch.ones(B, H, T, d_dot, dtype=dtype)
-    return q, torch.ones(B, H, T, d_dot, dtype=k_dtype or dtype), torch.ones(B, H, T, d_v, dtype=dtype)
+def _tensors(dtype=torch.float32, T=5, d_dot=D_DOT, d_v=D_V, phi_dtype=None):
+    """q, k (φ, in ``phi_dtype``, default ``dtype``) and v (in ``dtype``), all ones."""
+    q, k = (torch.ones(B, H, T, d_dot, dtype=phi_dtype or dtype) for _ in range(2))
+    return q, k, torch.ones(B, H, T, d_v, dtype=dtype)
 
 
 @pytest.mark.parametrize(("rule", "inputs", "tf32", "backend", "reason"), [
@@ -149,7 +150,11 @@ def _tensors(dtype=torch.float32, T=5, d_dot=D_DOT, d_v=D_V, k_dtype=None):
     ("delta", dict(dtype=torch.float32), True, "ours", "fp16/bf16 only"),
     ("sum", dict(dtype=torch.float32), False, "ours", "TF32"),
     ("sum", dict(dtype=torch.float32), True, "fla", "chunk_simple_gla"),
-    ("sum", dict(dtype=torch.bfloat16, k_dtype=torch.float32), False, "ours", "dtypes differ"),
+    ("delta", dict(dtype=torch.bfloat16, phi_dtype=torch.float32), False, "fla", "chunk_delta_rule"),
+    ("sum", dict(dtype=torch.bfloat16, phi_dtype=torch.float32), False, "fla", "chunk_simple_gla"),
+    ("sum", dict(dtype=torch.bfloat16, phi_dtype=torch.float16), False, "ours", "in v's dtype or fp32"),
+    ("sum", dict(dtype=torch.float32, phi_dtype=torch.bfloat16), True, "ours", "in v's dtype or fp32"),
+    ("delta", dict(dtype=torch.bfloat16, phi_dtype=torch.float64), False, "ours", "float64"),
     ("delta", dict(dtype=torch.bfloat16, d_dot=384), False, "ours", "d_dot 384 > 256"),
     ("sum", dict(dtype=torch.bfloat16, d_dot=384), False, "fla", "chunk_simple_gla"),
     ("delta", dict(dtype=torch.bfloat16, d_v=7), False, "ours", "even sizes"),
@@ -355,3 +360,41 @@ def test_cuda_fp32_delta_rule_stays_with_ours(monkeypatch):
     assert not fla_dispatch.decide("delta", *inputs[:3]).uses_fla
     for out, ref in zip(fla_dispatch.delta_rule_chunk_dispatch(*inputs), delta_rule_chunk(*inputs), strict=True):
         assert torch.equal(out, ref)
+
+
+def _module_fla_and_ours(spec: str, device: str):
+    """A bf16 module's outputs over two calls (the second continuing the first's state), once with
+    the dispatch on and once off; φ comes from the feature map in fp32, v and β are bf16."""
+    from fwbench import variants
+
+    torch.manual_seed(0)
+    attention = variants.build_attention(spec, d_key=16, form="chunk").eval().to(device)
+    q, k, v = (torch.randn(B, H, 100, 16, device=device).to(torch.bfloat16) for _ in range(3))
+    beta = torch.sigmoid(torch.randn(B, H, 100, device=device)).to(torch.bfloat16) if attention.uses_beta else None
+    parts = [{"q": q[:, :, a:b], "k": k[:, :, a:b], "v": v[:, :, a:b],
+              "beta": None if beta is None else beta[:, :, a:b]} for a, b in ((0, 70), (70, 100))]
+    results = {}
+    for backend in ("fla", "ours"):
+        fla_dispatch.set_fla_enabled(backend == "fla")
+        y1, state = attention(**parts[0])
+        y2, _ = attention(**parts[1], state=state)
+        results[backend] = torch.cat([y1, y2], dim=2).float()
+    fla_dispatch.set_fla_enabled(True)
+    return attention.update_rule.name, results
+
+
+@pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp-delta:nu=1"])
+def test_attention_module_in_bf16_reaches_fla_and_agrees_with_ours(on_cpu, spec):
+    """The whole module (φ in fp32, sum normalisation, carried state) in bf16 reaches fla's contract
+    and agrees with our kernels."""
+    rule, results = _module_fla_and_ours(spec, "cpu")
+    assert on_cpu.calls[rule] == 2
+    assert_close(results["fla"], results["ours"], BF16_TOL)
+
+
+@needs_cuda_fla
+@pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp-delta:nu=1", "dpfp-delta:nu=3"])
+def test_cuda_attention_module_in_bf16_with_fla_agrees_with_ours(monkeypatch, spec):
+    monkeypatch.setattr(fla_dispatch, "_enabled", True)
+    _, results = _module_fla_and_ours(spec, "cuda")
+    assert_close(results["fla"], results["ours"], BF16_TOL)

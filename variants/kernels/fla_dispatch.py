@@ -23,7 +23,10 @@ Which calls fla serves (:func:`decide`, each refusal with its reason):
   dispatch off;
 - CUDA tensors only, and fla's kernels must import (they need triton);
 - float64 → ours: fla computes in fp32 at most; gradcheck and the float64 references need ours;
-- q, k, v of different dtypes → ours (fla asserts one dtype);
+- fla runs in v's dtype (the model's; fla asserts one dtype for q, k, v): φ(q), φ(k), which the
+  feature maps return in fp32 for fp16/bf16 inputs, are rounded to it (a relative error of 2⁻⁹ in
+  bf16, the rounding any bf16 model applies before fla's kernels); the sum rule's normaliser uses the
+  fp32 φ. q or k in another 16-bit dtype than v → ours;
 - float32: the delta rule → ours (fla's ``chunk_delta_rule`` rejects fp32); the sum rule → fla only
   while fp32 matmuls may use TF32 (``torch.backends.cuda.matmul.allow_tf32``, e.g. after
   ``torch.set_float32_matmul_precision("high")``), since Triton's fp32 dots round their inputs to TF32
@@ -147,11 +150,12 @@ def decide(rule: str, q: Tensor, k: Tensor, v: Tensor) -> Decision:
     kernels, why_not = load_fla_kernels()
     if kernels is None:
         return Decision("ours", why_not)
-    dtype = q.dtype
-    if k.dtype != dtype or v.dtype != dtype:
-        return Decision("ours", f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); fla needs one dtype")
-    if dtype == torch.float64:
+    dtype = v.dtype  # the model's dtype: φ(q), φ(k) come from the feature maps in fp32 (or float64)
+    if torch.float64 in (q.dtype, k.dtype, dtype):
         return Decision("ours", "float64: fla computes in fp32 at most")
+    if q.dtype not in (dtype, torch.float32) or k.dtype not in (dtype, torch.float32) or (
+            dtype == torch.float32 and q.dtype != k.dtype):
+        return Decision("ours", f"q, k, v dtypes {q.dtype}, {k.dtype}, {dtype}: fla takes φ in v's dtype or fp32")
     if dtype == torch.float32 and rule == "delta":
         return Decision("ours", "float32: fla's chunk_delta_rule accepts fp16/bf16 only")
     if dtype == torch.float32 and not tf32_allowed():
@@ -186,10 +190,11 @@ def fla_sum_rule_chunk(
 
     Same contract as :func:`~.sum_rule.sum_rule_chunk`: q, k (B, H, T, d_dot), v (B, H, T, d_v), W0
     (B, H, d_v, d_dot), z0 (B, H, d_dot) or ``None``; returns (y (B, H, T, d_v) in v's dtype, W_T fp32,
-    z_T fp32). The normaliser is ours, in fp32 (module docstring); no gate, ``scale=1.0``.
+    z_T fp32). fla runs in v's dtype (q, k rounded to it); the normaliser is ours, in fp32 from the
+    unrounded q, k (module docstring); no gate, ``scale=1.0``.
     """
-    numerator, S = kernel(_bthd(q), _bthd(k), _bthd(v), g=None, scale=1.0, initial_state=_fla_state(W0),
-                          output_final_state=True)
+    numerator, S = kernel(_bthd(q.to(v.dtype)), _bthd(k.to(v.dtype)), _bthd(v), g=None, scale=1.0,
+                          initial_state=_fla_state(W0), output_final_state=True)
     numerator = numerator.transpose(1, 2)                                   # (B, H, T, d_v)
     k32 = k.to(torch.float32)
     z_T = k32.sum(dim=2) if z0 is None else z0.to(torch.float32) + k32.sum(dim=2)
@@ -210,9 +215,10 @@ def fla_delta_rule_chunk(
 
     Same contract as :func:`~.delta_rule.delta_rule_chunk` with a query: q, k (B, H, T, d_dot)
     sum-normalised φ-mapped, v (B, H, T, d_v), beta (B, H, T), W0 (B, H, d_v, d_dot) or ``None``;
-    returns (y (B, H, T, d_v) in v's dtype, W_T (B, H, d_v, d_dot) fp32). ``scale=1.0``, no L2 norm.
+    returns (y (B, H, T, d_v) in v's dtype, W_T (B, H, d_v, d_dot) fp32). fla runs in v's dtype (q, k,
+    β rounded to it); ``scale=1.0``, no L2 norm.
     """
-    y, S = kernel(_bthd(q), _bthd(k), _bthd(v), _bthd(beta.to(q.dtype)), scale=1.0,
+    y, S = kernel(*(_bthd(x.to(v.dtype)) for x in (q, k, v, beta)), scale=1.0,
                   initial_state=_fla_state(W0), output_final_state=True, use_qk_l2norm_in_kernel=False)
     return y.transpose(1, 2).to(v.dtype), S.to(torch.float32).mT
 
