@@ -224,6 +224,15 @@ def test_sum_rule_fp32_through_fla_contract_matches_ours(on_cpu, monkeypatch, T,
     assert W.dtype == z.dtype == torch.float32
 
 
+def test_sum_rule_through_fla_contract_keeps_tiny_attention_mass_normalised(on_cpu, monkeypatch):
+    """Queries of total mass ~1e-8 (FAVOR+ can give less): still normalised, as in our kernels (a
+    floor, not an added eps, guards the division)."""
+    monkeypatch.setattr(fla_dispatch, "tf32_allowed", lambda: True)
+    q, k, v, W0, z0 = _sum_inputs(40, carried=True)
+    y, _, _ = fla_dispatch.sum_rule_chunk_dispatch(q * 1e-9, k, v, W0, z0)
+    assert_close(y, sum_rule_chunk(q * 1e-9, k, v, W0, z0)[0], TOL)
+
+
 @pytest.mark.parametrize("carried", [False, True], ids=["zero_state", "carried_state"])
 @pytest.mark.parametrize("T", [1, 37, 64])
 def test_delta_rule_fp32_through_fla_contract_matches_ours(T, carried):
