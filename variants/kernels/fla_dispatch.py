@@ -1,7 +1,7 @@
 """The chunk forms of the sum and delta rules on CUDA through fla-core's Triton kernels, where they can
 serve the call; our own chunk kernels everywhere else.
 
-fla-core (``pip install fwbench[gpu]``: fla-core and triton) ships chunkwise kernels for both rules:
+fla-core (``pip install fwbench[gpu]``; triton comes with torch's CUDA builds) ships chunkwise kernels for both rules:
 ``fla.ops.simple_gla.chunk_simple_gla`` (linear attention with an optional gate; without one it is the
 sum rule's numerator W_t q_t) and ``fla.ops.delta_rule.chunk_delta_rule`` (the delta rule in the same
 UT-transform form as ours, Yang et al. 2024). Their contract (fla-core 0.6.0) differs from ours in
@@ -41,7 +41,7 @@ changes rounding); its backward is first-order only (no ``create_graph``); and a
 reach earlier outputs of its chunk, where our kernels keep non-finite values causal
 (:func:`~.precision.causal_matmul`) — the harness's ``check_finite`` raises on such inputs first.
 In fp16/bf16 fla keeps the per-chunk states of the sum rule in the input dtype, so its outputs carry
-16-bit rounding (relative error ~1e-2) where ours accumulate in fp32.
+16-bit rounding of the state (of order 2⁻⁸ relative) where ours accumulate it in fp32.
 """
 
 from __future__ import annotations
