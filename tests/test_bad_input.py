@@ -30,6 +30,7 @@ from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
 from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
+from fwbench.variants.kernels import fla_dispatch
 
 TABLE = Path(__file__).resolve().parents[1] / "docs" / "bad_input.md"
 B, H, T, D_KEY, D_V = 2, 2, 4, 8, 6
@@ -395,6 +396,13 @@ def _(ctx):
 @row("L63")
 def _(ctx):
     return raised(VariantError, variants.register_feature_map, "my:map", variants.Tanh)
+
+
+@row("L64")
+def _(ctx):
+    ctx.monkeypatch.setenv(fla_dispatch.FLA_ENV, "maybe")
+    ctx.monkeypatch.setattr(fla_dispatch, "_enabled", None)  # read the switch again, as a fresh process would
+    return raised(VariantError, attention("dpfp-delta:nu=1", form="chunk"), **qkvb())
 
 
 @row("L41")

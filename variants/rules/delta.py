@@ -2,7 +2,8 @@
 
 Kernels: :mod:`variants.kernels.delta_rule` (parallel, chunkwise WY form, recurrent; a fused
 write-then-read). ``delta-unnorm`` is the same rule on φ that is not sum-normalised: the ablation of
-paper Section 4.2, stable only while β ‖φ(k)‖² < 2.
+paper Section 4.2, stable only while β ‖φ(k)‖² < 2. On CUDA the chunk form runs fla's Triton
+``chunk_delta_rule`` where it can serve the call (:mod:`variants.kernels.fla_dispatch`).
 
 Chunk sizes: the chunk form and the write use :data:`~variants.kernels.chunking.DEFAULT_CHUNK_SIZE`;
 the fused write-then-read keeps its own measured best, :data:`WRITE_READ_CHUNK_SIZE` (24, measured
@@ -18,6 +19,7 @@ from torch import Tensor
 
 from ..kernels import delta_rule as kernels
 from ..kernels.delta_rule import WRITE_READ_CHUNK_SIZE
+from ..kernels.fla_dispatch import delta_rule_chunk_dispatch
 from .base import UpdateRule
 
 
@@ -26,7 +28,8 @@ def _parallel(pq, pk, v, beta, W0, z0, chunk_size):
 
 
 def _chunk(pq, pk, v, beta, W0, z0, chunk_size):
-    return (*kernels.delta_rule_chunk(pq, pk, v, beta, W0, chunk_size=chunk_size), None)
+    # fla's Triton kernel on CUDA where it can serve the call, else ours (variants.kernels.fla_dispatch)
+    return (*delta_rule_chunk_dispatch(pq, pk, v, beta, W0, chunk_size=chunk_size), None)
 
 
 def _recurrent(pq, pk, v, beta, W0, z0, chunk_size):

@@ -1,7 +1,9 @@
 """The sum rule of linear attention: W += v φ(k)ᵀ, z += φ(k), y = W φ(q) / (zᵀφ(q)) (paper Eq. 16–18).
 
 Kernels: :mod:`variants.kernels.sum_rule`, in parallel, chunk and recurrent forms that agree. Its
-write and fused write-then-read have no chunks, so a chunk size acts only in the chunk form.
+write and fused write-then-read have no chunks, so a chunk size acts only in the chunk form. On CUDA
+the chunk form's numerator comes from fla's Triton kernel where it can serve the call
+(:mod:`variants.kernels.fla_dispatch`; ``FWBENCH_FLA=0`` turns that off).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from ..kernels import sum_rule as kernels
+from ..kernels.fla_dispatch import sum_rule_chunk_dispatch
 from .base import UpdateRule
 
 
@@ -19,7 +22,8 @@ def _parallel(pq, pk, v, beta, W0, z0, chunk_size):
 
 
 def _chunk(pq, pk, v, beta, W0, z0, chunk_size):
-    return kernels.sum_rule_chunk(pq, pk, v, W0, z0, chunk_size=chunk_size)
+    # fla's Triton kernel on CUDA where it can serve the call, else ours (variants.kernels.fla_dispatch)
+    return sum_rule_chunk_dispatch(pq, pk, v, W0, z0, chunk_size=chunk_size)
 
 
 def _recurrent(pq, pk, v, beta, W0, z0, chunk_size):
