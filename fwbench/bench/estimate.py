@@ -144,6 +144,8 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str
                      f"{cell.step_s:.4f} | {cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)
+    capped = sum(cell.core_hours for cell in cells if cell.source == CAP)
     lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours; wall {_duration(total)} on one core, "
-              f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores."]
+              f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores. Of these, {capped:.2f} core-hours "
+              "are cells without an official log, counted at their max_steps (an upper bound)."]
     return "\n".join(lines)
