@@ -11,6 +11,7 @@ and every planted run failed every expected case."""
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str]:
     """Run the suite once; (failed case name → pytest's message, seconds, the last line pytest printed)."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-rf", "-p", "no:cacheprovider",
-                           "--benchmark-disable-gc", *extra], capture_output=True, text=True)
+                           "--benchmark-disable-gc", *extra], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "400"})  # whole failure messages in -rf
     lines = done.stdout.strip().splitlines()
     failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
     return failed, time.perf_counter() - start, lines[-1] if lines else done.stderr.strip()[-200:]
