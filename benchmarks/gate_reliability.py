@@ -3,7 +3,7 @@ times on the unchanged checkout (every failure is a false one) and N times with 
 slowdown in a kernel (``--plant-slowdown``; every case that kernel dominates must fail each time),
 one after another on this machine as it is, and print each run's failed cases and the totals.
 
-Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--plant MODULE:FUNCTION]
+Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted] [-k EXPR] [--plant MODULE:FUNCTION]
 [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
 forward-only cases it dominates expected to fail). Exit status 0 when there was no false failure
 and every planted run failed every expected case."""
@@ -38,14 +38,17 @@ def main() -> int:
     parser.add_argument("--short", action="store_true", help="the CI subset (gross threshold)")
     parser.add_argument("--plant", default=DEFAULT_PLANT)
     parser.add_argument("--expect", nargs="+", default=DEFAULT_EXPECT)
+    parser.add_argument("--phases", nargs="+", choices=("unchanged", "planted"), default=["unchanged", "planted"])
+    parser.add_argument("-k", dest="select", help="pytest -k expression: only these cases (e.g. the planted kernel's)")
     args = parser.parse_args()
-    extra = ["--short"] if args.short else []
+    extra = (["--short"] if args.short else []) + (["-k", args.select] if args.select else [])
     false_failures, missed = 0, 0
-    for label, plant in (("unchanged", []), ("planted", ["--plant-slowdown", args.plant])):
+    phases = {"unchanged": [], "planted": ["--plant-slowdown", args.plant]}
+    for label, plant in ((name, phases[name]) for name in args.phases):
         for index in range(1, args.runs + 1):
             failed, seconds, last = failed_cases(extra + plant)
             if plant:
-                missed += bool(set(args.expect) - failed)
+                missed += bool(set(args.expect) - set(failed))
             else:
                 false_failures += bool(failed)
             print(f"{label} run {index:2d} ({seconds:.0f} s): failed {sorted(failed) or 'none'} | {last}", flush=True)
