@@ -1,12 +1,12 @@
 """How reliable the performance gate is (issue 14 item 11): run ``python -m pytest benchmarks`` N
 times on the unchanged checkout (every failure is a false one) and N times with a planted 2×
-slowdown in a kernel (``--plant-slowdown``; every case that kernel dominates must fail each time),
+slowdown in a kernel (``--plant-slowdown``; the gate must fail each time, on a case of that kernel),
 one after another on this machine as it is, and print each run's failed cases and the totals.
 
 Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted] [-k EXPR] [--plant MODULE:FUNCTION]
 [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
-forward-only cases it dominates expected to fail). Exit status 0 when there was no false failure
-and every planted run failed every expected case."""
+forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
+no false failure and every planted run failed one of the expected cases."""
 
 from __future__ import annotations
 
@@ -48,14 +48,14 @@ def main() -> int:
         for index in range(1, args.runs + 1):
             failed, seconds, last = failed_cases(extra + plant)
             if plant:
-                missed += bool(set(args.expect) - set(failed))
+                missed += not set(args.expect) & set(failed)  # the gate let the slowdown through
             else:
                 false_failures += bool(failed)
             print(f"{label} run {index:2d} ({seconds:.0f} s): failed {sorted(failed) or 'none'} | {last}", flush=True)
             for message in failed.values():
                 print(f"    {message}", flush=True)
-    print(f"unchanged: {false_failures} of {args.runs} runs failed; planted: {missed} of {args.runs} runs missed "
-          f"one of {args.expect}")
+    print(f"unchanged: {false_failures} of {args.runs} runs failed; planted: {missed} of {args.runs} runs failed "
+          f"none of {args.expect}")
     return 0 if false_failures == 0 and missed == 0 else 1
 
 
