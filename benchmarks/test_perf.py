@@ -3,7 +3,7 @@ that each time the calibration matmul right before the case (pytest-benchmark's 
 Both are also timed in CPU time of this thread (:func:`~fwbench.bench.regression.cpu_seconds`),
 and the figure judged is the median over rounds of case / calibration CPU time
 (:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``. A ratio past the
-threshold × baseline is measured again, up to twice (:func:`~fwbench.bench.regression.measure_ratio`),
+threshold × baseline is measured again, up to four times a second apart (:func:`~fwbench.bench.regression.measure_ratio`),
 and the case fails when the smallest of them is still past it
 (:func:`~fwbench.bench.regression.confirmed_ratio`). pytest-benchmark's table shows wall times.
 

@@ -104,7 +104,31 @@ def measure_step_seconds(spec: RunSpec, steps: int = 3, device: torch.device | N
     fit(spec.task, spec.variant, config, spec.seed, device or torch.device("cpu"),
         on_progress=lambda step, loss: ends.append(time.thread_time()))
     intervals = [b - a for a, b in zip(ends[1:], ends[2:])]
+    if not intervals:  # the run ended (diverged) within two steps: time its steps outside the loop
+        return _bare_step_seconds(spec, steps)
     return statistics.median(intervals)
+
+
+def _bare_step_seconds(spec: RunSpec, steps: int) -> float:
+    """Median CPU seconds of ``steps`` steps (batch, loss, backward, Adam) after one warm-up,
+    outside the training loop, so that a run that goes non-finite at once still has a step cost
+    (a diverging run costs as much per step until the loop stops it)."""
+    from fwbench.tasks import TASKS
+
+    task, config = TASKS[spec.task], spec.task_config()
+    torch.manual_seed(spec.seed)
+    model = task.build_model(config, spec.variant)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    generator = torch.Generator().manual_seed(spec.seed)
+    times = []
+    for _ in range(steps + 1):
+        start = time.thread_time()
+        loss = task.loss(model, task.train_batch(config, generator), config)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        times.append(time.thread_time() - start)
+    return statistics.median(times[1:])
 
 
 def estimate(specs: list[RunSpec], step_timer: Callable[[RunSpec], float] = measure_step_seconds,
@@ -145,6 +169,8 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str
                      f"{cell.step_s:.4f} | {cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)
+    capped = sum(cell.core_hours for cell in cells if cell.source == CAP)
     lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours; wall {_duration(total)} on one core, "
-              f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores."]
+              f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores. Of these, {capped:.2f} core-hours "
+              "are cells without an official log, counted at their max_steps (an upper bound)."]
     return "\n".join(lines)

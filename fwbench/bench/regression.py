@@ -22,7 +22,7 @@ the time the thread waited for a core; paired rounds expose both sides to the sa
 memory contention; the median ignores the rounds where a burst hit only one of them. What is
 left: a stretch of memory contention from the other core slows a memory-bound case more than the
 compute-bound calibration, for a whole measurement. So a measurement past the threshold is
-repeated (:data:`CONFIRMATIONS` times at most) and the smallest ratio is judged
+repeated (:data:`CONFIRMATIONS` times at most, a second apart) and the smallest ratio is judged
 (:func:`confirmed_ratio`): a slower kernel is slower in every repetition, a busy stretch rarely
 lasts through all of them.
 
@@ -66,16 +66,20 @@ def calibration_workload() -> Callable[[], object]:
 PAIRED_RATIO_ROUNDS = 9
 
 
-#: Repetitions of a measurement past the threshold before it is judged a regression.
-CONFIRMATIONS = 2
+#: Repetitions of a measurement past the threshold before it is judged a regression, and the
+#: pause before each (seconds): together they span about 10 s, longer than most busy stretches.
+CONFIRMATIONS = 4
+CONFIRMATION_PAUSE_S = 1.0
 
 
 def confirmed_ratio(first: float, remeasure: Callable[[], float], limit: float,
-                    confirmations: int = CONFIRMATIONS) -> tuple[float, list[float]]:
+                    confirmations: int = CONFIRMATIONS, pause_s: float = CONFIRMATION_PAUSE_S) -> tuple[float, list[float]]:
     """(the smallest ratio, every ratio measured): ``first``, and while every ratio so far is above
-    ``limit`` (threshold × baseline), up to ``confirmations`` more from ``remeasure()``."""
+    ``limit`` (threshold × baseline), up to ``confirmations`` more from ``remeasure()``, each after
+    a pause of ``pause_s`` seconds."""
     ratios = [first]
     while min(ratios) > limit and len(ratios) <= confirmations:
+        time.sleep(pause_s)
         ratios.append(remeasure())
     return min(ratios), ratios
 

@@ -317,10 +317,11 @@ def test_paired_ratio_refuses_unpaired_or_empty_or_non_positive_times(case, cali
 
 def test_confirmed_ratio_remeasures_only_past_the_limit_and_keeps_the_smallest():
     again = iter([1.9, 1.2, 5.0])
-    assert confirmed_ratio(1.0, lambda: next(again), limit=1.5) == (1.0, [1.0])
-    assert confirmed_ratio(2.0, lambda: next(again), limit=1.5) == (1.2, [2.0, 1.9, 1.2])
-    slower = iter([2.1, 1.9, 1.0])  # a slower kernel: every repetition is past the limit
-    assert confirmed_ratio(2.0, lambda: next(slower), limit=1.5) == (1.9, [2.0, 2.1, 1.9])
+    assert confirmed_ratio(1.0, lambda: next(again), limit=1.5, pause_s=0) == (1.0, [1.0])
+    assert confirmed_ratio(2.0, lambda: next(again), limit=1.5, pause_s=0) == (1.2, [2.0, 1.9, 1.2])
+    slower = iter([2.1, 1.9, 2.2, 1.8, 1.0])  # a slower kernel: every repetition is past the limit
+    assert confirmed_ratio(2.0, lambda: next(slower), limit=1.5, confirmations=4, pause_s=0) == (
+        1.8, [2.0, 2.1, 1.9, 2.2, 1.8])
 
 
 def test_cpu_seconds_leaves_out_time_spent_waiting():

@@ -76,3 +76,11 @@ def test_estimate_command_prints_the_table_and_the_total(tmp_path, capsys):
     assert main(["estimate", str(path), "--profile", "quick", "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "| dpfp:nu=1 | setting=1, S=20 | 2 | 100 | official log |" in out and "4 runs" in out
+
+
+def test_a_run_that_stops_at_once_is_timed_outside_the_loop(specs, monkeypatch):
+    import fwbench.run.training
+
+    monkeypatch.setattr(fwbench.run.training, "fit", lambda *args, **kwargs: None)  # no step reported
+    seconds = measure_step_seconds(specs[0], steps=2)
+    assert 0 < seconds < 5
