@@ -76,6 +76,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
 
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
+    from fwbench.run.packing import pack_policy
     from fwbench.run.runner import run_grid, run_grid_distributed
     from fwbench.run.store import ResultsStore
 
@@ -114,6 +115,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
         jobs=jobs,
     )
+    pack_policy(getattr(args, "pack", True))  # a bad $FWBENCH_PACK fails before any training
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
     for note in (note for grid in grids for note in grid.warnings):

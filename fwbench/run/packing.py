@@ -19,8 +19,9 @@ weight has a leading run axis. Each run keeps what :func:`fwbench.run.training.f
 A packed run's curve equals its solo curve up to fp32 summation order (tests/run/test_packing.py).
 Packing applies to the retrieval task on the local launcher with one process (``--jobs 1``), to
 variants whose attention holds no per-run state (not FAVOR+), and to configs without checkpoints,
-schedules or gradient clipping; every other run trains alone. ``--no-pack`` or ``FWBENCH_PACK=0``
-switches it off; ``FWBENCH_PACK=N`` caps a pack at N runs (default :data:`DEFAULT_PACK_SIZE`).
+schedules or gradient clipping; every other run trains alone. By default runs pack where it pays
+(:func:`packing_pays`: always on CUDA, small steps on CPU); ``--no-pack`` or ``FWBENCH_PACK=0``
+switches it off, ``FWBENCH_PACK=N`` packs up to N runs wherever they can be (:func:`pack_policy`).
 """
 
 from __future__ import annotations
@@ -42,34 +43,60 @@ from fwbench.run.launchers import failed_record
 from fwbench.run.optimization import build_optimizer
 from fwbench.run.training import EVAL_SEED_OFFSET, FitResult, LoopState
 from fwbench.tasks import TASKS
-from fwbench.tasks.retrieval import RetrievalConfig, RetrievalModel, last_occurrence_values, retrieval_loss
-from fwbench.tasks.retrieval import generate_sequences
+from fwbench.tasks.retrieval import RetrievalConfig, RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss
 from fwbench.tasks.retrieval_pack import PackedRetrievalModel, packable_model
-from fwbench.variants import NonFiniteError, build_attention, set_check_finite
+from fwbench.variants import NonFiniteError, build_attention, d_dot_of, parse_spec, set_check_finite
 
 #: Largest number of runs trained as one pack unless ``FWBENCH_PACK`` says otherwise.
 DEFAULT_PACK_SIZE = 8
 #: Config keys in which the runs of one pack may differ (each run applies its own).
 PER_RUN_KEYS = ("target_loss", "patience", "max_steps")
+#: Largest per-run attention tensor (elements: batch × sequence length × d_dot) packed on CPU by default.
+CPU_PACK_ELEMENTS = 100_000
 #: Optional config fields that make a run train alone (their state is not per run in a pack).
 SOLO_FIELDS = ("checkpoint_every", "schedule", "grad_clip")
 
 
-def pack_size(enabled: bool = True) -> int:
-    """The largest pack: 1 (no packing) when not ``enabled``, else ``FWBENCH_PACK`` when set (0 or 1:
-    no packing, N: at most N runs), else :data:`DEFAULT_PACK_SIZE`.
+@dataclass(frozen=True)
+class PackPolicy:
+    """Which runs pack: at most ``max_runs`` per pack (1: none), and whether packing is ``forced``
+    where it does not pay (see :func:`packing_pays`)."""
+
+    max_runs: int = DEFAULT_PACK_SIZE
+    forced: bool = False
+
+
+def pack_policy(enabled: bool = True) -> PackPolicy:
+    """The packing asked for: none when not ``enabled`` (``--no-pack``); else ``FWBENCH_PACK``:
+    unset or ``auto``, packs of up to :data:`DEFAULT_PACK_SIZE` runs where packing pays; ``0`` or
+    ``1``, none; N ≥ 2, packs of up to N runs wherever runs can be packed.
 
     Raises:
-        FwbenchError: ``FWBENCH_PACK`` is not a non-negative integer.
+        FwbenchError: ``FWBENCH_PACK`` is neither ``auto`` nor a non-negative integer.
     """
-    value = os.environ.get("FWBENCH_PACK", "")
+    value = os.environ.get("FWBENCH_PACK", "").strip()
     if not enabled:
-        return 1
-    if value == "":
-        return DEFAULT_PACK_SIZE
+        return PackPolicy(max_runs=1)
+    if value in ("", "auto"):
+        return PackPolicy()
     if not value.isdigit():
-        raise FwbenchError(f"FWBENCH_PACK: got {value!r}; expected a non-negative integer (0 or 1: no packing)")
-    return max(int(value), 1)
+        raise FwbenchError(f"$FWBENCH_PACK: got {value!r}; expected auto or a non-negative integer (0 or 1: no packing)")
+    return PackPolicy(max_runs=max(int(value), 1), forced=True)
+
+
+def packing_pays(config: dict, variant: str, device: torch.device) -> bool:
+    """Whether a pack trains faster than its runs one after another (measured with
+    benchmarks/packed_training.py, one thread, 3 runs). On CUDA, always: a small model's step is
+    bound by kernel launches, which a pack shares. On CPU, only for small steps, whose time goes
+    into per-op overhead: a run's attention tensors of B · L · d_dot elements (d_key for softmax)
+    at most :data:`CPU_PACK_ELEMENTS`. Larger steps are bound by memory traffic, which packing
+    does not share, and the pack's larger tensors fall out of cache (Setting 2, S=60, dpfp-delta
+    ν=1: 0.85× as fast packed; linear-delta at S=10: 1.9×)."""
+    if device.type == "cuda":
+        return True
+    task_config = RetrievalConfig(**config)
+    width = d_dot_of(parse_spec(variant), task_config.d_key) or task_config.d_key
+    return task_config.batch_size * task_config.sequence_length * width <= CPU_PACK_ELEMENTS
 
 
 def _stateless_attention(variant: str, d_key: int) -> bool:
@@ -89,20 +116,20 @@ def pack_key(spec: RunSpec) -> str | None:
     return json.dumps([spec.task, spec.variant, list(spec.variant_modules), shared], sort_keys=True)
 
 
-def plan_packs(specs: list[RunSpec], max_runs: int) -> list[list[RunSpec]]:
-    """Split ``specs`` into packs of at most ``max_runs`` runs with one :func:`pack_key`, in the
-    order of their first run; runs that cannot be packed (and all runs for ``max_runs`` ≤ 1) are
-    packs of one."""
-    if max_runs <= 1:
+def plan_packs(specs: list[RunSpec], policy: PackPolicy, device: torch.device) -> list[list[RunSpec]]:
+    """Split ``specs`` into packs of at most ``policy.max_runs`` runs with one :func:`pack_key`, in
+    the order of their first run; runs that cannot be packed, or whose packing does not pay on
+    ``device`` (:func:`packing_pays`, unless ``policy.forced``), are packs of one."""
+    if policy.max_runs <= 1:
         return [[spec] for spec in specs]
     groups: dict[str, list[RunSpec]] = {}
     packs: list[list[RunSpec]] = []
     for spec in specs:
         key = pack_key(spec)
-        if key is None:
+        if key is None or not (policy.forced or packing_pays(spec.config, spec.variant, device)):
             packs.append([spec])
             continue
-        if key not in groups or len(groups[key]) >= max_runs:
+        if key not in groups or len(groups[key]) >= policy.max_runs:
             groups[key] = []
             packs.append(groups[key])
         groups[key].append(spec)

@@ -15,11 +15,11 @@ import torch
 from tqdm import tqdm
 
 from fwbench.run.distributed import DistributedContext
+from fwbench.run.environment import resolve_device
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
-from fwbench.run.environment import resolve_device
 from fwbench.run.launchers import LaunchOptions, launch
-from fwbench.run.packing import execute_packed, pack_size, plan_packs
+from fwbench.run.packing import execute_packed, pack_policy, plan_packs
 from fwbench.run.store import ResultsStore
 
 #: Subdirectory of the results directory that holds run checkpoints (git-ignored).
@@ -52,7 +52,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     process claims every run it submits and stays the only writer of their records; so it does with
     the local launcher's worker processes (``options.jobs`` > 1).
     ``pack``: on the local launcher with one process, runs that share shapes train as one packed
-    model (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` caps or disables it); a pack trains only its
+    model where that pays (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` forces or disables it); a pack trains only its
     runs that are neither stored nor held by another process.
     Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
     ``diverged``, ``failed``.
@@ -106,7 +106,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     try:
         if options.launcher == "local" and options.jobs == 1:
             held_elsewhere = []
-            for group in plan_packs(todo, pack_size(pack)):
+            for group in plan_packs(todo, pack_policy(pack), resolve_device(options.device)):
                 with ExitStack() as claims:
                     mine = []
                     for spec in group:

@@ -12,7 +12,7 @@ import torch
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
-from fwbench.run.packing import _Pack, fit_packed, pack_size, plan_packs
+from fwbench.run.packing import PackPolicy, _Pack, fit_packed, pack_policy, packing_pays, plan_packs
 from fwbench.run.store import ResultsStore
 from fwbench.run.training import fit
 from fwbench.tasks.retrieval import RetrievalConfig
@@ -79,21 +79,33 @@ def test_packs_group_runs_of_one_shape_and_leave_the_rest_alone():
     specs = [spec(seed=1), spec(seed=2, target_loss=0.1), spec(seed=1, S=8), spec(seed=3),
              spec(seed=1, lr=0.01), spec("favor:m=16", seed=1), spec("favor:m=16", seed=2),
              RunSpec("g", "mqar", "dpfp:nu=1", 1, {})]
-    packs = [[(s.variant, s.config.get("S"), s.seed) for s in pack] for pack in plan_packs(specs, 8)]
+    packs = [[(s.variant, s.config.get("S"), s.seed) for s in pack] for pack in plan_packs(specs, PackPolicy(), CPU)]
     assert packs[0] == [("dpfp:nu=1", 6, 1), ("dpfp:nu=1", 6, 2), ("dpfp:nu=1", 6, 3)]
     assert sorted(len(p) for p in packs) == [1, 1, 1, 1, 1, 3]  # another S, another lr, FAVOR+ (Ω), another task
-    assert [len(p) for p in plan_packs(specs[:4], 2)][:2] == [2, 1]
-    assert all(len(p) == 1 for p in plan_packs(specs, 1))
+    assert [len(p) for p in plan_packs(specs[:4], PackPolicy(max_runs=2), CPU)][:2] == [2, 1]
+    assert all(len(p) == 1 for p in plan_packs(specs, PackPolicy(max_runs=1), CPU))
 
 
-def test_the_environment_caps_or_switches_off_packing(monkeypatch):
+def test_packing_is_automatic_where_it_pays():
+    setting2 = {"setting": 2, "S": 60, "batch_size": 32}  # measured 0.85x packed on CPU: memory-bound
+    assert not packing_pays(setting2, "dpfp-delta:nu=1", CPU)
+    assert packing_pays(setting2, "dpfp-delta:nu=1", torch.device("cuda"))  # launch-bound
+    assert packing_pays({"setting": 2, "S": 10, "batch_size": 32}, "linear-delta", CPU)  # measured 1.9x
+    large = [spec("dpfp-delta:nu=1", seed, setting=2, S=60) for seed in (1, 2)]
+    assert [len(p) for p in plan_packs(large, PackPolicy(), CPU)] == [1, 1]
+    assert [len(p) for p in plan_packs(large, PackPolicy(forced=True), CPU)] == [2]
+
+
+def test_the_environment_forces_or_switches_off_packing(monkeypatch):
+    monkeypatch.delenv("FWBENCH_PACK", raising=False)
+    assert pack_policy() == PackPolicy() and pack_policy(enabled=False).max_runs == 1
     monkeypatch.setenv("FWBENCH_PACK", "0")
-    assert pack_size() == 1
+    assert pack_policy().max_runs == 1
     monkeypatch.setenv("FWBENCH_PACK", "3")
-    assert pack_size() == 3 and pack_size(enabled=False) == 1
+    assert pack_policy() == PackPolicy(max_runs=3, forced=True) and pack_policy(enabled=False).max_runs == 1
     monkeypatch.setenv("FWBENCH_PACK", "many")
-    with pytest.raises(FwbenchError, match="FWBENCH_PACK: got 'many'"):
-        pack_size()
+    with pytest.raises(FwbenchError, match=r"\$FWBENCH_PACK: got 'many'"):
+        pack_policy()
 
 
 GRID = """
@@ -115,7 +127,8 @@ seed = [1, 2, 3]
 """
 
 
-def test_the_runner_packs_only_the_runs_missing_from_the_store(tmp_path):
+def test_the_runner_packs_only_the_runs_missing_from_the_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("FWBENCH_PACK", raising=False)
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)
     packed, solo = tmp_path / "packed", tmp_path / "solo"
