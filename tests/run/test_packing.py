@@ -145,3 +145,16 @@ def test_the_runner_packs_only_the_runs_missing_from_the_store(tmp_path, monkeyp
         assert records[seed]["run_id"] == alone[seed]["run_id"] and records[seed]["steps"] == alone[seed]["steps"]
         for mine, theirs in zip(records[seed]["curve"], alone[seed]["curve"]):
             assert mine == pytest.approx(theirs, rel=1e-5)
+
+
+def test_an_evaluation_that_goes_non_finite_ends_only_its_run():
+    config = RetrievalConfig(setting=1, S=5, d_key=8, batch_size=4, eval_sequences=3)
+    poisoned = _Pack("dpfp:nu=1", [config] * 2, [1, 2], CPU, check_finite=True)
+    clean = _Pack("dpfp:nu=1", [config], [2], CPU, check_finite=True)
+    with torch.no_grad():
+        poisoned.model.query_weight[0, 0, 0] = math.inf
+    stopping = poisoned.evaluate(poisoned.members, last=False)
+    assert [m.seed for m in stopping] == [1]
+    assert stopping[0].loop.diverged_reason.startswith("evaluation: ")
+    clean.evaluate(clean.members, last=False)
+    assert poisoned.members[1].loop.curve == clean.members[0].loop.curve
