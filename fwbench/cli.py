@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs train in this process); the store is written by this process only")
     p.add_argument("--no-pack", dest="pack", action="store_false",
                    help="train every run alone (default: retrieval runs of one shape train as one packed model "
-                   "on the local launcher with --jobs 1; FWBENCH_PACK=0 also turns it off)")
+                   "where that pays, on the local launcher with --jobs 1; FWBENCH_PACK=0 also turns it off)")
     p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")
