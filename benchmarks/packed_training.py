@@ -6,7 +6,7 @@ Both sides are the code a grid runs: "sequential" is R solo runs, each stepped b
 ``fwbench.run.training._Training.train_step`` (the step ``fit`` takes: its batch, the NaN/inf check,
 the finiteness check of the gradient, fused Adam); "packed" is one
 ``fwbench.run.packing._Pack`` of the same R seeds stepped by its ``train_step``. One timed call is
-``--steps`` steps of every run. Usage::
+``--steps`` steps of every run. The allocator is tuned as the ``fwbench`` command tunes it. Usage::
 
     python benchmarks/packed_training.py [--variant dpfp-delta:nu=1] [--setting 2] [--S 60] [--batch 32]
         [--runs 3] [--steps 20] [--rounds 7] [--device cpu] [--threads 1]
@@ -22,6 +22,7 @@ import argparse
 import torch
 
 from fwbench.bench.measure import time_interleaved
+from fwbench.run.allocator import tune_malloc
 from fwbench.run.packing import _Pack
 from fwbench.run.training import LoopState, _Training
 from fwbench.tasks.retrieval import RetrievalConfig
@@ -67,6 +68,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    tune_malloc()  # as the fwbench command does at start-up: freed tensors stay in the process
     device = torch.device(args.device)
     config = RetrievalConfig(setting=args.setting, S=args.S, batch_size=args.batch)
     seeds = list(range(1, args.runs + 1))

@@ -52,7 +52,7 @@ DEFAULT_PACK_SIZE = 8
 #: Config keys in which the runs of one pack may differ (each run applies its own).
 PER_RUN_KEYS = ("target_loss", "patience", "max_steps")
 #: Largest per-run attention tensor (elements: batch × sequence length × d_dot) packed on CPU by default.
-CPU_PACK_ELEMENTS = 100_000
+CPU_PACK_ELEMENTS = 500_000
 #: Optional config fields that make a run train alone (their state is not per run in a pack).
 SOLO_FIELDS = ("checkpoint_every", "schedule", "grad_clip")
 
@@ -85,13 +85,14 @@ def pack_policy(enabled: bool = True) -> PackPolicy:
 
 
 def packing_pays(config: dict, variant: str, device: torch.device) -> bool:
-    """Whether a pack trains faster than its runs one after another (measured with
-    benchmarks/packed_training.py, one thread, 3 runs). On CUDA, always: a small model's step is
-    bound by kernel launches, which a pack shares. On CPU, only for small steps, whose time goes
-    into per-op overhead: a run's attention tensors of B · L · d_dot elements (d_key for softmax)
-    at most :data:`CPU_PACK_ELEMENTS`. Larger steps are bound by memory traffic, which packing
-    does not share, and the pack's larger tensors fall out of cache (Setting 2, S=60, dpfp-delta
-    ν=1: 0.85× as fast packed; linear-delta at S=10: 1.9×)."""
+    """Whether a pack trains faster than its runs one after another. On CUDA, always: a small
+    model's step is bound by kernel launches, which a pack shares (not yet measured on a GPU). On
+    CPU, when a run's attention tensors of B · L · d_dot elements (d_key for softmax) are at most
+    :data:`CPU_PACK_ELEMENTS`: measured with benchmarks/packed_training.py (3 runs, batch 32, one
+    thread, the allocator tuned), a pack gains 2.2× at 82 k elements (dpfp ν=1, Setting 1, S=20),
+    1.15-1.25× between 160 k and 490 k (dpfp-delta ν=1, Setting 2, S=20 and S=60), and loses from
+    600 k on (softmax at S=300: 0.84×; dpfp-delta at S=120: 0.75×), where a step is bound by
+    memory traffic, which packing does not share, and the pack's larger tensors leave the cache."""
     if device.type == "cuda":
         return True
     task_config = RetrievalConfig(**config)
