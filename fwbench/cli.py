@@ -76,7 +76,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
 
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
-    from fwbench.run.packing import pack_policy
+    from fwbench.run.pack_plan import pack_policy
     from fwbench.run.runner import run_grid, run_grid_distributed
     from fwbench.run.store import ResultsStore
 

@@ -19,7 +19,8 @@ from fwbench.run.environment import resolve_device
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
-from fwbench.run.packing import execute_packed, pack_policy, plan_packs
+from fwbench.run.pack_plan import pack_policy, plan_packs
+from fwbench.run.packing import execute_packed
 from fwbench.run.store import ResultsStore
 
 #: Subdirectory of the results directory that holds run checkpoints (git-ignored).

@@ -12,7 +12,8 @@ import torch
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
-from fwbench.run.packing import PackPolicy, _Pack, fit_packed, pack_policy, packing_pays, plan_packs
+from fwbench.run.pack_plan import PackPolicy, pack_policy, packing_pays, plan_packs
+from fwbench.run.packing import _Pack, fit_packed
 from fwbench.run.store import ResultsStore
 from fwbench.run.training import fit
 from fwbench.tasks.retrieval import RetrievalConfig
