@@ -3,7 +3,7 @@
     fwbench variants [--d-key 64]                 list the attention variants and their d_dot
     fwbench grids                                 list the bundled grids and their profiles
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
-                     [--launcher local|ray] [--jobs N] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
+                     [--launcher local|ray] [--jobs N] [--no-pack] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
     fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
     fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
@@ -76,6 +76,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
 
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
+    from fwbench.run.pack_plan import pack_policy
     from fwbench.run.runner import run_grid, run_grid_distributed
     from fwbench.run.store import ResultsStore
 
@@ -114,6 +115,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
         jobs=jobs,
     )
+    pack_policy(getattr(args, "pack", True))  # a bad $FWBENCH_PACK fails before any training
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
     for note in (note for grid in grids for note in grid.warnings):
@@ -128,7 +130,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     for grid, specs in plans:
         started = time.perf_counter()
         if context is None:
-            summary = run_grid(specs, store, options, quiet=quiet)
+            summary = run_grid(specs, store, options, quiet=quiet, pack=getattr(args, "pack", True))
         else:
             summary = run_grid_distributed(specs, store, context, device, quiet=quiet)
             if not context.is_main:
@@ -280,6 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1,
                    help="local launcher: worker processes, each with --threads torch threads (default 1: "
                    "runs train in this process); the store is written by this process only")
+    p.add_argument("--no-pack", dest="pack", action="store_false",
+                   help="train every run alone (default: retrieval runs of one shape train as one packed model "
+                   "where that pays, on the local launcher with --jobs 1; FWBENCH_PACK=0 also turns it off)")
     p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")

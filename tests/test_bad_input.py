@@ -745,6 +745,12 @@ def _(ctx):
     return cli(ctx, "estimate", "capacity", "--steps", "0")
 
 
+@row("C48")
+def _(ctx):
+    ctx.monkeypatch.setenv("FWBENCH_PACK", "many")
+    return cli(ctx, "run", "capacity", "--results-dir", str(ctx.tmp_path))
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------

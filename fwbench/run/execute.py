@@ -15,7 +15,7 @@ import torch
 from fwbench.run.distributed import DistributedContext
 from fwbench.run.environment import describe_environment
 from fwbench.run.grid import RunSpec, import_modules_of
-from fwbench.run.training import fit
+from fwbench.run.training import FitResult, fit
 from fwbench.variants import d_dot_of, parse_spec
 
 
@@ -40,12 +40,19 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: P
     """
     import_modules_of(spec)  # a worker process (Ray, torchrun) learns the user's variants here
     config = spec.task_config()
-    variant = parse_spec(spec.variant)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = _now()
     result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint,
                  distributed=distributed)
+    return build_record(spec, result, device, started)
+
+
+def build_record(spec: RunSpec, result: FitResult, device: torch.device, started: str) -> dict:
+    """The record of ``spec`` from its training outcome (``started``: ISO time it began); shared
+    by solo and packed runs (:mod:`fwbench.run.packing`), so their records have one format."""
+    config = spec.task_config()
+    variant = parse_spec(spec.variant)
     sequence_length = getattr(config, "sequence_length", 0)
     tokens = result.steps * config.batch_size * sequence_length
     metrics = {

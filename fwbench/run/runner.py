@@ -15,9 +15,12 @@ import torch
 from tqdm import tqdm
 
 from fwbench.run.distributed import DistributedContext
+from fwbench.run.environment import resolve_device
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
+from fwbench.run.pack_plan import pack_policy, plan_packs
+from fwbench.run.packing import execute_packed
 from fwbench.run.store import ResultsStore
 
 #: Subdirectory of the results directory that holds run checkpoints (git-ignored).
@@ -41,7 +44,7 @@ def _progress_bar(total: int, quiet: bool):
 
 
 def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
-             quiet: bool = False) -> dict:
+             quiet: bool = False, pack: bool = True) -> dict:
     """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
 
     Safe to run in several processes on one store: each run is claimed while it trains
@@ -49,6 +52,9 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     and skipped if that process stored it (or run here if it died first). With the Ray launcher this
     process claims every run it submits and stays the only writer of their records; so it does with
     the local launcher's worker processes (``options.jobs`` > 1).
+    ``pack``: on the local launcher with one process, runs that share shapes train as one packed
+    model where that pays (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` forces or disables it); a pack trains only its
+    runs that are neither stored nor held by another process.
     Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
     ``diverged``, ``failed``.
 
@@ -88,15 +94,33 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         for record in launch([spec], options, progress_for):
             store_record(record)
 
+    def run_pack(specs: list[RunSpec]) -> None:
+        if len(specs) < 2:
+            for spec in specs:
+                run_claimed(spec)
+            return
+        device = resolve_device(options.device)
+        torch.set_num_threads(options.threads)
+        for record in execute_packed(specs, device, progress_for(specs[0])):
+            store_record(record)
+
     try:
         if options.launcher == "local" and options.jobs == 1:
             held_elsewhere = []
-            for spec in todo:
-                with store.claim(spec.run_id, wait=False) as claimed:
-                    if claimed:
-                        run_claimed(spec)
-                    else:
-                        held_elsewhere.append(spec)
+            for group in plan_packs(todo, pack_policy(pack), resolve_device(options.device)):
+                with ExitStack() as claims:
+                    mine = []
+                    for spec in group:
+                        claimed = claims.enter_context(store.claim(spec.run_id, wait=False))
+                        (mine if claimed else held_elsewhere).append(spec)
+                    if len(mine) < 2:
+                        for spec in mine:
+                            run_claimed(spec)
+                        continue
+                    fresh = [spec for spec in mine if spec.run_id not in store.finished_ids()]
+                    summary["skipped"] += len(mine) - len(fresh)  # stored by another process since we looked
+                    bar.update(len(mine) - len(fresh))
+                    run_pack(fresh)
             for spec in held_elsewhere:
                 with store.claim(spec.run_id, wait=True):
                     run_claimed(spec)
