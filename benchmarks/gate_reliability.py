@@ -3,8 +3,8 @@ times on the unchanged checkout (every failure is a false one) and N times with 
 slowdown in a kernel (``--plant-slowdown``; the gate must fail each time, on a case of that kernel),
 one after another on this machine as it is, and print each run's failed cases and the totals.
 
-Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted] [-k EXPR] [--plant MODULE:FUNCTION]
-[--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
+Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted]
+[-k EXPR] [--plant MODULE:FUNCTION] [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
 forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
 no false failure and every planted run failed one of the expected cases."""
 
