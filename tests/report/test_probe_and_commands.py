@@ -134,7 +134,7 @@ def test_report_renders_setting2_mqar_capacity_probe_and_statistics_sections(tmp
     for i in range(1, 15):
         assert f"C{i}:" in claims
     assert "| evidence |" in claims and "| reference |" in claims
-    assert "## Setup: differences from the official code" in text and "Σφ(x) + 1e-06" in text
+    assert "## Setup: differences from the official code" in text and "max(Σφ(x), 1e-30)" in text
     # two seeds per Setting 2 cell: the table shows an interval
     setting2 = text.split("## Setting 2")[1].split("\n## ")[0]
     assert "[" in setting2.split("| S |")[1]
