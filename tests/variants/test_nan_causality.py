@@ -66,7 +66,7 @@ def test_a_non_finite_value_at_token_t_leaves_every_earlier_output_unchanged(spe
 
 
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("spec", ["linear", "dpfp-delta:nu=2"])
+@pytest.mark.parametrize("spec", ["softmax", "linear", "dpfp-delta:nu=2"])
 def test_a_nan_token_makes_the_later_outputs_non_finite_as_in_the_recurrent_form(spec, form):
     """Kept causal, not hidden: what the recurrent form makes non-finite after t, every form does."""
     attention = module(spec)

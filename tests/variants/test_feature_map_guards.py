@@ -1,0 +1,85 @@
+"""The feature maps' guards, value by value (survivors of a mutation-testing pass over
+``variants/feature_maps.py`` and ``variants/kernels/``):
+
+- FAVOR+ outside its exponent window: features relative to the largest are exactly
+  exp(max(e − max e, −FAVOR_FEATURE_RANGE)), and the largest sits at the window's edge;
+- DPFP's sum normalisation below its floor: φ̂ = φ / floor, with the gradient of that;
+- Ω's draw: a given generator makes it repeatable without touching the global RNG, and every
+  column gets its own norm (a shared norm per block would keep the blocks orthogonal but give the
+  columns the wrong distribution).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fwbench.variants import Favor
+from fwbench.variants.feature_maps import (
+    FAVOR_FEATURE_RANGE,
+    FAVOR_MAX_EXPONENT,
+    FAVOR_MIN_EXPONENT,
+    orthogonal_gaussian,
+)
+from fwbench.variants.kernels.dpfp import dpfp
+
+
+def test_favor_token_below_the_window_keeps_its_feature_ratios_down_to_the_floor():
+    torch.manual_seed(0)
+    favor = Favor(32, m=16).double()
+    x = torch.randn(3, 32, dtype=torch.float64) * 10.0   # ‖x‖²/2 ≈ 1600: far below the window
+    exponent = favor.exponents(x)
+    top = exponent.amax(-1, keepdim=True)
+    assert (top < FAVOR_MIN_EXPONENT).all() and ((exponent - top) < -FAVOR_FEATURE_RANGE).any()
+    phi = favor(x)
+    torch.testing.assert_close(phi.amax(-1), torch.full((3,), math.exp(FAVOR_MIN_EXPONENT), dtype=torch.float64))
+    expected = torch.exp((exponent - top).clamp(min=-FAVOR_FEATURE_RANGE))
+    torch.testing.assert_close(phi / phi.amax(-1, keepdim=True), expected, rtol=1e-12, atol=0)
+
+
+def test_favor_token_above_the_window_is_scaled_to_its_edge_with_the_same_floor():
+    torch.manual_seed(0)
+    favor = Favor(256, m=8).double()
+    x = favor.omega[:, :2].T.contiguous()                 # along columns of Ω: exponent ≈ ‖ω‖²/2 ≈ 128
+    exponent = favor.exponents(x)
+    top = exponent.amax(-1, keepdim=True)
+    assert (top > FAVOR_MAX_EXPONENT).all()
+    phi = favor(x)
+    torch.testing.assert_close(phi.amax(-1), torch.full((2,), math.exp(FAVOR_MAX_EXPONENT), dtype=torch.float64))
+    expected = torch.exp((exponent - top).clamp(min=-FAVOR_FEATURE_RANGE))
+    torch.testing.assert_close(phi / phi.amax(-1, keepdim=True), expected, rtol=1e-12, atol=0)
+
+
+def test_dpfp_normalisation_below_the_floor_divides_by_the_floor_value_and_gradient():
+    x = torch.tensor([[3e-16, 2e-16, -1e-16, 4e-16], [0.3, 0.2, -0.1, 0.4]], dtype=torch.float64,
+                     requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_(True)
+    r = torch.cat([torch.relu(x_ref), torch.relu(-x_ref)], dim=-1)
+    phi = torch.cat([r * r.roll(i, dims=-1) for i in (1, 2)], dim=-1)
+    total = phi.sum(-1, keepdim=True)
+    assert total[0] < 1e-30 < total[1]  # one row below the floor, one above
+    reference = phi / total.clamp(min=1e-30)
+    y = dpfp(x, 2, normalize=True)
+    torch.testing.assert_close(y, reference, rtol=1e-12, atol=0)
+    cotangent = torch.randn(y.shape, dtype=torch.float64)
+    (y * cotangent).sum().backward()
+    (reference * cotangent).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-10, atol=0)
+
+
+def test_orthogonal_gaussian_with_a_generator_is_repeatable_and_leaves_the_global_rng_alone():
+    torch.manual_seed(0)
+    before = torch.random.get_rng_state()
+    first = orthogonal_gaussian(6, 14, generator=torch.Generator().manual_seed(3))
+    second = orthogonal_gaussian(6, 14, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(first, second)
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
+def test_orthogonal_gaussian_columns_have_their_own_norms():
+    omega = orthogonal_gaussian(8, 64, generator=torch.Generator().manual_seed(1))
+    norms = omega.norm(dim=0).view(8, 8)                  # 8 blocks of 8 orthogonal columns
+    assert (norms.std(dim=1) > 0.05).all()
+    # marginally N(0, I_8): E‖ω‖² = 8
+    assert 6.0 < norms.pow(2).mean() < 10.0
