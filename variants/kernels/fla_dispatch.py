@@ -55,9 +55,9 @@ import torch
 from torch import Tensor
 
 from ..errors import VariantError
+from . import delta_rule, sum_rule
 from .chunking import DEFAULT_CHUNK_SIZE
-from .delta_rule import delta_rule_chunk
-from .sum_rule import NORMALIZER_FLOOR, sum_rule_chunk
+from .sum_rule import NORMALIZER_FLOOR
 
 #: Environment variable whose value ``0`` turns the dispatch off (read once, on first use).
 FLA_ENV = "FWBENCH_FLA"
@@ -231,7 +231,7 @@ def sum_rule_chunk_dispatch(
     :func:`~.sum_rule.sum_rule_chunk`. Shapes and returns as there."""
     if decide("sum", q, k, v).uses_fla:
         return fla_sum_rule_chunk(load_fla_kernels()[0].sum, q, k, v, W0, z0)
-    return sum_rule_chunk(q, k, v, W0, z0, chunk_size=chunk_size)
+    return sum_rule.sum_rule_chunk(q, k, v, W0, z0, chunk_size=chunk_size)
 
 
 def delta_rule_chunk_dispatch(
@@ -241,4 +241,4 @@ def delta_rule_chunk_dispatch(
     :func:`~.delta_rule.delta_rule_chunk`. Shapes and returns as there (q is required)."""
     if decide("delta", q, k, v).uses_fla:
         return fla_delta_rule_chunk(load_fla_kernels()[0].delta, q, k, v, beta, W0)
-    return delta_rule_chunk(q, k, v, beta, W0, chunk_size=chunk_size)
+    return delta_rule.delta_rule_chunk(q, k, v, beta, W0, chunk_size=chunk_size)
