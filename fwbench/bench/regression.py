@@ -26,7 +26,7 @@ repeated (:data:`CONFIRMATIONS` times at most, a second apart) and the smallest 
 (:func:`confirmed_ratio`): a slower kernel is slower in every repetition, a busy stretch rarely
 lasts through all of them.
 
-- ``tests/test_bench.py`` (run by CI through ``nox -s tests``): the short cases, measured with
+- ``tests/bench/test_bench.py`` (run by CI through ``nox -s tests``): the short cases, measured with
   :func:`measure_ratio`, against the same baseline with the gross threshold — it catches a chunk
   form falling back to the token loop (tens of times slower), not a 20 % drift.
 """

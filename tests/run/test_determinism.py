@@ -3,7 +3,7 @@ same CPU machine, for a short run of every task in ``tasks.TASKS``; and the repo
 torch version, device and thread count of every run.
 
 Across processes (another PYTHONHASHSEED, a run resumed after ``kill -9``) the same holds: see
-``tests/test_interruption.py``, which compares subprocess records with an in-process run.
+``tests/run/test_interruption.py``, which compares subprocess records with an in-process run.
 """
 
 from __future__ import annotations
