@@ -95,3 +95,39 @@ def carried_state(attention: variants.Attention, prefix: int = 7):
 def time_slice(inputs: dict[str, Tensor | None], start: int, stop: int) -> dict[str, Tensor | None]:
     """Tokens [start, stop) of every input (β is (B, H, T), the others (B, H, T, D))."""
     return {name: None if x is None else x[:, :, start:stop] for name, x in inputs.items()}
+
+
+def tiny_retrieval_grid(name: str, slow_max_steps: int) -> str:
+    """A small Setting 1 grid file (TOML) for launcher tests: a ``quick`` profile of 6 short runs and a
+    ``slow`` one of 12 runs long enough to be interrupted midway."""
+    return f"""
+name = "{name}"
+task = "retrieval"
+
+[defaults]
+setting = 1
+eval_every = 5
+eval_sequences = 4
+batch_size = 8
+d_key = 8
+
+[profiles.quick]
+variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
+S = [4, 6]
+seed = [1]
+max_steps = 10
+
+[profiles.slow]
+variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
+S = [8, 10]
+seed = [1, 2]
+max_steps = {slow_max_steps}
+target_loss = 0.0
+eval_every = 50
+"""
+
+
+def comparable_records(records: list[dict]) -> dict:
+    """run id → what a run measured (status, steps, metrics, curve): equal for equal runs wherever they ran."""
+    return {r["run_id"]: (r["status"], r["steps"], r["metrics"], r["curve"]) for r in records}
+

@@ -11,41 +11,14 @@ import sys
 import time
 
 import pytest
+from helpers import comparable_records, tiny_retrieval_grid
 
 from fwbench.cli import main
 from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch_local_jobs
 from fwbench.run.store import ResultsStore
 
-GRID = """
-name = "jobs-tiny"
-task = "retrieval"
-
-[defaults]
-setting = 1
-eval_every = 5
-eval_sequences = 4
-batch_size = 8
-d_key = 8
-
-[profiles.quick]
-variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
-S = [4, 6]
-seed = [1]
-max_steps = 10
-
-[profiles.slow]
-variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
-S = [8, 10]
-seed = [1, 2]
-max_steps = 300
-target_loss = 0.0
-eval_every = 50
-"""
-
-
-def comparable(records):
-    return {r["run_id"]: (r["status"], r["steps"], r["metrics"], r["curve"]) for r in records}
+GRID = tiny_retrieval_grid("jobs-tiny", slow_max_steps=300)
 
 
 @pytest.mark.slow
@@ -57,7 +30,7 @@ def test_two_jobs_give_the_same_records_as_one_process(tmp_path):
     assert main(["run", str(grid), "--results-dir", str(two), "--quiet", "--jobs", "2"]) == 0
     records = ResultsStore(two).records()
     assert len(records) == 6
-    assert comparable(records) == comparable(ResultsStore(one).records())
+    assert comparable_records(records) == comparable_records(ResultsStore(one).records())
 
 
 @pytest.mark.slow

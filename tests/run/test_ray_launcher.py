@@ -12,41 +12,14 @@ import sys
 import time
 
 import pytest
+from helpers import comparable_records, tiny_retrieval_grid
 
 from fwbench.cli import main
 from fwbench.run.store import ResultsStore
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fwbench[ray]'")
 
-GRID = """
-name = "ray-tiny"
-task = "retrieval"
-
-[defaults]
-setting = 1
-eval_every = 5
-eval_sequences = 4
-batch_size = 8
-d_key = 8
-
-[profiles.quick]
-variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
-S = [4, 6]
-seed = [1]
-max_steps = 10
-
-[profiles.slow]
-variant = ["linear", "dpfp:nu=1", "dpfp-delta:nu=1"]
-S = [8, 10]
-seed = [1, 2]
-max_steps = 400
-target_loss = 0.0
-eval_every = 50
-"""
-
-
-def comparable(records):
-    return {r["run_id"]: (r["status"], r["steps"], r["metrics"], r["curve"]) for r in records}
+GRID = tiny_retrieval_grid("ray-tiny", slow_max_steps=400)
 
 
 @pytest.mark.slow
@@ -59,7 +32,7 @@ def test_ray_launcher_gives_the_same_records_as_local(tmp_path):
                  "--ray-num-cpus", "2"]) == 0
     local_records, ray_records = ResultsStore(local).records(), ResultsStore(remote).records()
     assert len(ray_records) == 6
-    assert comparable(ray_records) == comparable(local_records)
+    assert comparable_records(ray_records) == comparable_records(local_records)
 
 
 @pytest.mark.slow
