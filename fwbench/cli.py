@@ -36,6 +36,7 @@ from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_d
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
 from fwbench.variants import VariantError, d_dot_of, import_variant_modules, list_variants, parse_spec
+from fwbench.variants.kernels.fla_dispatch import fla_enabled
 
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
 #: (shakespeare: the language-model claims C8–C10; it needs the corpus, see :mod:`fwbench.tasks.corpus`).
@@ -116,6 +117,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         jobs=jobs,
     )
     pack_policy(getattr(args, "pack", True))  # a bad $FWBENCH_PACK fails before any training
+    fla_enabled()  # so does a bad $FWBENCH_FLA (VariantError: one line, exit 2)
     store = ResultsStore(results_dir)
     grids = [load_grid(name) for name in names]  # validate every grid before running any
     for note in (note for grid in grids for note in grid.warnings):
@@ -158,7 +160,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
             "that fwbench run wrote to"
         )
-    path = render_report(args.results_dir, args.out)
+    try:
+        path = render_report(args.results_dir, args.out)
+    except VariantError as exc:
+        raise FwbenchError(f"{exc} (a record in {args.results_dir} names a variant this process does not know: "
+                           "if your own module registers it, pass --variant-module PATH_OR_MODULE)") from None
     print(f"report written to {path}")
     return 0
 

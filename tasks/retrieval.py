@@ -183,7 +183,7 @@ class RetrievalModel(nn.Module):
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.S = S
-        self.embedding_size = embedding_size or int(2.2 * S)
+        self.embedding_size = int(2.2 * S) if embedding_size is None else embedding_size
         family = model_family(variant)
         official = official_initial_weights(family, S, self.embedding_size, d_key)
         if official["W_beta"] is None:  # the softmax model has no W_β; drawn after the official weights
@@ -326,6 +326,9 @@ class RetrievalTask:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
         if config.lr <= 0 or config.embedding_factor <= 0:
             raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
+        if int(config.embedding_factor * config.S) < 1:
+            raise ValueError(f"embedding_factor: got {config.embedding_factor} with S={config.S}, a key embedding of "
+                             f"int({config.embedding_factor} × {config.S}) = 0 features; expected embedding_factor × S >= 1")
 
     def build_model(self, config: RetrievalConfig, variant: str) -> RetrievalModel:
         parse_spec(variant)

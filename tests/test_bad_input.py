@@ -751,6 +751,13 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C49")
+def _(ctx):
+    ctx.monkeypatch.setenv(fla_dispatch.FLA_ENV, "maybe")
+    ctx.monkeypatch.setattr(fla_dispatch, "_enabled", None)  # read the switch again, as a fresh process would
+    return cli(ctx, "run", "capacity", "--results-dir", str(ctx.tmp_path))
+
+
 # ------------------------------------------------------------------------------------------------
 # G: grid files (config).
 # ------------------------------------------------------------------------------------------------

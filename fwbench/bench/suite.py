@@ -255,6 +255,13 @@ def _variant_cases(runner: _Runner, lengths: Iterable[int], variants: Iterable[s
             for form in FORMS:
                 if rule == "softmax" and form == "chunk":
                     continue  # softmax's chunk form is its parallel form
+                rule_forms = getattr(getattr(attention, "update_rule", None), "forms", FORMS)
+                if form not in rule_forms:  # e.g. the FWM rule: recurrent only
+                    for mode in MODES:
+                        runner.skip({"variant": _canonical(spec), "rule": rule, "form": form, "mode": mode, "T": T,
+                                     "d_dot": attention.d_dot, "chunk_size": None},
+                                    f"the {rule} rule has no {form} form")
+                    continue
                 cap_key = "softmax-recurrent" if (rule == "softmax" and form == "recurrent") else form
                 for mode in MODES:
                     case = {"variant": _canonical(spec), "rule": rule, "form": form, "mode": mode, "T": T,

@@ -13,12 +13,13 @@ import torch
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
 from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
+from fwbench.variants.kernels.fla_dispatch import FLA_ENV
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: Environment variables that change what a run does: the data directory (``--data-dir`` sets it),
-#: the corpus cache and the allocator tuning. A run executed in another process (a Ray worker of a
+#: the corpus cache, the allocator tuning and the fla dispatch switch. A run executed in another process (a Ray worker of a
 #: cluster started elsewhere) receives their values as they are here (:func:`run_settings`).
-RUN_SETTINGS_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV, TUNING_ENV)
+RUN_SETTINGS_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV, TUNING_ENV, FLA_ENV)
 
 
 def run_settings() -> dict[str, str]:

@@ -110,13 +110,17 @@ def launch_local(specs: list[RunSpec], options: LaunchOptions,
 _PR_SET_PDEATHSIG = 1
 
 
-def _worker_start(threads: int) -> None:
+def _worker_start(threads: int, parent: int) -> None:
     """Initialiser of a local worker process: its torch threads, and, on Linux, death with the
-    parent. A worker left running after ``kill -9`` of the parent would train on for nothing (its
-    record can only reach the store through the parent) and take a core from the rerun."""
+    parent (``parent``: its pid). A worker left running after ``kill -9`` of the parent would train on
+    for nothing (its record can only reach the store through the parent) and take a core from the
+    rerun. The parent may already be gone when this runs (a worker's imports take seconds), and the
+    death signal covers only a parent that dies later: so the worker also checks it is still there."""
     torch.set_num_threads(threads)
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
@@ -136,7 +140,7 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
     device = options.device
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(options.jobs, mp_context=context, initializer=_worker_start,
-                             initargs=(options.threads,)) as pool:
+                             initargs=(options.threads, os.getpid())) as pool:
         pending = {pool.submit(execute_in_worker, spec, device, options.threads, options.checkpoint_for(spec)): spec
                    for spec in specs}
         try:

@@ -99,8 +99,12 @@ def plan_packs(specs: list[RunSpec], policy: PackPolicy, device: torch.device) -
     groups: dict[str, list[RunSpec]] = {}
     packs: list[list[RunSpec]] = []
     for spec in specs:
-        key = pack_key(spec)
-        if key is None or not (policy.forced or packing_pays(spec.config, spec.variant, device)):
+        try:
+            key = pack_key(spec)
+            packs_here = key is not None and (policy.forced or packing_pays(spec.config, spec.variant, device))
+        except Exception:  # packing decides speed only: a run whose variant cannot even be built trains
+            packs_here = False  # alone, and fails there with its own record
+        if not packs_here:
             packs.append([spec])
             continue
         if key not in groups or len(groups[key]) >= policy.max_runs:

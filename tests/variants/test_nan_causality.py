@@ -76,3 +76,23 @@ def test_a_nan_token_makes_the_later_outputs_non_finite_as_in_the_recurrent_form
     y, _ = attention(**inputs, form=form, chunk_size=5)
     assert torch.equal(torch.isfinite(y), torch.isfinite(y_recurrent))
     assert not torch.isfinite(y[0, 1, BAD:]).all()
+
+
+@pytest.mark.parametrize("spec", ["linear-fwm", "tanh-fwm", "dpfp-fwm:nu=1"])
+def test_a_finite_value_that_overflows_inside_a_chunk_leaves_the_fwm_rule_causal(spec):
+    """A value near 1e19 is finite, but its square overflows fp32 inside the chunked scan: the reads
+    before it must still be the token-by-token recurrence's (break-it finding: all six were NaN)."""
+    attention = module(spec)
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 6, D_KEY).unbind(0)
+    v = torch.randn(1, 1, 6, 4)
+    v[0, 0, 3, 0] = 1e19
+    beta = torch.ones(1, 1, 6)
+    y, _ = attention(q, k, v, beta=beta)
+    steps, state = [], None
+    for t in range(6):
+        y_t, state = attention(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], beta=beta[:, :, t : t + 1],
+                               state=state)
+        steps.append(y_t)
+    assert torch.isfinite(y[:, :, :3]).all()
+    torch.testing.assert_close(y[:, :, :3], torch.cat(steps, dim=2)[:, :, :3], rtol=1e-5, atol=1e-6)

@@ -217,9 +217,15 @@ def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | Non
     with any among the inputs, the reads and states of the tokens it has not reached are those of the
     same chunked scan with the non-finite values read as 0 (the same chunks and shapes as without
     them: the same numbers), and from the first token that holds one they are those of a scan one
-    token per chunk on the inputs as given (as the token-by-token recurrence)."""
+    token per chunk on the inputs as given (as the token-by-token recurrence). Finite inputs whose
+    chunked scan overflows are scanned one token per chunk throughout."""
     if all_finite(q, k, v, beta, W0):
-        return _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
+        reads, W = _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
+        if all_finite(reads, W):
+            return reads, W
+        # finite inputs, yet a product overflowed inside a chunk (a value near 1e19 squares past fp32's
+        # range): 0·inf would carry it back to earlier reads, so scan token by token, as the recurrence
+        return _scan_in_chunks(q, k, v, beta, W0, 1)
     reached = _reached_by_non_finite(q, k, v, beta, W0)
 
     def finite(x: Tensor | None) -> Tensor | None:
