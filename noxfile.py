@@ -7,16 +7,18 @@ there, so a machine with nothing but Python and nox can run any of them:
    where no CUDA device is visible, the CPU build (`torch==VERSION+cpu` from PyTorch's CPU index,
    about 200 MB instead of a multi-GB CUDA download; macOS wheels are CPU builds already); where one
    is, the default build. `FWBENCH_TORCH="torch==…"` (plus `FWBENCH_TORCH_INDEX=URL`) overrides the choice.
-2. this project, editable, with its dev extras (`pip install -e '.[dev]'`): a no-op apart from the
-   editable link once everything is present.
+2. this project, editable, with its dev extras (`pip install -e '.[dev]'`), skipped when the last
+   install from this checkout into this interpreter still holds (same pyproject.toml).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import shutil
 import socket
+from pathlib import Path
 from urllib.parse import urlparse
 
 import nox
@@ -69,9 +71,36 @@ def ensure_torch(session: nox.Session) -> None:
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *extra, requirement)
 
 
+#: What the environment looked like after the last install from this checkout (git-ignored).
+INSTALL_STAMP = Path(".nox") / "fwbench-install-stamp"
+#: Prints the interpreter and where fwbench is installed from (empty when it is not installed).
+_PROBE = """
+import sys, json, importlib.metadata as metadata
+try:
+    url = json.loads(metadata.distribution("fwbench").read_text("direct_url.json") or "{}").get("url", "")
+except metadata.PackageNotFoundError:
+    url = ""
+print(sys.executable, url)
+"""
+
+
+def install_stamp(session: nox.Session) -> str:
+    """The interpreter, fwbench's install location and pyproject.toml's hash: equal stamps mean the
+    last install still holds, so the ~10 s of a no-op pip run are skipped (the fast test loop)."""
+    where = (session.run("python", "-I", "-c", _PROBE, silent=True) or "").strip()  # -I: not the checkout's egg-info
+    return f"{where}\n{hashlib.sha256(Path('pyproject.toml').read_bytes()).hexdigest()}"
+
+
 def install_project(session: nox.Session) -> None:
+    stamp = install_stamp(session)
+    editable_here = stamp.split("\n")[0].endswith(" " + Path.cwd().as_uri())
+    if editable_here and INSTALL_STAMP.exists() and INSTALL_STAMP.read_text() == stamp:
+        session.log("fwbench is installed from this checkout and pyproject.toml is unchanged: nothing to install")
+        return
     ensure_torch(session)
     session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", ".[dev]")
+    INSTALL_STAMP.parent.mkdir(exist_ok=True)
+    INSTALL_STAMP.write_text(install_stamp(session))
 
 
 @nox.session(venv_backend="none")
