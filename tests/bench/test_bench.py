@@ -63,6 +63,7 @@ def test_flop_count_of_a_matmul_and_its_backward():
     assert count_flops(lambda: (a @ b).sum().backward()) == 2 * (2 * 8 * 16 * 4)
 
 
+@pytest.mark.slow
 def test_flop_count_includes_in_place_matmuls():
     """The delta rule's forward updates its state with baddbmm_, which torch's counter skips."""
     state, a, b = torch.zeros(3, 5, 7), torch.randn(3, 5, 6), torch.randn(3, 6, 7)

@@ -194,6 +194,7 @@ def test_fla_is_not_importable_without_triton_and_says_so():
     assert kernels is None and "cannot be imported" in reason and "fwbench[gpu]" in reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("value", "enabled"), [("0", False), ("off", False), ("1", True), (None, True)])
 def test_environment_switch_read_by_a_fresh_process(value, enabled):
     env = {name: val for name, val in os.environ.items() if name != fla_dispatch.FLA_ENV}
