@@ -210,22 +210,34 @@ def test_a_user_rule_is_named_for_every_feature_map(clean_registry):
     assert torch.equal(y, y_ref)
 
 
+#: how each launcher starts ``fwbench run``: workers in other processes must import the grid's modules
+LAUNCHES = {
+    "local": [sys.executable, "-m", "fwbench", "run"],
+    "ray": [sys.executable, "-m", "fwbench", "run", "--launcher", "ray", "--ray-num-cpus", "1"],
+    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fwbench",
+                 "run"],
+}
+
+
 @pytest.mark.slow
-def test_a_user_variant_runs_on_ray_workers(tmp_path, user_file):
-    """Ray workers import the grid's variant modules from the run they receive: the same records as local."""
-    pytest.importorskip("ray")
+@pytest.mark.parametrize("launcher", ["ray", "torchrun"])
+def test_a_user_variant_runs_in_worker_processes(tmp_path, user_file, launcher):
+    """Ray workers (from the run they receive) and torchrun processes (from the grid they load) import
+    the grid's variant modules: the same runs and losses as the local launcher."""
+    if launcher == "ray":
+        pytest.importorskip("ray")
     grid = tmp_path / "tiny.toml"
     grid.write_text(USER_GRID)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     stores = {}
-    for launcher in ("local", "ray"):
-        out = tmp_path / launcher
-        extra = ["--ray-num-cpus", "1"] if launcher == "ray" else []
-        done = subprocess.run([sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", str(out), "--quiet",
-                               "--launcher", launcher, *extra], capture_output=True, text=True, env=env, timeout=600)
+    for name in ("local", launcher):
+        out = tmp_path / name
+        done = subprocess.run([*LAUNCHES[name], str(grid), "--results-dir", str(out), "--quiet"],
+                              capture_output=True, text=True, env=env, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
-        stores[launcher] = {r["run_id"]: r for r in ResultsStore(out).records()}
-    assert sorted(stores["ray"]) == sorted(stores["local"]) and len(stores["ray"]) == 2
-    for run_id, record in stores["ray"].items():
+        stores[name] = {r["run_id"]: r for r in ResultsStore(out).records()}
+    assert sorted(stores[launcher]) == sorted(stores["local"]) and len(stores["local"]) == 2
+    for run_id, record in stores[launcher].items():
         assert record["status"] == "max_steps", record.get("error")
-        assert record["metrics"]["best_eval_loss"] == stores["local"][run_id]["metrics"]["best_eval_loss"]
+        assert record["metrics"]["best_eval_loss"] == pytest.approx(
+            stores["local"][run_id]["metrics"]["best_eval_loss"], rel=1e-5)
