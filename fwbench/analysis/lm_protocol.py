@@ -1,5 +1,6 @@
-"""How the LM claims read a Tiny Shakespeare setup: each variant at its best learning rate, and
-differences decided against seed noise.
+"""How the LM claims read a Tiny Shakespeare setup: each variant at its best learning rate, and the
+carried-length ratio of C10. (Whether two perplexities differ beyond seed noise is decided by the
+claims engine's log-space intervals, :func:`fwbench.analysis.evidence.certainly_lower`.)
 
 Record fields this reads (one record per run; see :class:`fwbench.tasks.shakespeare.ShakespeareConfig`
 and ``ShakespeareTask.final_evaluation``):
@@ -17,12 +18,8 @@ and ``ShakespeareTask.final_evaluation``):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pandas as pd
-
-#: Standard errors of a seed-mean difference that a decision needs (about a 95 % normal interval).
-NOISE_MULTIPLE = 2.0
 
 
 def _loss(rows: pd.DataFrame, metric: str) -> pd.Series:
@@ -47,45 +44,6 @@ def at_best_learning_rate(rows: pd.DataFrame, metric: str = "val_ppl") -> pd.Dat
     lr = rows["lr"].astype(float) if "lr" in rows else pd.Series(math.nan, index=rows.index)
     keep = [r == chosen[v] or (math.isnan(r) and math.isnan(chosen[v])) for v, r in zip(rows["variant"], lr, strict=True)]
     return rows[keep]
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """Seed-mean ln(ppl) of two variants and whether they differ beyond seed noise.
-
-    ``difference`` = worse − better (nats; > 0 when ``better`` is lower); ``margin`` = NOISE_MULTIPLE ×
-    the standard error of the difference (Welch: each variant's own seed spread); ``separated`` only
-    when both have ≥ 2 finite seeds and the difference exceeds the margin.
-    """
-
-    better: float
-    worse: float
-    difference: float
-    margin: float
-    seeds: tuple[int, int]
-
-    @property
-    def separated(self) -> bool:
-        return math.isfinite(self.margin) and self.difference > self.margin
-
-    def __str__(self) -> str:
-        margin = f"± {self.margin:.3f}" if math.isfinite(self.margin) else "(no seed spread: < 2 seeds)"
-        return f"Δ ln ppl {self.difference:+.3f} {margin}"
-
-
-def compare(rows: pd.DataFrame, better: str, worse: str, metric: str = "val_ppl") -> Comparison:
-    """Is ``better``'s perplexity below ``worse``'s beyond seed noise? (on ``rows`` of one setup,
-    typically :func:`at_best_learning_rate`'s)."""
-    loss = _loss(rows, metric)
-    a, b = loss[rows["variant"] == better], loss[rows["variant"] == worse]
-    mean_a, mean_b = a.mean(), b.mean()
-    finite = a[a.map(math.isfinite)], b[b.map(math.isfinite)]
-    if min(len(finite[0]), len(finite[1])) >= 2 and math.isfinite(mean_a) and math.isfinite(mean_b):
-        margin = NOISE_MULTIPLE * math.sqrt(finite[0].var() / len(finite[0]) + finite[1].var() / len(finite[1]))
-    else:
-        margin = math.inf
-    difference = mean_b - mean_a if math.isfinite(mean_a) else -math.inf
-    return Comparison(mean_a, mean_b, difference, margin, (len(a), len(b)))
 
 
 def carried_ratio(rows: pd.DataFrame, multiple: int = 16) -> pd.Series:

@@ -135,8 +135,9 @@ def section_shakespeare(frame: pd.DataFrame, out_dir: Path) -> str:
         "",
         "**Protocol.** C8/C9 (limited context, as the paper's Table 2): every variant trains with the same budget "
         "at each learning rate of a small sweep and at several seeds; a variant is read at its best learning rate "
-        "(lowest seed-mean validation perplexity), and an ordering counts only when the seed-mean difference in "
-        "ln ppl exceeds two standard errors of the seeds' spread. Besides the independent segments, the paper's "
+        "(lowest seed-mean validation perplexity, its seeds only), and an ordering counts only when the 95 % "
+        "log-space intervals of the two variants' perplexities over seeds are apart. Besides the independent "
+        "segments, the paper's "
         "*sliding-window* evaluation scores each character with (almost) a full window of context before it "
         "(window = the training context, moved by `sliding_stride`). C10 (carried state, as the paper's Table 4): "
         "models trained on sequences of `train_segments` consecutive segments with every layer's state carried "

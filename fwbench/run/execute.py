@@ -19,7 +19,8 @@ from fwbench.run.training import FitResult, fit
 from fwbench.variants import d_dot_of, parse_spec
 
 
-def _now() -> str:
+def utc_now() -> str:
+    """The current UTC time as an ISO 8601 string (seconds): a record's ``started_at`` / ``ended_at``."""
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
@@ -42,7 +43,7 @@ def execute(spec: RunSpec, device: torch.device, on_progress=None, checkpoint: P
     config = spec.task_config()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    started = _now()
+    started = utc_now()
     result = fit(spec.task, spec.variant, config, spec.seed, device, on_progress, checkpoint,
                  distributed=distributed)
     return build_record(spec, result, device, started)
@@ -90,5 +91,5 @@ def build_record(spec: RunSpec, result: FitResult, device: torch.device, started
         **({"distributed": result.distributed} if result.distributed else {}),
         "environment": describe_environment(device),
         "started_at": started,
-        "ended_at": _now(),
+        "ended_at": utc_now(),
     }

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from fwbench.errors import FwbenchError
-from fwbench.run.execute import _now, build_record
+from fwbench.run.execute import build_record, utc_now
 from fwbench.run.grid import RunSpec, import_modules_of
 from fwbench.run.launchers import failed_record
 from fwbench.run.optimization import build_optimizer
@@ -266,7 +266,7 @@ def execute_packed(specs: list[RunSpec], device: torch.device, on_progress=None)
     """Train ``specs`` (runs of one :func:`~fwbench.run.pack_plan.pack_key`) as one pack and yield each run's record as it
     ends, in the solo format (:func:`fwbench.run.execute.build_record`) plus ``"packed": {"runs": R}``.
     If the pack raises, the runs without a record yet come back as ``failed`` records."""
-    started = _now()
+    started = utc_now()
     done: set[int] = set()
     try:
         for spec in specs:

@@ -57,7 +57,6 @@ from torch import Tensor
 from ..errors import VariantError
 from . import delta_rule, sum_rule
 from .chunking import DEFAULT_CHUNK_SIZE
-from .sum_rule import NORMALIZER_FLOOR
 
 #: Environment variable whose value ``0`` turns the dispatch off (read once, on first use).
 FLA_ENV = "FWBENCH_FLA"
@@ -184,7 +183,7 @@ def _fla_state(W0: Tensor | None) -> Tensor | None:
 
 def fla_sum_rule_chunk(
     kernel: Callable, q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = NORMALIZER_FLOOR,
+    normalize: bool = True, floor: float = sum_rule.NORMALIZER_FLOOR,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The sum rule's chunk form with the numerator from fla's ``chunk_simple_gla`` (``kernel``).
 
