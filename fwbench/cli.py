@@ -5,7 +5,7 @@
     fwbench run GRID [--profile quick] [--device auto] [--results-dir results] [--seeds 1 2]
                      [--launcher local|ray] [--jobs N] [--no-pack] [--ray-address ADDR] [--cpus-per-run 1] [--gpus-per-run 0]
     fwbench report [--results-dir results] [--out reports]
-    fwbench reproduce [--profile quick]           every paper grid, the probe, then the report
+    fwbench reproduce [--profile quick|paper|full] [--jobs N]   every paper grid, the probe, then the report
     fwbench capacity [--profile quick]            the capacity-vs-ν grid, its figure and a CSV with CIs
     fwbench probe [--out reports]                 training-free capacity probe (seconds)
     fwbench sample --checkpoint PATH [--prompt "It is"] [--tokens 500] [--temperature 0.8]
@@ -173,13 +173,34 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fwbench.report.render import render_report
     from fwbench.tasks.corpus import locate_corpus
 
-    # the LM grid runs last: find its corpus before the synthetic grids' minutes, not after them
-    locate_corpus(args.data_dir)
-    _run_grids(args, PAPER_GRIDS)
+    grids = paper_grids_with(args.profile)
+    if "shakespeare" in grids:  # the LM grid runs last: find its corpus before the synthetic grids' minutes
+        locate_corpus(args.data_dir)
+    _run_grids(args, grids)
     _write_probe(Path(args.out))
     path = render_report(args.results_dir, args.out)
     print(f"report written to {path}")
     return 0
+
+
+def paper_grids_with(profile: str) -> list[str]:
+    """The grids of :data:`PAPER_GRIDS` that define ``profile``, in order. A grid without it is left out
+    with a note (the `paper` profile runs no MQAR: no claim of the paper reads it).
+
+    Raises:
+        FwbenchError: no paper grid defines ``profile`` (names the profiles that exist).
+    """
+    from fwbench.run.grid import load_grid
+
+    grids = {name: load_grid(name) for name in PAPER_GRIDS}
+    having = [name for name, grid in grids.items() if profile in grid.profiles]
+    if not having:
+        known = sorted({p for grid in grids.values() for p in grid.profiles})
+        raise FwbenchError(f"--profile: got {profile!r}; the paper grids have {', '.join(known)}")
+    for name in PAPER_GRIDS:
+        if name not in having:
+            print(f"fwbench: grid {name} has no profile {profile!r}: skipped", file=sys.stderr)
+    return having
 
 
 def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> None:
@@ -280,17 +301,20 @@ def build_parser() -> argparse.ArgumentParser:
             "and idle OpenMP threads fighting other processes for 2 cores slow a run down 40x)",
         )
 
+    def add_local_launcher_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--jobs", type=int, default=1,
+                       help="local launcher: worker processes, each with --threads torch threads (default 1: "
+                       "runs train in this process); the store is written by this process only")
+        p.add_argument("--no-pack", dest="pack", action="store_false",
+                       help="train every run alone (default: retrieval runs of one shape train as one packed "
+                       "model where that pays, on the local launcher with --jobs 1; FWBENCH_PACK=0 also turns it off)")
+
     p = sub.add_parser("run", help="run a grid (skipping runs already in the store)")
     p.add_argument("grid", help="bundled grid name or path to a .toml grid file")
     add_run_options(p)
     p.add_argument("--launcher", default="local", choices=LAUNCHERS,
                    help="local: runs in this process (default); ray: one Ray task per run")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="local launcher: worker processes, each with --threads torch threads (default 1: "
-                   "runs train in this process); the store is written by this process only")
-    p.add_argument("--no-pack", dest="pack", action="store_false",
-                   help="train every run alone (default: retrieval runs of one shape train as one packed model "
-                   "where that pays, on the local launcher with --jobs 1; FWBENCH_PACK=0 also turns it off)")
+    add_local_launcher_options(p)
     p.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray instance)")
     p.add_argument("--cpus-per-run", type=float, default=1.0, help="Ray CPUs reserved per run (default 1)")
     p.add_argument("--gpus-per-run", type=float, default=0.0, help="Ray GPUs reserved per run (default 0)")
@@ -304,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("reproduce", help="run every paper grid for a profile, then the report")
     add_run_options(p)
+    add_local_launcher_options(p)
     p.add_argument("--out", default="reports", help="report directory (default reports)")
     p.set_defaults(func=_cmd_reproduce)
 

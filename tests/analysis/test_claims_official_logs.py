@@ -65,6 +65,24 @@ def test_official_logs_pass_every_synthetic_claim_on_the_full_grid():
 
 
 @pytest.mark.slow
+def test_the_paper_profile_decides_every_synthetic_claim():
+    """The paper profile's cells (3 seeds, a few S per memory around its failure point) are enough for
+    a verdict: the official logs repeated as seeds 1-3 pass every synthetic claim on them, and with
+    ±20 % seed noise as well; a wrong twin (softmax failing from S=300 on) fails C1 there."""
+    cells = profile_cells("paper")
+    assert {S for _, v, S in cells if v == "softmax"} >= {500, 600} and {S for _, v, S in cells if v == "linear"} == {
+        40, 60, 80}
+    frame = on_cells(official_records((1, 2, 3)), cells)
+    results = synthetic(evaluate_claims(frame))
+    assert {i: r.verdict for i, r in results.items()} == dict.fromkeys(SYNTHETIC, PASS)
+    noisy = frame.copy()
+    noisy["best_eval_loss"] = noisy["best_eval_loss"] * np.exp(np.random.default_rng(2).normal(0.0, 0.2, len(noisy)))
+    assert {i: r.verdict for i, r in synthetic(evaluate_claims(noisy)).items()} == dict.fromkeys(SYNTHETIC, PASS)
+    wrong = _set(frame, 1, "softmax", 0.3, S_at_least=300)
+    assert synthetic(evaluate_claims(wrong))["C1"].verdict == FAIL
+
+
+@pytest.mark.slow
 def test_official_logs_with_seed_noise_still_pass():
     """Three seeds that differ by ±20 % (log-normal, fixed draw) as real seeds do: the criteria must not
     need identical seeds to decide. Neighbouring cells that differ less than the noise (FAVOR+ m=64 vs

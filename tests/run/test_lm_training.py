@@ -198,7 +198,7 @@ def test_bundled_grid_profiles():
     assert all(s.config["truncated_bptt"] and s.config["positional"] == "none" for s in carried)
     assert [s.variant for s in expand(grid, "standard")] == [
         "softmax", "linear", "linear-delta", "favor:m=16", "favor-delta:m=16", "dpfp:nu=1", "dpfp-delta:nu=1"]
-    paper = expand(grid, "paper")[0].config
+    paper = expand(grid, "full")[0].config
     assert (paper["d_model"], paper["n_heads"], paper["n_layers"], paper["d_ff"], paper["context"],
             paper["batch_size"], paper["schedule"], paper["grad_clip"], paper["prompt"]) == (
         512, 8, 6, 2048, 128, 16, "noam", 1.0, "It is")
