@@ -33,14 +33,12 @@ from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
+from fwbench.run.grid import paper_grids_with
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
 from fwbench.variants import VariantError, d_dot_of, import_variant_modules, list_variants, parse_spec
 from fwbench.variants.kernels.fla_dispatch import fla_enabled
 
-#: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
-#: (shakespeare: the language-model claims C8–C10; it needs the corpus, see :mod:`fwbench.tasks.corpus`).
-PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar", "shakespeare"]
 #: The grid ``fwbench capacity`` runs.
 CAPACITY_GRID = "capacity_nu"
 EXIT_USAGE = 2
@@ -181,26 +179,6 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     path = render_report(args.results_dir, args.out)
     print(f"report written to {path}")
     return 0
-
-
-def paper_grids_with(profile: str) -> list[str]:
-    """The grids of :data:`PAPER_GRIDS` that define ``profile``, in order. A grid without it is left out
-    with a note (the `paper` profile runs no MQAR: no claim of the paper reads it).
-
-    Raises:
-        FwbenchError: no paper grid defines ``profile`` (names the profiles that exist).
-    """
-    from fwbench.run.grid import load_grid
-
-    grids = {name: load_grid(name) for name in PAPER_GRIDS}
-    having = [name for name, grid in grids.items() if profile in grid.profiles]
-    if not having:
-        known = sorted({p for grid in grids.values() for p in grid.profiles})
-        raise FwbenchError(f"--profile: got {profile!r}; the paper grids have {', '.join(known)}")
-    for name in PAPER_GRIDS:
-        if name not in having:
-            print(f"fwbench: grid {name} has no profile {profile!r}: skipped", file=sys.stderr)
-    return having
 
 
 def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> None:

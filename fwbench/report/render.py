@@ -271,11 +271,23 @@ SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [
 ]
 
 
+#: What labels a run's environment in the report: where, with what, from which commit.
+ENVIRONMENT_COLUMNS = ["device", "machine", "torch", "python", "threads", "commit"]
+
+
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
+    """The records grouped by environment: runs, first start and last end (UTC), and their summed wall
+    hours (one core per run), so that a published report says on what, with what and when it ran."""
     if frame.empty:
         return []
-    combos = frame.groupby(["device", "torch", "threads"], dropna=False).size().reset_index(name="runs")
-    return ["Runs by environment (device, torch version, CPU threads):", "", markdown_table(combos), ""]
+    columns = [c for c in ENVIRONMENT_COLUMNS if c in frame]
+    combos = frame.groupby(columns, dropna=False).agg(
+        runs=("run_id", "size"), first_start=("started_at", "min"), last_end=("ended_at", "max"),
+        run_hours=("wall_s", lambda s: round(float(s.sum()) / 3600, 2)),
+    ).reset_index() if {"started_at", "ended_at"} <= set(frame) else \
+        frame.groupby(columns, dropna=False).size().reset_index(name="runs")
+    return ["Runs by environment (device, machine, torch and Python versions, CPU threads, git commit; "
+            "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 
 
 def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:

@@ -86,6 +86,19 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def cpu_model() -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) Processor"; Linux's /proc/cpuinfo), else what
+    :mod:`platform` knows ("x86_64")."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def describe_environment(device: torch.device) -> dict:
     """Library versions, device name and thread count, stored in every record."""
     info = {
@@ -93,9 +106,7 @@ def describe_environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "platform": platform.platform(),
         "device": str(device),
-        "device_name": (
-            torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-        ),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "threads": torch.get_num_threads(),
         "malloc_tuning": malloc_tuning_active(),
         "git_commit": git_commit(),

@@ -34,6 +34,7 @@ import hashlib
 import itertools
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
+#: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
+#: (shakespeare: the language-model claims C7–C10; it needs the corpus, see :mod:`fwbench.tasks.corpus`).
+PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar", "shakespeare"]
 TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
 RUN_KEYS = {"variant", "seed"}
 #: Bump when a change to the code makes old records incomparable; it is part of every run id. A task
@@ -303,3 +307,21 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
 def config_defaults(task_name: str) -> dict[str, Any]:
     """Default value of every config field of a task (for documentation and ``fwbench grids``)."""
     return {f.name: f.default for f in fields(TASKS[task_name].config_class)}
+
+
+def paper_grids_with(profile: str) -> list[str]:
+    """The grids of :data:`PAPER_GRIDS` that define ``profile``, in order. A grid without it is left out
+    with a note (the `paper` profile runs no MQAR: no claim of the paper reads it).
+
+    Raises:
+        FwbenchError: no paper grid defines ``profile`` (names the profiles that exist).
+    """
+    grids = {name: load_grid(name) for name in PAPER_GRIDS}
+    having = [name for name, grid in grids.items() if profile in grid.profiles]
+    if not having:
+        known = sorted({p for grid in grids.values() for p in grid.profiles})
+        raise FwbenchError(f"--profile: got {profile!r}; the paper grids have {', '.join(known)}")
+    for name in PAPER_GRIDS:
+        if name not in having:
+            print(f"fwbench: grid {name} has no profile {profile!r}: skipped", file=sys.stderr)
+    return having

@@ -84,3 +84,22 @@ def test_a_run_that_stops_at_once_is_timed_outside_the_loop(specs, monkeypatch):
     monkeypatch.setattr(fwbench.run.training, "fit", lambda *args, **kwargs: None)  # no step reported
     seconds = measure_step_seconds(specs[0], steps=2)
     assert 0 < seconds < 5
+
+
+@pytest.mark.slow
+def test_estimate_reproduce_covers_every_grid_of_the_profile_and_counts_shared_runs_once(monkeypatch, capsys):
+    """`fwbench estimate reproduce --profile paper`: capacity, setting2, capacity_nu and shakespeare (no
+    MQAR: it has no paper profile); capacity_nu's paper cells are the capacity grid's (same run ids), so
+    the total counts them once."""
+    import fwbench.bench.estimate_command as command
+
+    monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)
+    unique = {spec.run_id for name in ("capacity", "setting2", "capacity_nu", "shakespeare")
+              for spec in expand(load_grid(name), "paper")}
+    assert main(["estimate", "reproduce", "--profile", "paper"]) == 0
+    out = capsys.readouterr()
+    assert "reproduce [paper] (capacity, setting2, capacity_nu, shakespeare)" in out.out
+    assert f": {len(unique)} runs" in out.out and f"Total (estimated): {len(unique)} runs" in out.out
+    assert "grid mqar has no profile 'paper': skipped" in out.err
+    assert len(unique) < sum(len(expand(load_grid(n), "paper")) for n in ("capacity", "setting2", "capacity_nu",
+                                                                           "shakespeare"))

@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fwbench.cli import PAPER_GRIDS, main
+from fwbench.cli import main
+from fwbench.run.grid import PAPER_GRIDS
 from fwbench.report.probe import least_squares_bound, probe_variant, run_probe
 
 TINY_SETTING2 = """

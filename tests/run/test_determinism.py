@@ -9,12 +9,15 @@ Across processes (another PYTHONHASHSEED, a run resumed after ``kill -9``) the s
 from __future__ import annotations
 
 import json
+import platform
 from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
 
 from fwbench.report.render import render_report
+from fwbench.run.environment import cpu_model
 from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import execute, run_grid
@@ -77,6 +80,13 @@ def test_report_states_torch_version_device_and_threads_of_every_run(tmp_path):
     section = text[text.index("Runs by environment"):]
     rows = [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
     header, body = rows[0], rows[1:]
-    assert [c.strip() for c in header.strip("|").split("|")] == ["device", "torch", "threads", "runs"]
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "device", "machine", "torch", "python", "threads", "commit", "runs", "first_start", "last_end", "run_hours"]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in body]
-    assert cells == [["cpu", torch.__version__, str(torch.get_num_threads()), str(len(records))]]
+    environment = records[0]["environment"]
+    assert environment["device_name"] == cpu_model() and environment["device_name"] not in ("", "x86_64") or \
+        not Path("/proc/cpuinfo").exists()
+    assert cells == [["cpu", environment["device_name"], torch.__version__, platform.python_version(),
+                      str(torch.get_num_threads()), environment["git_commit"] or "nan", str(len(records)),
+                      min(r["started_at"] for r in records), max(r["ended_at"] for r in records),
+                      f"{round(sum(r['wall_s'] for r in records) / 3600, 2)}"]]
