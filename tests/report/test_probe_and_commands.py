@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fwbench.cli import main
-from fwbench.run.grid import PAPER_GRIDS
 from fwbench.report.probe import least_squares_bound, probe_variant, run_probe
+from fwbench.run.grid import PAPER_GRIDS
 
 TINY_SETTING2 = """
 name = "tiny2"
