@@ -4,9 +4,12 @@ For every cell of the profile: steps per run × seconds per step on this machine
 
 - Steps per run: for a retrieval cell, the ``last_step`` of the official run of the same setting,
   variant and S (``analysis/reference_data/official_synthetic_results.csv``: the step at which the
-  official code stopped, on the same stopping rule), capped by the cell's ``max_steps``; for a cell
-  the logs lack (and for every language-model or MQAR cell), the cell's ``max_steps``, the most it
-  can take. The ``source`` column says which.
+  official code stopped, on the same stopping rule), capped by the cell's ``max_steps``, but only
+  when the cell trains with the official run's setup (its lr and batch_size: 1e-3 and 32, tanh-fwm's
+  1e-4 and 128, as :func:`fwbench.analysis.reference.official_records` gives them); another lr or
+  batch converges after another number of steps, so such a cell, one the logs lack (and every
+  language-model or MQAR cell) counts the cell's ``max_steps``, the most it can take. The
+  ``source`` column says which, and why a logged cell was capped.
 - Seconds per step: measured here, a few training steps of the real loop (:func:`fit`: batch,
   forward, backward, optimiser; 1 torch thread) per distinct step shape, i.e. per (task, variant,
   config without the keys that do not change a step's cost: lr, seeds, stopping and evaluation
@@ -30,7 +33,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fwbench.analysis.reference import official_synthetic
+from fwbench.analysis.reference import official_records
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
 from fwbench.variants import parse_spec
@@ -38,8 +41,10 @@ from fwbench.variants import parse_spec
 #: Config keys that change how many steps a run takes or when it evaluates, not what one step costs.
 STEP_COST_FREE_KEYS = frozenset({"lr", "max_steps", "target_loss", "patience", "eval_every", "eval_sequences",
                                  "checkpoint_every"})
-#: Step source labels of the table.
+#: Step source labels of the table: the official log's step count, the cap for a cell the logs lack,
+#: the cap for a logged (variant, S) trained with another lr or batch size than the official run.
 OFFICIAL, CAP = "official log", "cap (max_steps)"
+CAP_OTHER_SETUP = "cap (max_steps; lr/batch ≠ official run)"
 
 
 @dataclass(frozen=True)
@@ -70,20 +75,34 @@ def _canonical(spec: str) -> str:
     return str(parse_spec(spec))
 
 
-def official_steps() -> dict[tuple[int, str, int], int]:
-    """(setting, canonical variant spec, S) → last_step of the official seed-1 run."""
-    frame = official_synthetic()
-    return {(int(row.setting), _canonical(row.variant), int(row.S)): int(row.last_step)
-            for row in frame.itertuples()}
+@dataclass(frozen=True)
+class OfficialRun:
+    """The official seed-1 run of one (setting, variant, S): where it stopped and its setup."""
+
+    last_step: int
+    lr: float
+    batch_size: int
 
 
-def steps_needed(spec: RunSpec, official: dict[tuple[int, str, int], int]) -> tuple[int, str]:
-    """(steps, source) of one run: the official log's last step (capped by max_steps) or max_steps."""
-    cap = int(spec.task_config().max_steps)
+def official_steps() -> dict[tuple[int, str, int], OfficialRun]:
+    """(setting, canonical variant spec, S) → the official seed-1 run's last step, lr and batch size."""
+    frame = official_records((1,))
+    return {(int(row.setting), _canonical(row.variant), int(row.S)):
+            OfficialRun(int(row.steps), float(row.lr), int(row.batch_size)) for row in frame.itertuples()}
+
+
+def steps_needed(spec: RunSpec, official: dict[tuple[int, str, int], OfficialRun]) -> tuple[int, str]:
+    """(steps, source) of one run: the official log's last step (capped by max_steps) when the run
+    has the official run's setting, variant, S, lr and batch size; else max_steps, labelled
+    :data:`CAP_OTHER_SETUP` when only lr or batch size differ."""
+    config = spec.task_config()
+    cap = int(config.max_steps)
     if spec.task == "retrieval":
-        key = (int(spec.config["setting"]), _canonical(spec.variant), int(spec.config["S"]))
-        if key in official:
-            return min(official[key], cap), OFFICIAL
+        run = official.get((int(config.setting), _canonical(spec.variant), int(config.S)))
+        if run is not None:
+            if float(config.lr) == run.lr and int(config.batch_size) == run.batch_size:
+                return min(run.last_step, cap), OFFICIAL
+            return cap, CAP_OTHER_SETUP
     return cap, CAP
 
 
@@ -169,8 +188,8 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str
                      f"{cell.step_s:.4f} | {cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)
-    capped = sum(cell.core_hours for cell in cells if cell.source == CAP)
+    capped = sum(cell.core_hours for cell in cells if cell.source in (CAP, CAP_OTHER_SETUP))
     lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours; wall {_duration(total)} on one core, "
               f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores. Of these, {capped:.2f} core-hours "
-              "are cells without an official log, counted at their max_steps (an upper bound)."]
+              "are cells without an official log of their setup, counted at their max_steps (an upper bound)."]
     return "\n".join(lines)

@@ -1,12 +1,13 @@
 """``fwbench estimate`` (issue 16 item 1): steps per run from the official logs (capped by
-max_steps) or the cap, times a step time measured once per step shape, summed into core-hours.
-The arithmetic is checked with a fake step timer; one real measurement checks the timer."""
+max_steps) when the cell has the official run's lr and batch size, or the cap, times a step time
+measured once per step shape, summed into core-hours. The arithmetic is checked with a fake step
+timer; one real measurement checks the timer."""
 
 from __future__ import annotations
 
 import pytest
 
-from fwbench.bench.estimate import CAP, OFFICIAL, estimate, format_estimate, measure_step_seconds, step_shape
+from fwbench.bench.estimate import CAP, CAP_OTHER_SETUP, OFFICIAL, estimate, format_estimate, measure_step_seconds, step_shape
 from fwbench.cli import main
 from fwbench.run.grid import expand, load_grid
 
@@ -17,7 +18,7 @@ task = "retrieval"
 [defaults]
 setting = 1
 d_key = 8
-batch_size = 4
+batch_size = 32
 eval_sequences = 4
 
 [profiles.quick]
@@ -53,6 +54,8 @@ def test_estimate_multiplies_official_or_capped_steps_by_one_step_time_per_shape
     assert (by_key["dpfp:nu=1", 20, 1e-3].steps, by_key["dpfp:nu=1", 20, 1e-3].source) == (100, OFFICIAL)
     assert (by_key["dpfp:nu=1", 40, 1e-3].steps, by_key["dpfp:nu=1", 40, 1e-3].source) == (150, OFFICIAL)
     assert (by_key["dpfp:nu=1", 7, 1e-3].steps, by_key["dpfp:nu=1", 7, 1e-3].source) == (150, CAP)
+    # the same (variant, S) at lr 3e-4 is another setup than the official run's: its log does not count
+    assert (by_key["dpfp:nu=1", 20, 3e-4].steps, by_key["dpfp:nu=1", 20, 3e-4].source) == (150, CAP_OTHER_SETUP)
     cell = by_key["linear", 20, 3e-4]
     assert cell.runs == 2 and cell.step_s == pytest.approx(0.7)
     # linear S=20: official last step, capped at 150; 2 runs × 150 steps × 0.7 s
@@ -62,6 +65,43 @@ def test_estimate_multiplies_official_or_capped_steps_by_one_step_time_per_shape
     assert total == pytest.approx(expected)
     text = format_estimate(cells, "tiny", jobs=2)
     assert f"24 runs, {total:.2f} core-hours" in text and "with --jobs 2" in text
+
+
+SETTING2_FWM = """
+name = "estimate-fwm"
+task = "retrieval"
+
+[defaults]
+setting = 2
+d_key = 8
+max_steps = 50000
+
+[profiles.quick]
+variant = ["tanh-fwm", "dpfp-fwm:nu=1"]
+S = 20
+seed = 1
+lr = [1e-3, 1e-4]
+batch_size = [32, 128]
+"""
+
+
+def test_official_steps_count_only_for_the_official_lr_and_batch_of_the_variant(tmp_path):
+    path = tmp_path / "grid.toml"
+    path.write_text(SETTING2_FWM)
+    cells = estimate(expand(load_grid(path), "quick"), lambda spec: 0.01)
+    source = {(c.variant, c.config["lr"], c.config["batch_size"]): (c.steps, c.source) for c in cells}
+    # official Setting 2 S=20 logs: tanh-fwm (lr 1e-4, batch 128) stopped at 15400; dpfp-fwm (lr 1e-3,
+    # batch 32) at its own step; every other (lr, batch) of the same variant and S is capped
+    assert source["tanh-fwm", 1e-4, 128] == (15400, OFFICIAL)
+    assert source["tanh-fwm", 1e-3, 32] == (50000, CAP_OTHER_SETUP)
+    assert source["tanh-fwm", 1e-4, 32] == (50000, CAP_OTHER_SETUP)
+    assert source["dpfp-fwm:nu=1", 1e-3, 32][1] == OFFICIAL and source["dpfp-fwm:nu=1", 1e-3, 32][0] < 50000
+    assert source["dpfp-fwm:nu=1", 1e-4, 128] == (50000, CAP_OTHER_SETUP)
+    assert source["dpfp-fwm:nu=1", 1e-3, 128] == (50000, CAP_OTHER_SETUP)
+    text = format_estimate(cells, "fwm", jobs=2)
+    assert "| tanh-fwm | setting=2, S=20 | 1 | 50000 | cap (max_steps; lr/batch ≠ official run) |" in text
+    capped = sum(c.core_hours for c in cells if c.source != OFFICIAL)
+    assert f"{capped:.2f} core-hours are cells without an official log of their setup" in text
 
 
 def test_measured_step_time_is_positive_and_small_for_a_tiny_model(specs):
