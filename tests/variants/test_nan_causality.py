@@ -96,3 +96,31 @@ def test_a_finite_value_that_overflows_inside_a_chunk_leaves_the_fwm_rule_causal
         steps.append(y_t)
     assert torch.isfinite(y[:, :, :3]).all()
     torch.testing.assert_close(y[:, :, :3], torch.cat(steps, dim=2)[:, :, :3], rtol=1e-5, atol=1e-6)
+
+
+UNNORM_SPECS = ["linear-delta-unnorm", "favor-delta-unnorm:m=4", "dpfp-delta-unnorm:nu=1"]
+
+
+@pytest.mark.parametrize("scale", [1e10, 1e20, 1e38, -1e38])
+@pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
+@pytest.mark.parametrize("spec", [*ALL_SPECS, *UNNORM_SPECS])
+def test_a_finite_value_whose_products_overflow_leaves_every_earlier_output_unchanged(spec, where, scale):
+    """A finite but huge value at token t (break-it finding: a key of 1e20 into ``linear-delta-unnorm``
+    made K Kᵀ inf in the parallel and chunk forms, and every output of the sequence NaN, while the
+    recurrent form stayed finite before t): the outputs before t are those without it, in every form,
+    and no other sequence or head sees it."""
+    attention = module(spec)
+    inputs = clean_inputs(attention)
+    if inputs[where] is None:
+        pytest.skip(f"{spec} takes no {where}")
+    huge = dict(inputs)
+    huge[where] = inputs[where].clone()
+    huge[where][0, 1, BAD] = scale  # every entry of one token: ‖k‖² = 8·scale² overflows fp32 from 1e19
+    for form in forms_of(spec):
+        for chunk_size in (T, 5):
+            y, _ = attention(**inputs, form=form, chunk_size=chunk_size)
+            y_huge, _ = attention(**huge, form=form, chunk_size=chunk_size)
+            assert torch.isfinite(y_huge[:, :, :BAD]).all(), f"{form}, chunk {chunk_size}: non-finite before t"
+            torch.testing.assert_close(y_huge[:, :, :BAD], y[:, :, :BAD], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(y_huge[1], y[1], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(y_huge[0, 0], y[0, 0], rtol=1e-5, atol=1e-6)
