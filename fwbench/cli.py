@@ -32,7 +32,7 @@ from fwbench.bench.command import add_bench_parser
 from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
-from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device
+from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, use_data_dir
 from fwbench.run.grid import paper_grids_with
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
@@ -42,6 +42,9 @@ from fwbench.variants.kernels.fla_dispatch import fla_enabled
 #: The grid ``fwbench capacity`` runs.
 CAPACITY_GRID = "capacity_nu"
 EXIT_USAGE = 2
+#: Exit status when the reader of stdout went away (``fwbench grids | head -1``): 128 + SIGPIPE, what
+#: a tool killed by the signal reports, so a pipeline sees the same status as for ``cat``.
+EXIT_BROKEN_PIPE = 141
 #: Commands that accept ``--variant-module`` (``run`` reads the grid's ``variant_modules`` instead, so
 #: that every worker process imports the same modules).
 VARIANT_MODULE_COMMANDS = ("variants", "report", "bench", "probe")
@@ -82,11 +85,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     if args.threads < 1:
         raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
     torch.set_num_threads(args.threads)
-    if args.data_dir is not None:
-        if not Path(args.data_dir).is_dir():
-            raise FwbenchError(f"--data-dir: got {args.data_dir!r}, which is not a directory")
-        # tasks read their data directory from the environment, which a subprocess also inherits
-        os.environ[DATA_DIR_ENV] = str(Path(args.data_dir).resolve())
+    use_data_dir(args.data_dir)
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
     jobs = getattr(args, "jobs", 1)
@@ -361,6 +360,16 @@ def refuse_outside_run(command: str) -> None:
         )
 
 
+def _silence_stdout() -> None:
+    """Point stdout at the null device: the reader of the pipe has gone (``| head``), and Python's
+    final flush of the unwritten rest would otherwise report a second BrokenPipeError at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # stdout replaced by an object without a descriptor
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``fwbench`` console command; returns the exit status."""
     parser = build_parser()
@@ -369,7 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         tune_malloc()  # before the first large tensor: freed CPU memory is reused instead of re-faulted
         refuse_outside_run(args.command)
         import_variant_modules(getattr(args, "variant_module", None) or [], Path.cwd(), "--variant-module")
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit (where it would print)
+        return status
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
     except (FwbenchError, VariantError, CorpusError) as exc:
         print(f"fwbench: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -69,7 +69,7 @@ def config_field_types(config_class: type) -> dict[str, type]:
 
 def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
     """The range checks every task's ``validate`` shares: integer fields that must be ≥ 1 (``None``
-    allowed: unset), fields that must be ≥ 0, and the attention ``form``.
+    allowed: unset), fields that must be ≥ 0, ``target_loss`` (a loss: ≥ 0) and the attention ``form``.
 
     Raises:
         ValueError: naming the first field out of range, its value and what is allowed.
@@ -82,6 +82,10 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
         value = getattr(config, name)
         if value < 0:
             raise ValueError(f"{name}: got {value!r}; expected an integer >= 0")
+    target_loss = getattr(config, "target_loss", None)
+    if target_loss is not None and not target_loss >= 0:  # `not >=` also refuses NaN
+        raise ValueError(f"target_loss: got {target_loss!r}; expected a loss >= 0 (training stops once the "
+                         "evaluation loss is at most it; losses are never negative, so below 0 it never would)")
     if getattr(config, "form", "auto") not in FORMS:
         raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
 

@@ -890,6 +890,143 @@ def _(ctx):
 
 
 # ------------------------------------------------------------------------------------------------
+# Issue 14's break-it leftovers (rows 80–89 of each section).
+# ------------------------------------------------------------------------------------------------
+
+EXITING_MODULE = "import sys\nsys.exit(3)\n"
+BROKEN_FORWARD_MODULE = """\
+from fwbench.variants import FeatureMap, register_feature_map
+
+
+class BrokenForward(FeatureMap):
+    @classmethod
+    def output_size(cls, d_key):
+        return d_key
+
+    @property
+    def d_dot(self):
+        return self.d_key
+
+    def forward(self, x):
+        raise RuntimeError("my feature map is broken")
+
+
+register_feature_map("brokenforward", BrokenForward)
+"""
+
+
+@row("L80")
+def _(ctx):
+    """Not an error: second derivatives (create_graph=True) are exact in every form, also through the
+    hand-written backwards of the FWM scan and the DPFP op."""
+    checked = []
+    for spec, form in (("dpfp:nu=1", "chunk"), ("dpfp-fwm:nu=1", "recurrent")):
+        module = variants.build_attention(spec, d_key=2).double().eval()
+        g = torch.Generator().manual_seed(0)
+        inputs = [torch.randn(1, 1, 3, 2, generator=g, dtype=torch.float64).requires_grad_() for _ in range(3)]
+        inputs.append(torch.rand(1, 1, 3, generator=g, dtype=torch.float64).requires_grad_())
+        checked.append(torch.autograd.gradgradcheck(lambda *x, m=module, f=form: m(*x, form=f, chunk_size=2)[0],
+                                                    inputs[:4 if module.uses_beta else 3], raise_exception=False))
+    return f"no error: gradgradcheck {checked} (every variant and form: tests/variants/test_double_backward.py)"
+
+
+@row("L81")
+def _(ctx):
+    """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""
+    for spec in ("linear-delta-unnorm", "dpfp-delta-unnorm:nu=1", "linear-delta"):
+        module = attention(spec)
+        clean = qkvb(T=8)
+        huge = {name: x.clone() for name, x in clean.items()}
+        huge["k"][0, 1, 5] = 1e20
+        for form in FORMS[1:]:
+            y, _ = module(**huge, form=form, chunk_size=4)
+            y_clean, _ = module(**clean, form=form, chunk_size=4)
+            assert torch.isfinite(y[:, :, :5]).all(), (spec, form)
+            torch.testing.assert_close(y[:, :, :5], y_clean[:, :, :5], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(y[1], y_clean[1], rtol=1e-5, atol=1e-6)
+    return "no error: outputs before token 5 unchanged and finite in every form (as the recurrent form's)"
+
+
+@row("H80")
+def _(ctx):
+    from fwbench.run.training import fit
+
+    config = tasks.RetrievalConfig(S=3, d_key=4, batch_size=2, max_steps=2, eval_every=2, target_loss=-1.0)
+    return raised(FwbenchError, fit, "retrieval", "linear", config, 1, torch.device("cpu"))
+
+
+@row("C80")
+def _(ctx):
+    (ctx.tmp_path / "exits.py").write_text(EXITING_MODULE)
+    return cli(ctx, "variants", "--variant-module", str(ctx.tmp_path / "exits.py"))
+
+
+@row("C81")
+def _(ctx):
+    """The reader of stdout goes away before fwbench writes (as `| head -1` does after its line)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(TABLE.parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "fwbench", "variants"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # every write of the child now fails with EPIPE
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    proc.stderr.close()
+    return f"exit {proc.returncode}: {err.strip()}"
+
+
+@row("C82")
+def _(ctx):
+    """A cell that fails is marked failed in the table (as fwbench run records it); the rest is estimated."""
+    from fwbench.variants import registry, rules
+
+    (ctx.tmp_path / "broken_forward.py").write_text(BROKEN_FORWARD_MODULE)
+    path = grid_file(ctx, TINY_GRID.replace('task = "retrieval"\n', 'task = "retrieval"\nvariant_modules = '
+                                            '["broken_forward.py"]\n').replace('variant = "linear"',
+                                                                                'variant = ["linear", "brokenforward"]'))
+    saved = [(table, dict(table)) for table in (registry.REGISTRY, registry.FEATURE_MAPS, rules.RULES)]
+    ctx.capsys.readouterr()
+    try:
+        status = main(["estimate", str(path), "--steps", "1"])
+    finally:
+        for table, before in saved:
+            table.clear()
+            table.update(before)
+    out, err = ctx.capsys.readouterr()
+    assert "Traceback" not in err
+    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[6:8]]
+             for line in out.splitlines() if line.startswith("| ") and "|---" not in line}
+    assert float(cells["linear"][0]) > 0, out  # the other cell is still timed
+    step, core_hours = cells["brokenforward"]
+    return f"exit {status}: cell brokenforward: {step}, {core_hours} core-hours"
+
+
+@row("C83")
+def _(ctx):
+    return cli(ctx, "estimate", "shakespeare", "--data-dir", str(ctx.tmp_path / "nowhere"))
+
+
+@row("G80")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace("seed = 1\n", "seed = 1\ntarget_loss = -0.5\n"))
+
+
+@row("G81")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear-fwm"\nchunk_size = [32, 80]'))
+
+
+@row("G82")
+def _(ctx):
+    (ctx.tmp_path / "exits.py").write_text(EXITING_MODULE)
+    return grid_error(ctx, 'task = "retrieval"\nvariant_modules = ["exits.py"]\n[profiles.quick]\n'
+                      'variant = "linear"\nseed = 1\n')
+
+
+# ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
 

@@ -57,7 +57,8 @@ def import_variant_module(entry: str, relative_to: str | Path | None = None,
 
     Raises:
         VariantError: the entry cannot be found, or importing it raised (the error names the file
-            and the exception's first line).
+            and the exception's first line) or called ``sys.exit`` (the error names the file and the
+            status).
     """
     entry = resolve_variant_module(entry, relative_to, argument)
     try:
@@ -78,6 +79,11 @@ def import_variant_module(entry: str, relative_to: str | Path | None = None,
             raise
     except VariantError:
         raise
+    except SystemExit as exc:  # not an Exception: it would end the command silently with the module's status
+        raise VariantError(
+            f"{argument}: importing {entry!r} called sys.exit({exc.code!r}); expected a module that imports "
+            "cleanly (and registers its variants), without exiting"
+        ) from None
     except Exception as exc:
         first_line = (str(exc).splitlines() or [""])[0]
         raise VariantError(

@@ -36,6 +36,7 @@ import torch
 from fwbench.analysis.reference import official_records
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
+from fwbench.tasks.corpus import CorpusError
 from fwbench.variants import parse_spec
 
 #: Config keys that change how many steps a run takes or when it evaluates, not what one step costs.
@@ -58,10 +59,14 @@ class CellEstimate:
     steps: int
     source: str
     step_s: float
+    #: why its step could not be timed (the model cannot be built, the task refuses the config),
+    #: the message ``fwbench run`` would record for it as failed; ``None`` when it was timed
+    error: str | None = None
 
     @property
     def core_hours(self) -> float:
-        return self.runs * self.steps * self.step_s / 3600
+        """0 for a failed cell: ``fwbench run`` spends no training on it."""
+        return 0.0 if self.error is not None else self.runs * self.steps * self.step_s / 3600
 
 
 def step_shape(spec: RunSpec) -> tuple:
@@ -155,7 +160,7 @@ def estimate(specs: list[RunSpec], step_timer: Callable[[RunSpec], float] = meas
     """One :class:`CellEstimate` per (variant, config without seed) of ``specs``, in grid order;
     ``step_timer`` is called once per distinct :func:`step_shape`."""
     official = official_steps()
-    step_seconds: dict[tuple, float] = {}
+    step_seconds: dict[tuple, float | str] = {}  # seconds, or the error of a shape that failed
     cells: dict[tuple, CellEstimate] = {}
     for spec in specs:
         key = (spec.variant, tuple(sorted(spec.config.items())))
@@ -164,12 +169,26 @@ def estimate(specs: list[RunSpec], step_timer: Callable[[RunSpec], float] = meas
             continue
         shape = step_shape(spec)
         if shape not in step_seconds:
-            step_seconds[shape] = step_timer(spec)
+            step_seconds[shape] = _timed_or_error(step_timer, spec)
         steps, source = steps_needed(spec, official)
-        cells[key] = CellEstimate(spec.variant, dict(spec.config), 1, steps, source, step_seconds[shape])
+        timed = step_seconds[shape]
+        cells[key] = (CellEstimate(spec.variant, dict(spec.config), 1, steps, source, timed) if isinstance(timed, float)
+                      else CellEstimate(spec.variant, dict(spec.config), 1, steps, source, 0.0, error=timed))
         if on_cell is not None:
             on_cell(cells[key])
     return list(cells.values())
+
+
+def _timed_or_error(step_timer: Callable[[RunSpec], float], spec: RunSpec) -> float | str:
+    """``step_timer(spec)`` as a float, or the one-line error of a cell that fails as ``fwbench run``
+    would record it (any exception but the user's setup: :class:`FwbenchError`, :class:`CorpusError`,
+    which every cell would hit alike and which end the command in one line)."""
+    try:
+        return float(step_timer(spec))
+    except (FwbenchError, CorpusError):
+        raise
+    except Exception as exc:  # a broken cell must not take the estimate down with it, as in fwbench run
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
 
 
 def _duration(hours: float) -> str:
@@ -184,12 +203,17 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str
     for cell in cells:
         shown = {k: v for k, v in cell.config.items() if k in ("setting", "S", "d_model", "n_layers", "context")}
         where = ", ".join(f"{k}={v}" for k, v in shown.items())
+        step = f"failed: {cell.error}" if cell.error is not None else f"{cell.step_s:.4f}"
         lines.append(f"| {cell.variant} | {where} | {cell.runs} | {cell.steps} | {cell.source} | "
-                     f"{cell.step_s:.4f} | {cell.core_hours:.3f} |")
+                     f"{step} | {cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)
     capped = sum(cell.core_hours for cell in cells if cell.source in (CAP, CAP_OTHER_SETUP))
     lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours; wall {_duration(total)} on one core, "
               f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores. Of these, {capped:.2f} core-hours "
               "are cells without an official log of their setup, counted at their max_steps (an upper bound)."]
+    failed = [cell for cell in cells if cell.error is not None]
+    if failed:
+        lines.append(f"{len(failed)} cell(s) ({sum(cell.runs for cell in failed)} runs) failed to build or train "
+                     "(fwbench run records them as failed): counted as 0 core-hours.")
     return "\n".join(lines)

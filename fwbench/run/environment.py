@@ -39,6 +39,21 @@ def apply_run_settings(settings: dict[str, str]) -> None:
     os.environ.update(settings)
 
 
+def use_data_dir(data_dir: str | Path | None) -> None:
+    """Make ``--data-dir`` the data directory of this process and of every run it starts: tasks read
+    it from ``$FWBENCH_DATA_DIR``, which subprocesses inherit and Ray workers receive with
+    :func:`run_settings`. ``None`` leaves the environment as it is.
+
+    Raises:
+        FwbenchError: ``data_dir`` is not a directory.
+    """
+    if data_dir is None:
+        return
+    if not Path(data_dir).is_dir():
+        raise FwbenchError(f"--data-dir: got {str(data_dir)!r}, which is not a directory")
+    os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())
+
+
 def check_device_name(device: str) -> str:
     """Validate a device name without needing the device here (Ray workers resolve it remotely).
 

@@ -293,15 +293,38 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
         specs.append(spec)
-    seen: set[str] = set()
+    seen: dict[str, RunSpec] = {}
     for spec in specs:
         if spec.run_id in seen:
-            raise FwbenchError(
-                f"{where}: the run {spec.label} appears twice (two axis values name the same run, as "
-                "'dpfp' and 'dpfp:nu=1' do); list each value once"
-            )
-        seen.add(spec.run_id)
+            raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
+        seen[spec.run_id] = spec
     return specs
+
+
+def _same_run(first: RunSpec, second: RunSpec) -> str:
+    """Why two cells of a grid have one run id: the same values named twice (``dpfp`` and
+    ``dpfp:nu=1``), or config keys whose values differ but do not act for the variant (a chunk
+    size where no kernel it runs is chunked, or one equal to the rule's default)."""
+    differing = [key for key in first.config if first.config[key] != second.config.get(key)]
+    if not differing:
+        return (f"the run {first.label} appears twice (two axis values name the same run, as 'dpfp' and "
+                "'dpfp:nu=1' do); list each value once")
+    task = TASKS[first.task]
+    acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
+    form = first.config.get("form", "auto")
+    reasons = []
+    for key in differing:
+        values = f"{first.config[key]!r} and {second.config[key]!r}"
+        if key in acting:
+            reasons.append(f"{key} {values} act alike for variant {first.variant} (both run with {key}={acting[key]!r})")
+        elif key == "chunk_size":
+            reasons.append(f"chunk_size ({values}) has no effect for variant {first.variant} with form={form!r}: no "
+                           "kernel it runs there is chunked")
+        else:
+            reasons.append(f"{key} ({values}) has no effect for variant {first.variant}")
+    return (f"the run {first.label} appears twice: {'; '.join(reasons)}; list one value of "
+            f"{', '.join(differing)} for this variant (a separate profile block, [[profiles.NAME]], can vary it "
+            "for the others)")
 
 
 def config_defaults(task_name: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from fwbench.errors import FwbenchError
 from fwbench.run.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from fwbench.run.distributed import DistributedContext, parameter_digest
 from fwbench.run.optimization import build_optimizer, build_schedule, clip_gradients
@@ -187,6 +188,10 @@ class _Training:
     def __init__(self, task_name: str, variant: str, config, seed: int, device: torch.device, check_finite: bool,
                  distributed: DistributedContext | None, checkpoint_path: str | Path | None):
         self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
+        try:  # a config built in code (not from a grid, which validates it) gets the same checks
+            self.task.validate(config)
+        except ValueError as exc:
+            raise FwbenchError(f"{task_name} config: {exc}") from None
         self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
         torch.manual_seed(seed)
         self.model = self.task.build_model(config, variant).to(device)
@@ -324,7 +329,8 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     and runs ``final_evaluation`` (see :mod:`fwbench.run.distributed`).
 
     Raises:
-        FwbenchError: under ``torchrun``, ``config.batch_size`` is not a multiple of the world size.
+        FwbenchError: a config value out of range (the task's ``validate``: e.g. ``target_loss`` < 0),
+            or, under ``torchrun``, ``config.batch_size`` is not a multiple of the world size.
     """
     run = _Training(task_name, variant, config, seed, device, check_finite, distributed, checkpoint_path)
     loop = run.resume()

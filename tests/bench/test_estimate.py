@@ -143,3 +143,30 @@ def test_estimate_reproduce_covers_every_grid_of_the_profile_and_counts_shared_r
     assert "grid mqar has no profile 'paper': skipped" in out.err
     assert len(unique) < sum(len(expand(load_grid(n), "paper")) for n in ("capacity", "setting2", "capacity_nu",
                                                                            "shakespeare"))
+
+
+def test_a_cell_that_fails_is_marked_failed_and_a_setup_error_ends_the_estimate(specs):
+    """As fwbench run: a cell whose model or task raises is recorded failed (0 core-hours, its message
+    in the table) and the others are still estimated; an FwbenchError (the user's setup) propagates."""
+    from fwbench.errors import FwbenchError
+
+    def timer(spec):
+        if spec.variant == "linear":
+            raise RuntimeError("cannot build\nsecond line")
+        return 0.25
+
+    cells = estimate(specs, timer)
+    failed = [c for c in cells if c.error is not None]
+    assert {c.variant for c in failed} == {"linear"} and len(failed) == 6
+    assert all(c.error == "RuntimeError: cannot build" and c.core_hours == 0.0 for c in failed)
+    ok = [c for c in cells if c.error is None]
+    assert sum(c.core_hours for c in ok) == pytest.approx(sum(c.runs * c.steps * 0.25 for c in ok) / 3600)
+    table = format_estimate(cells, "t")
+    assert "| failed: RuntimeError: cannot build |" in table
+    assert "6 cell(s) (12 runs) failed to build or train" in table
+
+    def setup_error(spec):
+        raise FwbenchError("no corpus")
+
+    with pytest.raises(FwbenchError, match="no corpus"):
+        estimate(specs, setup_error)

@@ -40,29 +40,37 @@ def clean_inputs(attention: variants.Attention) -> dict[str, torch.Tensor | None
     }
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
-@pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
-@pytest.mark.parametrize("spec", ALL_SPECS)
-def test_a_non_finite_value_at_token_t_leaves_every_earlier_output_unchanged(spec, where, bad):
+def assert_earlier_outputs_unchanged(spec: str, where: str, value: float, whole_token: bool,
+                                     rtol: float, atol: float) -> None:
+    """Put ``value`` at token BAD of sequence 0, head 1 of input ``where`` (one entry, or every entry
+    of the token with ``whole_token``) and check, in every form and with the token inside the one
+    chunk and in the middle of a later one, that the outputs before it are as without it and that
+    the other sequences and heads do not see it at all."""
     attention = module(spec)
     inputs = clean_inputs(attention)
     if inputs[where] is None:
         pytest.skip(f"{spec} takes no {where}")
-    poisoned = dict(inputs)
-    poisoned[where] = inputs[where].clone()
-    if where == "beta":
-        poisoned[where][0, 1, BAD] = bad
+    changed = dict(inputs)
+    changed[where] = inputs[where].clone()
+    if where == "beta" or whole_token:
+        changed[where][0, 1, BAD] = value
     else:
-        poisoned[where][0, 1, BAD, 2] = bad  # one entry of one head of one sequence
+        changed[where][0, 1, BAD, 2] = value  # one entry of one head of one sequence
     for form in forms_of(spec):
-        for chunk_size in (T, 5):  # the bad token inside the one chunk, and in the middle of a later one
+        for chunk_size in (T, 5):
             y, _ = attention(**inputs, form=form, chunk_size=chunk_size)
-            y_bad, _ = attention(**poisoned, form=form, chunk_size=chunk_size)
-            assert torch.isfinite(y_bad[:, :, :BAD]).all(), f"{form}, chunk {chunk_size}: non-finite before t"
-            torch.testing.assert_close(y_bad[:, :, :BAD], y[:, :, :BAD], rtol=1e-6, atol=1e-7)
-            # the other sequences and heads do not see it at all
-            torch.testing.assert_close(y_bad[1], y[1], rtol=1e-6, atol=1e-7)
-            torch.testing.assert_close(y_bad[0, 0], y[0, 0], rtol=1e-6, atol=1e-7)
+            y_changed, _ = attention(**changed, form=form, chunk_size=chunk_size)
+            assert torch.isfinite(y_changed[:, :, :BAD]).all(), f"{form}, chunk {chunk_size}: non-finite before t"
+            torch.testing.assert_close(y_changed[:, :, :BAD], y[:, :, :BAD], rtol=rtol, atol=atol)
+            torch.testing.assert_close(y_changed[1], y[1], rtol=rtol, atol=atol)
+            torch.testing.assert_close(y_changed[0, 0], y[0, 0], rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
+@pytest.mark.parametrize("spec", ALL_SPECS)
+def test_a_non_finite_value_at_token_t_leaves_every_earlier_output_unchanged(spec, where, bad):
+    assert_earlier_outputs_unchanged(spec, where, bad, whole_token=False, rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -96,3 +104,18 @@ def test_a_finite_value_that_overflows_inside_a_chunk_leaves_the_fwm_rule_causal
         steps.append(y_t)
     assert torch.isfinite(y[:, :, :3]).all()
     torch.testing.assert_close(y[:, :, :3], torch.cat(steps, dim=2)[:, :, :3], rtol=1e-5, atol=1e-6)
+
+
+UNNORM_SPECS = ["linear-delta-unnorm", "favor-delta-unnorm:m=4", "dpfp-delta-unnorm:nu=1"]
+
+
+@pytest.mark.parametrize("scale", [1e10, 1e20, 1e38, -1e38])
+@pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
+@pytest.mark.parametrize("spec", [*ALL_SPECS, *UNNORM_SPECS])
+def test_a_finite_value_whose_products_overflow_leaves_every_earlier_output_unchanged(spec, where, scale):
+    """A finite but huge value at token t (break-it finding: a key of 1e20 into ``linear-delta-unnorm``
+    made K Kᵀ inf in the parallel and chunk forms, and every output of the sequence NaN, while the
+    recurrent form stayed finite before t): the outputs before t are those without it, in every form,
+    and no other sequence or head sees it."""
+    # every entry of one token: ‖k‖² = 8·scale² overflows fp32 from about 1e19
+    assert_earlier_outputs_unchanged(spec, where, scale, whole_token=True, rtol=1e-5, atol=1e-6)

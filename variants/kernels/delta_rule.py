@@ -10,7 +10,8 @@ Shapes: q, k (B, H, T, d_dot); v (B, H, T, d_v); β (B, H, T); W (B, H, d_v, d_d
 Computed in the wider of the inputs' dtype and fp32 (:func:`~.precision.compute_dtype`: fp16 and
 bf16 inputs accumulate the state in fp32, float64 inputs run in float64); outputs come back in the
 dtype of ``v``; the state in the compute dtype. ``W0`` is the state before the first token (zeros
-when ``None``). With NaN or ±inf among the inputs, the masked products inside a chunk go through
+when ``None``). With NaN or ±inf among the inputs, or finite inputs whose products overflow (a key
+near 1e19 in fp32: K Kᵀ holds inf), the masked products inside a chunk go through
 :func:`~.precision.causal_matmul`, so a non-finite token never reaches the outputs before it.
 
 The chunkwise form uses the WY representation / UT transform of Yang et al. 2024
@@ -85,15 +86,27 @@ def delta_rule_chunk(
     Cost O(T·C·d + T·d_dot·d_v) time; memory O(T·d) plus, with autograd, one state per chunk.
     The backward is autograd's: a hand-written one (tried) was no faster, its matmuls are the cost.
     """
+    if k.shape[2] == 0:
+        return (None if q is None else v.new_zeros(v.shape)), _initial_state(k, v, W0, compute_dtype(q, k, v, beta, W0))
+    # rows of a later token's NaN must not reach earlier rows through the zeros of T_c and tril(QKᵀ)
+    finite = all_finite(q, k, v, beta)
+    y, W = _chunk_scan(q, k, v, beta, W0, chunk_size, torch.matmul if finite else causal_matmul)
+    if finite and q is not None and not all_finite(y):
+        # finite inputs, yet a product overflowed inside a chunk (a key near 1e19 squares past fp32's
+        # range in K Kᵀ): 0·inf would carry it back to the earlier rows of the chunk
+        y, W = _chunk_scan(q, k, v, beta, W0, chunk_size, causal_matmul)
+    return y, W
+
+
+def _chunk_scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None, chunk_size: int,
+                masked_product) -> tuple[Tensor | None, Tensor]:
+    """:func:`delta_rule_chunk` on T ≥ 1 tokens, with ``masked_product`` (``torch.matmul``, or
+    :func:`~.precision.causal_matmul` where non-finite rows may occur) for the triangular products."""
     dtype = compute_dtype(q, k, v, beta, W0)
     W = _initial_state(k, v, W0, dtype)
     B, H, T, d_dot = k.shape
     d_v = v.shape[-1]
-    if T == 0:
-        return (None if q is None else v.new_zeros(v.shape)), W
     kc, vc, bc = split_chunks([k, v, beta[..., None]], chunk_size, dtype)
-    # rows of a later token's NaN must not reach earlier rows through the zeros of T_c and tril(QKᵀ)
-    masked_product = torch.matmul if all_finite(q, k, v, beta) else causal_matmul
     n_chunks, C = kc.shape[2], kc.shape[3]
     # T_c for every chunk: solve (I + tril(diag(β) K Kᵀ, −1)) T_c = diag(β). solve_triangular
     # reads only the strict lower triangle (unitriangular), so the Gram matrix needs no tril, no + I.
@@ -295,8 +308,11 @@ def delta_rule_parallel(
     corrections = torch.linalg.solve_triangular(
         gram(k32) * b32, b32 * (v32 - k32 @ S0), upper=False, unitriangular=True
     )
-    masked_product = torch.matmul if all_finite(q, k, v, beta) else causal_matmul
-    y = q32 @ S0 + masked_product((q32 @ k32.mT).tril(), corrections)
+    scores = (q32 @ k32.mT).tril()
+    # finite inputs can still overflow in K Kᵀ (a key near 1e19 in fp32): the rows of the corrections
+    # from that token on are then non-finite, and the zeros of tril(Q Kᵀ) must not carry them back
+    masked_product = torch.matmul if all_finite(q, k, v, beta, corrections) else causal_matmul
+    y = q32 @ S0 + masked_product(scores, corrections)
     return y.to(v.dtype), (S0 + k32.mT @ corrections).mT
 
 

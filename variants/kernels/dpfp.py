@@ -8,7 +8,8 @@ tensors and the backward three, where the composition of torch ops allocates abo
 feature map runs on every key and query, and on CPU each large temporary costs page faults and
 memory traffic comparable to the attention kernel itself. Computed in the wider of the input's
 dtype and fp32 (float64 stays float64, so that gradcheck sees the true backward); the gradient
-comes back in the input's dtype.
+comes back in the input's dtype. Under ``create_graph=True`` the backward differentiates
+:func:`dpfp_composed` instead (:mod:`.double_backward`), so second derivatives are exact.
 
 The sum normalisation divides by max(Σ_j φ_j, floor) rather than by Σ_j φ_j + eps: an added eps
 would dominate the sum of small inputs (Σφ ≈ ‖x‖², 1e-6 at ‖x‖ = 1e-3) and shrink φ̂ far below
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .double_backward import grad_by_recomputation
 from .precision import compute_dtype
 
 
@@ -50,13 +52,17 @@ class _DPFP(torch.autograd.Function):
             floored = total < floor  # rows divided by the floor: φ̂ = φ / floor, no longer scale-free
             inv = total.clamp_(min=floor).reciprocal_()
             phi.mul_(inv)
-        ctx.nu, ctx.normalize, ctx.input_dtype = nu, normalize, x.dtype
-        ctx.save_for_backward(r, phi if normalize else None, inv, floored)
+        ctx.nu, ctx.normalize, ctx.floor, ctx.input_dtype = nu, normalize, floor, x.dtype
+        ctx.save_for_backward(x, r, phi if normalize else None, inv, floored)
         return phi
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        r, phi, inv, floored = ctx.saved_tensors
+        x, r, phi, inv, floored = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: r, φ̂ and inv would be constants below
+            (grad_x,) = grad_by_recomputation(
+                lambda x: (dpfp_composed(x, ctx.nu, ctx.normalize, ctx.floor),), (x,), (grad,))
+            return grad_x, None, None, None
         n = r.shape[-1]
         d = n // 2
         grad = grad.to(r.dtype)
@@ -84,6 +90,19 @@ class _DPFP(torch.autograd.Function):
         # in place: one pass, where a mask would take two).
         torch.ops.aten.threshold_backward.grad_input(grad_r, r, 0, grad_input=grad_r)
         return (grad_r[..., :d] - grad_r[..., d:]).to(ctx.input_dtype), None, None, None
+
+
+def dpfp_composed(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e-30) -> Tensor:
+    """:func:`dpfp` written with plain differentiable torch ops (no ``out=``, nothing in place): the
+    same values, for second-order gradients (:mod:`.double_backward`) and as a reference. The same
+    conventions as the op's backward: relu'(0) = 0, rows below the floor divided by a constant."""
+    x = x.to(compute_dtype(x))
+    r = torch.cat([torch.relu(x), torch.relu(-x)], dim=-1)
+    # block i: r_j · r_{(j − i) mod 2d}, and torch.roll(r, i)[j] = r[(j − i) mod 2d]
+    phi = torch.cat([r * torch.roll(r, shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+    if normalize:
+        phi = phi / phi.sum(dim=-1, keepdim=True).clamp(min=floor)
+    return phi
 
 
 def dpfp(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e-30) -> Tensor:

@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .double_backward import grad_by_recomputation
 from .precision import all_finite, compute_dtype
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
@@ -159,7 +160,12 @@ class _FlushedScan(torch.autograd.Function):
     The chunked form's graph is built inside ``forward`` on detached inputs and kept in ``ctx``;
     ``backward`` differentiates it with :func:`torch.autograd.grad`, keeping it for a second
     backward through a retained outer graph (it is freed with the outer graph). Inputs (q or None, k, v, β,
-    W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`."""
+    W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`.
+
+    Under ``create_graph=True`` the kept graph cannot serve (its inputs are detached from the
+    caller's, so every second-order path through them would be lost): the backward runs the chunked
+    scan again on the saved inputs and differentiates that (:mod:`.double_backward`), so second
+    derivatives are exact."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta, W0, chunk_size):
@@ -169,11 +175,16 @@ class _FlushedScan(torch.autograd.Function):
             reads, W = _scan_chunks(*inputs, chunk_size=chunk_size)
         reads = k.new_empty(0) if reads is None else reads
         ctx.graph = (inputs, reads, W)
+        ctx.chunk_size = chunk_size
+        ctx.save_for_backward(q, k, v, beta, W0)  # the caller's tensors, for a second-order graph
         return reads.detach(), W.detach()
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, d_reads, d_W):
+        if torch.is_grad_enabled():  # create_graph=True
+            def scan(*inputs):
+                return _scan_chunks(*inputs, chunk_size=ctx.chunk_size)
+            return (*grad_by_recomputation(scan, ctx.saved_tensors, (d_reads, d_W)), None)
         inputs, reads, W = ctx.graph
         wanted = [x for x in inputs if x is not None and x.requires_grad]
         outputs = [(reads, d_reads), (W, d_W)]

@@ -1,0 +1,106 @@
+"""Second-order gradients (issue 14, break-it leftovers item 1): every variant and form, in float64,
+against finite differences of its first-order gradients (``torch.autograd.gradgradcheck``).
+
+Before the fix the FWM rule's chunked scan (a hand-written ``once_differentiable`` backward)
+returned wrong second derivatives without a word (gradgradcheck: False), and DPFP's op raised a
+deep torch error ("functions with out=... arguments don't support automatic differentiation").
+Both now differentiate a plain-autograd recomputation under ``create_graph=True``
+(``variants.kernels.double_backward``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close
+
+from fwbench import variants
+from fwbench.variants.kernels import fwm_rule_recurrent, fwm_rule_write
+from fwbench.variants.kernels.dpfp import dpfp, dpfp_composed
+
+B, H, T, D, D_V = 1, 1, 5, 3, 2
+SPECS = ["softmax", "linear", "favor:m=4", "dpfp:nu=2", "linear-delta", "linear-delta-unnorm", "favor-delta:m=4",
+         "dpfp-delta:nu=1", "dpfp-delta-unnorm:nu=1", "linear-fwm", "dpfp-fwm:nu=1", "tanh-fwm"]
+
+
+def leaves(T: int, seed: int, d: int = D, d_v: int = D_V) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(B, H, T, d, generator=g, dtype=torch.float64).requires_grad_(),
+        torch.randn(B, H, T, d, generator=g, dtype=torch.float64).requires_grad_(),
+        torch.randn(B, H, T, d_v, generator=g, dtype=torch.float64).requires_grad_(),
+        torch.rand(B, H, T, generator=g, dtype=torch.float64).requires_grad_(),
+    ]
+
+
+def forms_of(spec: str) -> tuple[str, ...]:
+    return ("recurrent",) if variants.parse_spec(spec).info.rule == "fwm" else ("parallel", "chunk", "recurrent")
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_second_derivatives_of_every_variant_and_form_match_finite_differences(spec):
+    torch.manual_seed(0)
+    attention = variants.build_attention(spec, d_key=D).double().eval()
+    inputs = leaves(T, seed=len(spec))
+    if not attention.uses_beta:
+        inputs = inputs[:3]
+    for form in forms_of(spec):
+        def outputs(*x, form=form):
+            return attention(*x, form=form, chunk_size=2)[0]  # chunks of 2: several, and a part
+        assert torch.autograd.gradgradcheck(outputs, inputs, raise_exception=False), f"{spec} {form}"
+
+
+def test_fwm_scan_second_derivatives_with_a_carried_state_and_without_reads():
+    q, k, v, beta = leaves(3, seed=3)
+    k = (k * 1.5).detach().requires_grad_()  # norms above 1: the rescaling acts on most writes
+    W0 = (0.3 * torch.randn(B, H, D_V, D, dtype=torch.float64)).requires_grad_()
+    assert torch.autograd.gradgradcheck(lambda *x: fwm_rule_recurrent(*x), (q, k, v, beta, W0))
+    assert torch.autograd.gradgradcheck(lambda *x: fwm_rule_write(*x), (k, v, beta, W0))
+
+
+def plain_fwm(q, k, v, beta, W):
+    """The FWM rule as a plain float64 loop: W ← W + β(v − Wk)kᵀ, W ← W / max(1, ‖W‖_F), y = LN(W q)."""
+    reads = []
+    for t in range(k.shape[2]):
+        k_t = k[:, :, t]
+        W = W + (beta[:, :, t, None] * (v[:, :, t] - (W @ k_t[..., None]).squeeze(-1)))[..., None] * k_t[:, :, None]
+        W = W / W.pow(2).sum(dim=(-2, -1), keepdim=True).clamp(min=1.0).sqrt()
+        if q is not None:
+            reads.append((W @ q[:, :, t, :, None]).squeeze(-1))
+    y = torch.nn.functional.layer_norm(torch.stack(reads, dim=2), (D_V,), eps=1e-5) if q is not None else None
+    return y, W
+
+
+@pytest.mark.parametrize("T", [7, 37])  # one chunk of the FWM scan (16 tokens); two and a part
+@pytest.mark.parametrize("reads", [True, False], ids=["recurrent", "write"])
+def test_fwm_hessian_vector_products_equal_autograd_of_the_plain_loop(T, reads):
+    """Values, not only consistency: ∂/∂x of ⟨∂L/∂k, u⟩ through the kernel equals the same through
+    :func:`plain_fwm`, for every input x, with a carried state, across chunk boundaries."""
+    q, k, v, beta = leaves(T, seed=T)
+    W0 = (0.3 * torch.randn(B, H, D_V, D, dtype=torch.float64)).requires_grad_()
+    u = torch.randn(k.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def hvp(fn):
+        y, W = fn(q if reads else None, k * 2.0, v, beta, W0)  # key norms ~3.5: the rescaling acts
+        loss = W.pow(3).sum() + (y.pow(2).sum() if reads else 0.0)
+        (grad_k,) = torch.autograd.grad(loss, k, create_graph=True)
+        return torch.autograd.grad((grad_k * u).sum(), [*([q] if reads else []), k, v, beta, W0])
+
+    def kernel(q, k, v, beta, W0):
+        return fwm_rule_recurrent(q, k, v, beta, W0) if q is not None else (None, fwm_rule_write(k, v, beta, W0))
+
+    for got, want in zip(hvp(kernel), hvp(plain_fwm), strict=True):
+        assert_close(got, want, 1e-10)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+@pytest.mark.parametrize("nu", [1, 2])
+def test_dpfp_op_second_derivatives_and_its_composed_twin(nu, normalize):
+    x = torch.randn(2, 3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(nu)).requires_grad_()
+    torch.testing.assert_close(dpfp(x, nu, normalize), dpfp_composed(x, nu, normalize), rtol=0, atol=1e-15)
+    assert torch.autograd.gradgradcheck(lambda x: dpfp(x, nu, normalize), (x,))
+    # the first-order backward (hand-written) and the composed form's autograd agree
+    g = torch.randn(2, 3, 8 * nu, dtype=torch.float64)
+    (mine,) = torch.autograd.grad(dpfp(x, nu, normalize), x, g)
+    (composed,) = torch.autograd.grad(dpfp_composed(x, nu, normalize), x, g)
+    assert_close(mine, composed, 1e-12)

@@ -1,0 +1,51 @@
+"""Second-order gradients for the kernels whose backward is written by hand.
+
+A hand-written backward (:class:`~.dpfp._DPFP`, :class:`~.fwm_rule._FlushedScan`) reads tensors
+saved in the forward as constants, so a graph built through it (``create_graph=True``: Hessian-vector
+products, gradient penalties, ``torch.autograd.gradgradcheck``) would miss every path through them and
+give wrong second derivatives without a word. Under ``create_graph=True`` those backwards call
+:func:`grad_by_recomputation` instead: the forward is run again with plain autograd ops on the saved
+*inputs* (which are still connected to the caller's graph), and differentiated with
+``create_graph=True``; the result is differentiable to any order. It costs one more forward, and
+only where a second derivative was asked for; the first-order backward stays the fast one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+
+def grad_by_recomputation(
+    forward: Callable[..., Sequence[Tensor | None]], inputs: Sequence[Tensor | None],
+    grad_outputs: Sequence[Tensor | None],
+) -> tuple[Tensor | None, ...]:
+    """∂(Σ_o ⟨grad_outputs[o], forward(*inputs)[o]⟩)/∂inputs, as a differentiable graph.
+
+    Args:
+        forward: the kernel written with differentiable torch ops; returns a sequence of outputs
+            (``None`` entries allowed), in the order of ``grad_outputs``.
+        inputs: the kernel's tensor inputs as autograd saved them (``None`` allowed); a gradient is
+            computed for those that require one.
+        grad_outputs: the incoming gradient of each output (``None``: the output is not used).
+
+    Returns:
+        One gradient per input: a tensor in the input's dtype, or ``None`` for an input that is
+        ``None`` or needs none (also for one the outputs do not depend on).
+    """
+    wanted = [x for x in inputs if x is not None and x.requires_grad]
+    with torch.enable_grad():
+        outputs = forward(*inputs)
+    pairs = [(out, grad) for out, grad in zip(outputs, grad_outputs, strict=True)
+             if out is not None and grad is not None and out.requires_grad]
+    if not wanted or not pairs:
+        return (None,) * len(inputs)
+    grads = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad.to(out.dtype) for out, grad in pairs],
+                                     create_graph=True, allow_unused=True))
+    result: list[Tensor | None] = []
+    for x in inputs:
+        grad = next(grads) if x is not None and x.requires_grad else None
+        result.append(None if grad is None else grad.to(x.dtype))
+    return tuple(result)
