@@ -158,7 +158,8 @@ def test_capacity_estimates_map_each_variant_to_its_estimate_and_words():
     ({"capacity_mean": math.nan}, "n/a"),
     ({"bound": "<", "capacity_mean": 20.0}, "< 20 (1 seed)"),
     ({"bound": "≥", "n_seeds": 2}, "≥ 36 (2 seeds)"),
-    ({"n_diverged": 2, "ignored_S": "100"}, "≈ 36 (1 seed; grid 20–60) (one-point blip skipped at S=100; 2 diverged run(s) left out)"),
+    ({"n_diverged": 2, "ignored_S": "100"},
+     "≈ 36 (1 seed; grid 20–60) (one-point blip skipped at S=100; 2 diverged run(s) left out)"),
     ({"grid_high": math.inf}, "≈ 36 (1 seed)"),
 ])
 def test_describe_words(fields, text):
