@@ -70,6 +70,14 @@ def test_s_range_and_variants_missing():
     assert variants_missing(rows(), ["linear"]) == "linear not run"
 
 
+def test_a_frame_without_records_or_columns_lacks_everything():
+    """An empty records frame may have no columns at all (no runs.jsonl line yet)."""
+    nothing = pd.DataFrame()
+    assert variants_missing(nothing, ["linear", "softmax"]) == "linear, softmax not run"
+    assert s_range_missing(nothing, "softmax", 80) == "softmax not run"
+    assert seeds_missing(nothing) == "" and unfinished(nothing) == ""
+
+
 def test_retrieval_gaps_are_the_seed_and_finish_parts():
     frame = rows(("linear", 80, 1, 0.3, "max_steps"))
     assert retrieval_gaps(frame) == ["1 seed", "1 of 1 runs stopped at max_steps still above 0.01 (linear S=80)"]
@@ -78,14 +86,15 @@ def test_retrieval_gaps_are_the_seed_and_finish_parts():
 
 def test_a_cell_loss_leaves_diverged_runs_out_and_counts_them():
     frame = rows(("linear", 20, 1, 0.1, "converged"), ("linear", 20, 2, 0.4, "converged"),
-                 ("linear", 20, 3, 1e-6, "diverged"), ("linear", 20, 4, 0.2, "diverged"))
+                 ("linear", 20, 3, 1e-6, "diverged"), ("linear", 20, 4, 0.2, "diverged"),
+                 ("linear", 20, 5, 0.3, "max_steps"))
     interval, diverged = cell_loss(frame)
-    expected = log_interval([0.1, 0.4])
-    assert diverged == 2 and interval.n == 2
+    expected = log_interval([0.1, 0.4, 0.3])
+    assert diverged == 2 and interval.n == 3
     assert (interval.mean, interval.low, interval.high) == pytest.approx((expected.mean, expected.low, expected.high))
     no_status = frame.drop(columns="status")
     interval, diverged = cell_loss(no_status)
-    assert diverged == 0 and interval.n == 4
+    assert diverged == 0 and interval.n == 5
 
 
 def test_describe_cell_adds_the_diverged_count():
