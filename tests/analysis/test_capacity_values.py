@@ -138,6 +138,8 @@ def test_at_most_and_at_least_at_the_edges_of_interval_and_grid():
     assert CapacityEstimate(50, 40, 55, 45, 60, 3).at_least(60) is False
     assert CapacityEstimate(50, 40, 55, 45, 60, 3).at_least(58) is None     # grid not yet failed at 58
     assert e.ratio_interval(10) == (4.0, 7.0)
+    at_the_grid_point = CapacityEstimate(55, 50, 60, grid_low=50, grid_high=60, n_seeds=3)
+    assert at_the_grid_point.at_most(60) is True and at_the_grid_point.at_least(50) is True
 
 
 def test_above_needs_intervals_strictly_apart():
