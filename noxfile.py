@@ -1,4 +1,5 @@
-"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`, `nox -s bench`.
+"""Sessions: `nox -s tests`, `nox -s reproduce -- --profile quick`, `nox -s capacity`, `nox -s bench`,
+`nox -s mutation` (by hand only: never in CI, not part of `tests`).
 
 Every session runs in the current Python environment (no virtualenv) and first installs what it needs
 there, so a machine with nothing but Python and nox can run any of them:
@@ -148,3 +149,21 @@ def bench_ci(session: nox.Session) -> None:
     """The short performance check CI can afford: `nox -s bench -- --short`."""
     install_project(session)
     session.run("python", "-m", "pytest", "benchmarks", "-q", "--short", *session.posargs)
+
+
+@nox.session(venv_backend="none")
+def mutation(session: nox.Session) -> None:
+    """Mutation testing of the core modules with mutmut (docs/mutation.md); by hand, never in CI.
+
+    What is mutated and which tests run are set in pyproject.toml's [tool.mutmut]. Extra arguments go
+    to `mutmut run`: `-- --max-children 1 "fwbench.analysis.*"` (one worker, the analysis modules'
+    mutants only). Then `mutmut results` lists the survivors and `mutmut show NAME` prints one.
+    """
+    install_project(session)
+    session.run("python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "mutmut>=3.8,<4")
+    # The mutated copy must exist before the interpreter starts: a PYTHONPATH entry that is missing at
+    # start-up is cached as "no such directory" and the tests would import the unmutated package.
+    mutants = Path("mutants").resolve()
+    mutants.mkdir(exist_ok=True)
+    env = {"PYTHONPATH": str(mutants), "OMP_NUM_THREADS": "1"}  # subprocesses of tests import the mutants too
+    session.run("mutmut", "run", *session.posargs, env=env)
