@@ -98,8 +98,9 @@ def val_ppl_by_variant(rows: pd.DataFrame) -> pd.Series:
 
 def ppl_cells(rows: pd.DataFrame) -> dict[str, tuple[Interval, int]]:
     """variant → (log-space interval of the measured validation perplexities, diverged runs), each
-    variant at its best learning rate, its seeds only (a rate that diverged on any seed is never the
-    best; :func:`~fwbench.analysis.lm_protocol.at_best_learning_rate`)."""
+    variant at its best learning rate, its seeds only (a rate that diverged on a seed loses to one that
+    did not; a variant that diverged everywhere keeps all its runs, all counted:
+    :func:`~fwbench.analysis.lm_protocol.at_best_learning_rate`)."""
     chosen = at_best_learning_rate(rows)
     return {variant: _cell(chosen[chosen["variant"] == variant]) for variant in dict.fromkeys(chosen["variant"])}
 
