@@ -14,7 +14,7 @@ import numbers
 import pandas as pd
 
 from fwbench.analysis.evidence import certainly_lower
-from fwbench.analysis.lm_protocol import at_best_learning_rate, best_learning_rates, carried_ratio
+from fwbench.analysis.lm_protocol import at_best_learning_rate, carried_ratio, describe_learning_rates
 from fwbench.analysis.reference import paper_lm_tables
 from fwbench.analysis.statistics import Interval, log_interval
 from fwbench.analysis.verdicts import MIN_SEEDS, ClaimResult, judge, lean, not_run
@@ -98,8 +98,9 @@ def val_ppl_by_variant(rows: pd.DataFrame) -> pd.Series:
 
 def ppl_cells(rows: pd.DataFrame) -> dict[str, tuple[Interval, int]]:
     """variant → (log-space interval of the measured validation perplexities, diverged runs), each
-    variant at its best learning rate, its seeds only (a rate that diverged on any seed is never the
-    best; :func:`~fwbench.analysis.lm_protocol.at_best_learning_rate`)."""
+    variant at its best learning rate, its seeds only (a rate that diverged on a seed loses to one that
+    did not; a variant that diverged everywhere keeps all its runs, all counted:
+    :func:`~fwbench.analysis.lm_protocol.at_best_learning_rate`)."""
     chosen = at_best_learning_rate(rows)
     return {variant: _cell(chosen[chosen["variant"] == variant]) for variant in dict.fromkeys(chosen["variant"])}
 
@@ -177,7 +178,7 @@ def claim_delta_beats_sum(frame: pd.DataFrame) -> ClaimResult:
     pairs = rule_pairs(list(cells))
     checks = [certainly_lower(cells[d][0], cells[s][0]) for s, d in pairs]
     parts = [f"{s} {_ppl_text(cells[s])} → {_ppl_text(cells[d])}" for s, d in pairs]
-    measured = (f"Tiny Shakespeare val ppl, each variant at its best lr ({_rates(rows)}): {'; '.join(parts)}"
+    measured = (f"Tiny Shakespeare val ppl{_rates(rows, [v for p in pairs for v in p])}: {'; '.join(parts)}"
                 f"{_sliding(rows)} [{describe_setup(key)}]")
     return judge("C8", claim, paper, measured, lean(checks), lm_gaps(rows, [v for p in pairs for v in p]),
                  LM_MINIMUM, reference)
@@ -196,16 +197,17 @@ def claim_softmax_best_at_training_context(frame: pd.DataFrame) -> ClaimResult:
         return not_run("C9", claim, paper, "needs softmax and at least one other variant", LM_MINIMUM, reference)
     key, rows = picked
     cells = ppl_cells(rows)
-    means = val_ppl_by_variant(rows).sort_values()
-    others = means.drop("softmax").dropna()
+    means = val_ppl_by_variant(rows).dropna().sort_values()  # a variant with no measured run has no rank
+    others = means.drop("softmax", errors="ignore")
     checks = [certainly_lower(cells["softmax"][0], cells[v][0]) for v in others.index]
     sliding = _sliding_means(rows)
     if "softmax" in sliding:  # the paper's sliding-window evaluation, where it was run, must agree
         checks += [bool(sliding["softmax"] < sliding[v]) for v in others.index if v in sliding]
     best = f"best other {others.index[0]} {_ppl_text(cells[others.index[0]])}" if not others.empty else "no other"
-    measured = (f"softmax {_ppl_text(cells['softmax'])}; {best} "
-                f"(rank {list(means.index).index('softmax') + 1} of {len(means)}; lr {_rates(rows)}){_sliding(rows)} "
-                f"[{describe_setup(key)}]")
+    rank = (f"rank {list(means.index).index('softmax') + 1} of {len(means)} measured" if "softmax" in means
+            else "softmax unmeasured")
+    measured = (f"softmax {_ppl_text(cells['softmax'])}; {best} ({rank}{_rates(rows, list(cells), ';')})"
+                f"{_sliding(rows)} [{describe_setup(key)}]")
     return judge("C9", claim, paper, measured, lean(checks), lm_gaps(rows, list(cells)), LM_MINIMUM, reference)
 
 
@@ -273,8 +275,10 @@ def _carried_ratios(rows: pd.DataFrame) -> tuple[pd.Series, str]:
             "carried ÷ per-segment ppl, last bucket of the stream")
 
 
-def _rates(rows: pd.DataFrame) -> str:
-    return ", ".join(f"{v} {lr:g}" for v, lr in sorted(best_learning_rates(rows).items()))
+def _rates(rows: pd.DataFrame, variants: list[str], lead: str = ",") -> str:
+    """``lead`` + which lr each of ``variants`` is read at (:func:`describe_learning_rates`), or "" without lr."""
+    rates = describe_learning_rates(rows[rows["variant"].isin(variants)])
+    return f"{lead} {rates}" if rates else ""
 
 
 def _sliding_means(rows: pd.DataFrame) -> pd.Series:
@@ -283,7 +287,8 @@ def _sliding_means(rows: pd.DataFrame) -> pd.Series:
     best = at_best_learning_rate(rows)
     if "sliding_ppl" not in best or best["sliding_ppl"].isna().all():
         return pd.Series(dtype=float)
-    return best.groupby("variant")["sliding_ppl"].apply(lambda p: float(p.apply(math.log).mean())).apply(math.exp)
+    measured = best[best["sliding_ppl"].notna() & (best["status"] != "diverged")]
+    return measured.groupby("variant")["sliding_ppl"].apply(lambda p: float(p.apply(math.log).mean())).apply(math.exp)
 
 
 def _sliding(rows: pd.DataFrame) -> str:
@@ -309,16 +314,32 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
                        LM_MINIMUM, reference)
     key, rows = picked
     cells = ppl_cells(rows)
+    chosen = at_best_learning_rate(rows)
     checks, parts = [], []
     for normalised, unnorm in _unnorm_pairs(list(cells)):
-        seeds = int((rows["variant"] == unnorm).sum())
-        diverged = cells[unnorm][1]
-        checks.append(True if 2 * diverged >= seeds else certainly_lower(cells[normalised][0], cells[unnorm][0]))
-        parts.append(f"{unnorm} {_ppl_text(cells[unnorm])} ({diverged} of {seeds} diverged) vs "
+        # decided at the unnormalised rule's most stable rate (fewest diverged seeds): diverging on most
+        # of its seeds even there, it is unstable; otherwise its perplexity must be certainly worse
+        interval, diverged = cells[unnorm]
+        seeds = int((chosen["variant"] == unnorm).sum())
+        checks.append(True if 2 * diverged >= seeds else certainly_lower(cells[normalised][0], interval))
+        parts.append(f"{unnorm} {interval} ({_divergence_count(rows, unnorm)}) vs "
                      f"{normalised} {_ppl_text(cells[normalised])}")
-    measured = f"Tiny Shakespeare val ppl: {'; '.join(parts)} [{describe_setup(key)}]"
-    gaps = lm_gaps(rows, [v for p in _unnorm_pairs(list(cells)) for v in p])
+    used = [v for p in _unnorm_pairs(list(cells)) for v in p]
+    measured = f"Tiny Shakespeare val ppl{_rates(rows, used)}: {'; '.join(parts)} [{describe_setup(key)}]"
+    gaps = lm_gaps(rows, used)
     return judge("C7", claim, paper, measured, lean(checks), gaps, LM_MINIMUM, reference)
+
+
+def _divergence_count(rows: pd.DataFrame, variant: str) -> str:
+    """'6 of 6 runs diverged; lr 0.006: 3 of 3, lr 0.012: 3 of 3': every run of ``variant`` in the
+    setup, at every learning rate (the per-rate split only when more than one rate was run)."""
+    runs = rows[rows["variant"] == variant]
+    lr = runs["lr"].astype(float) if "lr" in runs else pd.Series(math.nan, index=runs.index)
+    by_rate = (runs["status"] == "diverged").groupby(lr, dropna=False).agg(["sum", "size"])
+    text = f"{int(by_rate['sum'].sum())} of {int(by_rate['size'].sum())} runs diverged"
+    if len(by_rate) > 1:
+        text += "; " + ", ".join(f"lr {rate:g}: {int(d)} of {int(n)}" for rate, (d, n) in by_rate.iterrows())
+    return text
 
 
 def _unnorm_pairs(variants: list[str]) -> list[tuple[str, str]]:

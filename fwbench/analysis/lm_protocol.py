@@ -11,8 +11,9 @@ and ``ShakespeareTask.final_evaluation``):
   ``sliding_ppl`` (sliding-window evaluation, when ``sliding_stride`` > 0), and
   ``carried_ppl_1x`` / ``carried_ppl_4x`` / ``carried_ppl_16x`` (state carried over 1×, 4× and 16× the
   length carried in training, the same characters at every length);
-- ``status``: a diverged run has no measured perplexity and counts as infinitely bad when a learning
-  rate is chosen (a rate that diverges on any seed is never the best).
+- ``status``: a diverged run has no measured perplexity; when a learning rate is chosen, a rate whose
+  runs failed (diverged or unmeasured) on more of its seeds loses to one with fewer, and a rate none of
+  whose runs was measured is never named best.
 """
 
 from __future__ import annotations
@@ -23,27 +24,74 @@ import pandas as pd
 
 
 def _loss(rows: pd.DataFrame, metric: str) -> pd.Series:
-    """ln(perplexity) per run (nats per character), +inf for a diverged or unmeasured run."""
+    """ln(perplexity) per run (nats per character), NaN for a diverged or unmeasured run."""
     values = rows[metric] if metric in rows else pd.Series(math.nan, index=rows.index)
     loss = values.astype(float).map(lambda p: math.log(p) if p > 0 else math.nan)
-    return loss.where((rows["status"] != "diverged") & loss.notna(), math.inf)
+    return loss.where(rows["status"] != "diverged", math.nan)
+
+
+def _learning_rates(rows: pd.DataFrame) -> pd.Series:
+    return rows["lr"].astype(float) if "lr" in rows else pd.Series(math.nan, index=rows.index)
+
+
+def rate_table(rows: pd.DataFrame, metric: str = "val_ppl") -> pd.DataFrame:
+    """Per (variant, lr): ``runs``, ``failed`` (diverged or without ``metric``), ``failed_share`` and
+    ``mean_loss`` (seed-mean ln(``metric``) over the measured runs; NaN when none was measured)."""
+    loss = _loss(rows, metric)
+    table = pd.DataFrame({"variant": rows["variant"], "lr": _learning_rates(rows), "loss": loss,
+                          "failed": loss.isna()})
+    grouped = table.groupby(["variant", "lr"], dropna=False)
+    out = pd.DataFrame({"runs": grouped.size(), "failed": grouped["failed"].sum().astype(int),
+                        "mean_loss": grouped["loss"].mean()}).reset_index()
+    out["failed_share"] = out["failed"] / out["runs"]
+    return out
 
 
 def best_learning_rates(rows: pd.DataFrame, metric: str = "val_ppl") -> dict[str, float]:
-    """Per variant, the learning rate with the lowest seed-mean ln(``metric``) (diverged = +inf)."""
-    lr = rows["lr"] if "lr" in rows else pd.Series(math.nan, index=rows.index)
-    table = pd.DataFrame({"variant": rows["variant"], "lr": lr.astype(float), "loss": _loss(rows, metric)})
-    means = table.groupby(["variant", "lr"], dropna=False)["loss"].mean().reset_index()
-    best = means.loc[means.groupby("variant")["loss"].idxmin()]
+    """Per variant, its best learning rate among the rates with a measured run: the fewest failed runs
+    (diverged or unmeasured; share of the rate's seeds), then the lowest seed-mean ln(``metric``) of
+    the measured ones. A rate that failed on any seed thus loses to one that failed on none, and a
+    variant none of whose runs was measured has no best rate (it is absent)."""
+    table = rate_table(rows, metric)
+    measured = table[table["mean_loss"].notna()].sort_values(["failed_share", "mean_loss"], kind="stable")
+    best = measured.groupby("variant", sort=False).head(1)
     return dict(zip(best["variant"], best["lr"], strict=True))
 
 
 def at_best_learning_rate(rows: pd.DataFrame, metric: str = "val_ppl") -> pd.DataFrame:
-    """The rows of each variant's best learning rate (:func:`best_learning_rates`)."""
+    """The rows of each variant's best learning rate (:func:`best_learning_rates`); for a variant whose
+    every run failed (no best rate), all its rows, so that every one of its failures is counted."""
     chosen = best_learning_rates(rows, metric)
-    lr = rows["lr"].astype(float) if "lr" in rows else pd.Series(math.nan, index=rows.index)
-    keep = [r == chosen[v] or (math.isnan(r) and math.isnan(chosen[v])) for v, r in zip(rows["variant"], lr, strict=True)]
+    keep = [v not in chosen or r == chosen[v] or (math.isnan(r) and math.isnan(chosen[v]))
+            for v, r in zip(rows["variant"], _learning_rates(rows), strict=True)]
     return rows[keep]
+
+
+def describe_learning_rates(rows: pd.DataFrame, metric: str = "val_ppl") -> str:
+    """Which learning rate each variant is read at, in words.
+
+    "lr 0.006 for every variant (one rate, no sweep)" when all ran the same single rate; otherwise
+    "best lr per variant among measured runs: linear 0.012 (edge of the sweep), softmax 0.006 (the only
+    lr run), linear-delta-unnorm none (every run diverged or unmeasured)". A best rate that is the
+    smallest or largest rate the variant tried is marked "(edge of the sweep)": the sweep does not
+    bracket the optimum. "" when the records carry no learning rate.
+    """
+    table = rate_table(rows, metric)
+    if table["lr"].isna().all():
+        return ""
+    if table["lr"].nunique() == 1:
+        return f"lr {table['lr'].iloc[0]:g} for every variant (one rate, no sweep)"
+    best = best_learning_rates(rows, metric)
+    parts = []
+    for variant, tried in table.groupby("variant")["lr"]:
+        if variant not in best:
+            parts.append(f"{variant} none (every run diverged or unmeasured)")
+        elif tried.nunique() == 1:
+            parts.append(f"{variant} {best[variant]:g} (the only lr run)")
+        else:
+            edge = best[variant] in (tried.min(), tried.max())
+            parts.append(f"{variant} {best[variant]:g}" + (" (edge of the sweep)" if edge else ""))
+    return "best lr per variant among measured runs: " + ", ".join(parts)
 
 
 def carried_ratio(rows: pd.DataFrame, multiple: int = 16) -> pd.Series:

@@ -19,7 +19,8 @@ from fwbench.analysis.capacity import capacity_intervals, measured_loss, retriev
 from fwbench.analysis.records import CAPACITY_THRESHOLD  # noqa: E402
 from fwbench.analysis.reference import official_records, official_synthetic  # noqa: E402
 from fwbench.analysis.statistics import log_mean_ci, mean_ci  # noqa: E402
-from fwbench.report.figure_style import legend_beside, plain_ticks, save  # noqa: E402
+from fwbench.report.figure_style import legend_below, legend_beside, plain_ticks, save  # noqa: E402
+from fwbench.report.point_labels import line_boxes, marker_box, place_labels  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -87,17 +88,24 @@ def official_capacities(threshold: float = CAPACITY_THRESHOLD) -> pd.DataFrame:
                          "bound": table["bound"]}).reset_index(drop=True)
 
 
+#: Legend words for the censoring mark of a capacity (see :func:`fwbench.analysis.capacity.capacity_intervals`).
+BOUND_WORDS = {"≥": "lower bound", "<": "upper bound", "": ""}
+
+
 def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataFrame | None = None) -> Path:
     """Capacity against d_dot (log-log) with the line capacity = d_dot.
 
     ``table``: rows of :func:`fwbench.analysis.capacity.capacity_intervals`. Filled markers: this run's seed
     mean with its 95 % t-interval (solid bar), or with one seed the S-grid bracket (dotted bar); a
     triangle up (down) marks a lower (upper) bound where the S grid did not bracket the capacity.
-    Hollow grey markers: the official seed-1 runs (d_key 64).
+    Hollow grey markers: the official seed-1 runs (d_key 64), each named beside its marker where the name
+    covers no other label, marker or bar (:func:`fwbench.report.point_labels.place_labels`). The legend
+    sits under the axes, so the plot keeps the figure's width.
     """
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig, ax = plt.subplots(figsize=(8, 7))
     shown = table[table["capacity_mean"].notna()]
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ours = []  # (d_dot, capacity, bar low, bar high): label placement keeps clear of them
     for index, ((variant, d_key), group) in enumerate(shown.groupby(["variant", "d_key"], sort=True)):
         colour = colours[index % len(colours)]
         row = group.iloc[0]
@@ -107,36 +115,45 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
             low, high, style = row["grid_low"], row["grid_high"], ":"  # one seed: the S-grid bracket instead
         if not math.isnan(low):
             yerr = [[max(row["capacity_mean"] - low, 0)], [max(high - row["capacity_mean"], 0)]]
+        bound = BOUND_WORDS[row["bound"]]
         bars = ax.errorbar([row["d_dot"]], [row["capacity_mean"]], yerr=yerr, fmt=marker, color=colour, ms=7,
-                           capsize=3, label=f"{variant} (d_key {int(d_key)}) {row['bound']}".strip())
+                           capsize=3, label=f"{variant} (d_key {int(d_key)}{', ' + bound if bound else ''})")
         if yerr is not None:
             bars[2][0].set_linestyle(style)
-    if official is not None and not official.empty:
-        ref = official[official["capacity"].notna()]
-        for bound, marker, note in (("", "o", ""), ("≥", "^", ", lower bound"), ("<", "v", ", upper bound")):
-            part = ref[ref["bound"] == bound]
-            if not part.empty:
-                ax.scatter(part["d_dot"], part["capacity"], marker=marker, facecolors="none", edgecolors="grey",
-                           s=70, label=f"official seed 1 (d_key 64{note})")
-        for _, row in ref.iterrows():
-            ax.annotate(row["variant"], (row["d_dot"], row["capacity"]), fontsize=6, color="grey",
-                        xytext=(4, 4), textcoords="offset points")
+        ours.append((row["d_dot"], row["capacity_mean"], None if yerr is None else low,
+                     None if yerr is None else high))
+    ref = official[official["capacity"].notna()] if official is not None else pd.DataFrame()
+    for bound, marker in (("", "o"), ("≥", "^"), ("<", "v")):
+        part = ref[ref["bound"] == bound] if not ref.empty else ref
+        if not part.empty:
+            note = f", {BOUND_WORDS[bound]}" if bound else ""
+            ax.scatter(part["d_dot"], part["capacity"], marker=marker, facecolors="none", edgecolors="grey",
+                       s=70, label=f"official seed 1 (d_key 64{note})")
     values = list(shown["d_dot"]) + list(shown["capacity_mean"])
-    if official is not None and not official.empty:
-        values += list(official["d_dot"]) + list(official["capacity"].dropna())
+    if not ref.empty:
+        values += list(ref["d_dot"]) + list(ref["capacity"])
     values = [v for v in values if v and v > 0 and math.isfinite(v)] or [10, 1000]
     low, high = min(values) / 1.5, max(values) * 1.5
     ax.plot([low, high], [low, high], "k--", lw=1, label="capacity = d_dot")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
+    ax.set_xlim(low, high)
+    ax.set_ylim(low, high)
     ax.set_xlabel("d_dot (size of φ: columns of the fast weight)")
     ax.set_ylabel(f"capacity: largest S with best loss ≤ {CAPACITY_THRESHOLD}")
-    ax.set_title("Setting 1: capacity vs d_dot (seed mean; bars: 95 % t-interval, dotted: S-grid bracket)",
+    ax.set_title("Setting 1: capacity vs d_dot\n(seed mean; bars: 95 % t-interval; dotted bars: S-grid bracket)",
                  fontsize=10)
-    legend_beside(ax)  # inside, two columns of labels covered the markers they name
+    legend_below(ax, ncol=2)
     plain_ticks(ax, "x")
     plain_ticks(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()  # the final layout first: labels are placed in pixels
+    fig.canvas.draw()
+    avoid = [marker_box(ax, x, y, 7.0, lo, hi) for x, y, lo, hi in ours]
+    avoid += [marker_box(ax, x, y, 7.0) for x, y in zip(ref.get("d_dot", []), ref.get("capacity", []), strict=True)]
+    avoid += line_boxes(ax, (low, low), (high, high))  # no name written across the line capacity = d_dot
+    place_labels(ax, [(r["d_dot"], r["capacity"], r["variant"]) for _, r in ref.iterrows()], avoid,
+                 fontsize=7, color="dimgrey")
     return _save(fig, path)
 
 

@@ -21,14 +21,43 @@ def _style(variant: str) -> dict:
     return {"color": colours.get(family, "tab:purple"), "ls": "-" if solid else "--"}
 
 
+#: Marker of each learning rate of a sweep, smallest first (colour and dash already say φ and the rule).
+LR_MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def swept(rows: pd.DataFrame) -> bool:
+    """Whether ``rows`` hold more than one learning rate (then every run is named with its lr)."""
+    return "lr" in rows and rows["lr"].nunique() > 1
+
+
+def run_detail(row: pd.Series, with_lr: bool) -> str:
+    """'lr 0.006, seed 1' (with ``with_lr``) or 'seed 1': what tells one run of a variant from another."""
+    return (f"lr {row['lr']:g}, " if with_lr else "") + f"seed {int(row['seed'])}"
+
+
+def run_label(row: pd.Series, with_lr: bool) -> str:
+    """'linear (lr 0.006, seed 1)' or 'linear (seed 1)': one run in a legend."""
+    return f"{row['variant']} ({run_detail(row, with_lr)})"
+
+
+def _runs(rows: pd.DataFrame):
+    """(row, label, line style) of every run: sorted by variant, lr and seed; one marker per lr of a sweep."""
+    with_lr = swept(rows)
+    rates = sorted(rows["lr"].dropna().unique()) if with_lr else []
+    order = [c for c in ("variant", "lr", "seed") if c in rows]
+    for _, row in rows.sort_values(order).iterrows():
+        marker = LR_MARKERS[rates.index(row["lr"]) % len(LR_MARKERS)] if with_lr else "o"
+        yield row, run_label(row, with_lr), {**_style(row["variant"]), "marker": marker}
+
+
 def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
-    """Validation bits per character (the evaluation subset) against training step, one line per run."""
+    """Validation bits per character (the evaluation subset) against training step, one line per run
+    (with an lr sweep, each run's legend entry names its lr and each lr has its own marker)."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for _, row in rows.sort_values("variant").iterrows():
+    for row, label, style in _runs(rows):
         curve = [p for p in (row["curve"] or []) if "eval_bpc" in p]
         if curve:
-            ax.plot([p["step"] for p in curve], [p["eval_bpc"] for p in curve], marker="o", ms=3,
-                    label=f"{row['variant']} (seed {row['seed']})", **_style(row["variant"]))
+            ax.plot([p["step"] for p in curve], [p["eval_bpc"] for p in curve], ms=4, label=label, **style)
     if "unigram_bpc" in rows and rows["unigram_bpc"].notna().any():
         ax.axhline(rows["unigram_bpc"].dropna().iloc[0], color="grey", lw=0.8, ls=":", label="unigram baseline")
     ax.set_xlabel("training step")
@@ -47,14 +76,14 @@ def long_context_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     each bucket in characters (log scale).
     """
     fig, ax = plt.subplots(figsize=(8, 5))
-    for _, row in rows.sort_values("variant").iterrows():
+    for row, label, style in _runs(rows):
         evaluation = row.get("final_evaluation")
         if not isinstance(evaluation, dict) or "long_context" not in evaluation:
             continue
         lc = evaluation["long_context"]
         ends = [hi for _, hi in lc["buckets"]]
         ratio = [c / r for c, r in zip(lc["carried_ppl"], lc["reset_ppl"], strict=True)]
-        ax.plot(ends, ratio, marker="o", ms=3, label=f"{row['variant']} (seed {row['seed']})", **_style(row["variant"]))
+        ax.plot(ends, ratio, ms=4, label=label, **style)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 
 from fwbench.analysis.claims_lm import SETUP_FIELDS, carried_segments, describe_setup, setups, stream_ratios
-from fwbench.analysis.lm_protocol import best_learning_rates
+from fwbench.analysis.lm_protocol import describe_learning_rates
 from fwbench.analysis.reference import paper_lm_tables
-from fwbench.report.lm_figures import learning_curves_figure, long_context_figure
+from fwbench.report.lm_figures import learning_curves_figure, long_context_figure, run_detail, swept
 from fwbench.report.markdown import markdown_table
 from fwbench.variants import d_dot_of, parse_spec
 
@@ -66,14 +66,15 @@ def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
 def long_context_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per run: per-segment and carried-state ppl over the whole stream and in its last bucket."""
     table = []
-    for _, row in rows.sort_values(["variant", "seed"]).iterrows():
+    for _, row in rows.sort_values(["variant", "lr", "seed"]).iterrows():
         evaluation = row.get("final_evaluation")
         if not isinstance(evaluation, dict) or "long_context" not in evaluation:
             continue
         lc = evaluation["long_context"]
         lo, hi = lc["buckets"][-1]
         table.append({
-            "variant": row["variant"], "seed": int(row["seed"]), "characters": f"{int(lc['tokens']):,}",
+            "variant": row["variant"], "seed": int(row["seed"]), "lr": f"{row['lr']:g}",
+            "characters": f"{int(lc['tokens']):,}",
             "per-segment ppl": _number(lc["reset_ppl_all"]), "carried ppl": _number(lc["carried_ppl_all"]),
             "carried ÷ per-segment": _number(lc["carried_ppl_all"] / lc["reset_ppl_all"], 3),
             "last bucket": f"[{lo:,}, {hi:,})",
@@ -163,9 +164,10 @@ def section_shakespeare(frame: pd.DataFrame, out_dir: Path) -> str:
                       f"{unigram.iloc[0]:.3f} bits per character.", ""]
         lines += [markdown_table(variant_table(rows)), ""]
         if rows["lr"].nunique() > 1:
-            rates = ", ".join(f"{v} {lr:g}" for v, lr in sorted(best_learning_rates(rows).items()))
-            lines += [f"Learning rates swept: {', '.join(f'{lr:g}' for lr in sorted(rows['lr'].unique()))}; "
-                      f"best by seed-mean validation perplexity: {rates}.", ""]
+            rates = describe_learning_rates(rows)
+            lines += [f"Learning rates swept: {', '.join(f'{lr:g}' for lr in sorted(rows['lr'].unique()))} (each "
+                      f"variant is read at the one with the lowest seed-mean validation perplexity). "
+                      f"{rates[0].upper()}{rates[1:]}.", ""]
         carried_table = carried_length_table(rows)
         if not carried_table.empty:
             lines += ["#### Carried length: the state carried over 1×, 4× and 16× the length carried in training", "",
@@ -198,14 +200,14 @@ def section_shakespeare(frame: pd.DataFrame, out_dir: Path) -> str:
                 markdown_table(long_context_table(rows)),
                 "",
             ]
-        samples = [(row["variant"], row["seed"], row["final_evaluation"].get("sample"))
-                   for _, row in rows.sort_values("variant").iterrows()
+        samples = [(row, row["final_evaluation"].get("sample"))
+                   for _, row in rows.sort_values(["variant", "lr", "seed"]).iterrows()
                    if isinstance(row.get("final_evaluation"), dict) and row["final_evaluation"].get("sample")]
         if samples:
             lines += ["#### Generated samples", ""]
-            for variant, seed, sample in samples:
+            for row, sample in samples:
                 text = sample["text"][:SAMPLE_CHARS].replace("```", "'''")
-                lines += [f"**{variant}** (seed {seed}, prompt {sample['prompt']!r}, temperature "
+                lines += [f"**{row['variant']}** ({run_detail(row, swept(rows))}, prompt {sample['prompt']!r}, temperature "
                           f"{sample['temperature']}, sampling seed {sample['seed']}):", "", "```text", text, "```", ""]
     lines += [
         "### Reference: the paper's WikiText-103 results (a different dataset and scale)",

@@ -6,9 +6,19 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
-from fwbench.analysis.claims_lm import claim_carried_state_sum_degrades_delta_holds, claim_delta_beats_sum
-from fwbench.analysis.lm_protocol import at_best_learning_rate, best_learning_rates, carried_ratio
+from fwbench.analysis.claims_lm import (
+    claim_carried_state_sum_degrades_delta_holds,
+    claim_delta_beats_sum,
+    claim_unnormalised_delta_rule_fails,
+)
+from fwbench.analysis.lm_protocol import (
+    at_best_learning_rate,
+    best_learning_rates,
+    carried_ratio,
+    describe_learning_rates,
+)
 from fwbench.analysis.verdicts import FAIL, PASS
 
 SETUP = {"task": "shakespeare", "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "context": 16,
@@ -60,3 +70,54 @@ def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_s
     for rows in (carried + limited, limited + carried):  # whichever the store holds first
         result = claim_delta_beats_sum(pd.DataFrame(rows))
         assert result.verdict == PASS and "carried over" not in result.measured
+
+
+def unnorm_sweep(diverged_at: dict[float, int], unnorm_ppl: float = 7.0) -> pd.DataFrame:
+    """linear-delta at 5.0 and linear-delta-unnorm at ``unnorm_ppl`` over lr 6e-3 and 1.2e-2, 3 seeds each;
+    ``diverged_at`` maps a rate to how many of its seeds diverged."""
+    rows = []
+    for lr in (6e-3, 1.2e-2):
+        for seed in (1, 2, 3):
+            rows.append(row("linear-delta", seed, lr, 5.0 + 0.01 * seed + lr))
+            diverged = seed <= diverged_at.get(lr, 0)
+            rows.append(row("linear-delta-unnorm", seed, lr, math.nan if diverged else unnorm_ppl + 0.01 * seed,
+                            status="diverged" if diverged else "max_steps"))
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("diverged_at,count,verdict", [
+    ({6e-3: 3, 1.2e-2: 3}, "6 of 6 runs diverged; lr 0.006: 3 of 3, lr 0.012: 3 of 3", PASS),
+    ({1.2e-2: 3}, "3 of 6 runs diverged; lr 0.006: 0 of 3, lr 0.012: 3 of 3", PASS),  # worse at 0.006
+    ({}, "0 of 6 runs diverged; lr 0.006: 0 of 3, lr 0.012: 0 of 3", PASS),
+])
+def test_c7_counts_every_diverged_run_of_the_sweep(diverged_at, count, verdict):
+    result = claim_unnormalised_delta_rule_fails(unnorm_sweep(diverged_at))
+    assert f"({count})" in result.measured and result.verdict == verdict, result.measured
+
+
+def test_c7_with_half_the_sweep_diverged_is_decided_at_the_stable_rate():
+    # lr 1.2e-2 diverged on every seed, but at 6e-3 the unnormalised rule trains and beats the delta rule
+    result = claim_unnormalised_delta_rule_fails(unnorm_sweep({1.2e-2: 3}, unnorm_ppl=4.0))
+    assert result.verdict == FAIL and "3 of 6 runs diverged" in result.measured
+
+
+def test_a_rate_without_a_measured_run_is_never_named_best():
+    rows = unnorm_sweep({6e-3: 3, 1.2e-2: 3})
+    assert best_learning_rates(rows) == {"linear-delta": 6e-3}
+    assert "linear-delta-unnorm none (every run diverged or unmeasured)" in describe_learning_rates(rows)
+    # every run failed: all of them stay in the cells, so their failures are counted
+    assert (at_best_learning_rate(rows)["variant"] == "linear-delta-unnorm").sum() == 6
+
+
+def test_the_best_rate_is_marked_when_the_sweep_does_not_bracket_it():
+    sweep = pd.DataFrame([row("linear", seed, lr, ppl) for lr, ppl in ((3e-3, 6.0), (6e-3, 5.0), (1.2e-2, 5.5))
+                          for seed in (1, 2, 3)]
+                         + [row("softmax", seed, lr, ppl) for lr, ppl in ((3e-3, 6.0), (6e-3, 5.5), (1.2e-2, 5.0))
+                            for seed in (1, 2, 3)]
+                         + [row("linear-delta", seed, 6e-3, 4.0) for seed in (1, 2, 3)])
+    text = describe_learning_rates(sweep)
+    assert text == ("best lr per variant among measured runs: linear 0.006, linear-delta 0.006 (the only lr run), "
+                    "softmax 0.012 (edge of the sweep)")
+    one_rate = sweep[sweep["lr"] == 6e-3]
+    assert describe_learning_rates(one_rate) == "lr 0.006 for every variant (one rate, no sweep)"
+    assert "best lr" not in claim_delta_beats_sum(one_rate).measured

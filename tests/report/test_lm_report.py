@@ -1,0 +1,57 @@
+"""The LM section names every run of a learning-rate sweep by its lr: table rows, figure legends and
+sample headings (issue 13: "linear (seed 1)" twice, once per lr, told a reader nothing)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+import fwbench.report.lm_figures as lm_figures
+from fwbench.report.lm_section import long_context_table, section_shakespeare, variant_table
+
+LONG_CONTEXT = {"tokens": 256, "buckets": [[0, 64], [64, 256]], "reset_ppl": [9.0, 9.0], "carried_ppl": [9.0, 9.9],
+                "reset_ppl_all": 9.0, "carried_ppl_all": 9.5}
+
+
+def lm_run(variant: str, lr: float, seed: int) -> dict:
+    return {"task": "shakespeare", "variant": variant, "lr": lr, "seed": seed, "status": "max_steps",
+            "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "context": 16, "batch_size": 4,
+            "max_steps": 1000, "positional": "learned", "schedule": "noam", "dropout": 0.0, "tied_output": True,
+            "train_segments": 1, "truncated_bptt": False, "val_ppl": 8.0 + seed, "val_bpc": 3.0, "unigram_bpc": 4.8,
+            "parameters": 1000, "steps": 1000, "wall_s": 60.0, "tokens_per_s": 1e4,
+            "curve": [{"step": 500, "eval_bpc": 3.5}, {"step": 1000, "eval_bpc": 3.0}],
+            "final_evaluation": {"long_context": LONG_CONTEXT,
+                                 "sample": {"text": "It is so", "prompt": "It is", "temperature": 0.8, "seed": seed}}}
+
+
+def sweep(rates=(6e-3, 1.2e-2)) -> pd.DataFrame:
+    return pd.DataFrame([lm_run(v, lr, seed) for v in ("linear", "linear-delta") for lr in rates for seed in (1, 2)])
+
+
+def legend_texts(monkeypatch, draw, rows: pd.DataFrame) -> list[str]:
+    """The legend entries of the figure ``draw`` makes from ``rows`` (caught before it is saved)."""
+    caught = []
+    monkeypatch.setattr(lm_figures, "save", lambda fig, path: caught.append(fig) or path)
+    draw(rows, "unused.png", "title")
+    return [t.get_text() for t in caught[0].axes[0].get_legend().get_texts()]
+
+
+def test_with_an_lr_sweep_every_legend_entry_and_row_names_its_lr(monkeypatch, tmp_path):
+    rows = sweep()
+    for draw in (lm_figures.learning_curves_figure, lm_figures.long_context_figure):
+        labels = [t for t in legend_texts(monkeypatch, draw, rows) if t != "unigram baseline"]
+        assert labels[:4] == ["linear (lr 0.006, seed 1)", "linear (lr 0.006, seed 2)",
+                              "linear (lr 0.012, seed 1)", "linear (lr 0.012, seed 2)"]
+        assert len(set(labels)) == len(labels) == len(rows)
+    for table in (variant_table(rows), long_context_table(rows)):
+        assert list(zip(table["variant"], table["lr"], table["seed"]))[:2] == [("linear", "0.006", 1),
+                                                                               ("linear", "0.006", 2)]
+        assert not table.duplicated(["variant", "lr", "seed"]).any()
+    text = section_shakespeare(rows, tmp_path)
+    assert "**linear-delta** (lr 0.012, seed 2, prompt" in text
+    assert ("Best lr per variant among measured runs: linear 0.006 (edge of the sweep), "
+            "linear-delta 0.006 (edge of the sweep).") in text
+
+
+def test_one_learning_rate_keeps_the_labels_short(monkeypatch):
+    labels = legend_texts(monkeypatch, lm_figures.learning_curves_figure, sweep(rates=(6e-3,)))
+    assert labels[0] == "linear (seed 1)" and not any("lr" in t for t in labels)
