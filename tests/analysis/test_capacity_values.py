@@ -81,26 +81,39 @@ def test_a_diverged_run_is_counted_per_seed():
 
 
 def test_the_seed_aggregate_of_two_seeds():
-    """Capacities 70 and 130: mean 100, s/√2 = 30, half-width t_{0.975,1} · 30."""
+    """Capacities 70 and 130: mean 100, s/√2 = 30, half-width t_{0.975,1} · 30 = 381, cut to the
+    brackets: seed 1 lies in [60, 80] and seed 2 in [120, 140], so their mean lies in [90, 110]."""
     row = capacity_intervals(TWO_SEEDS).iloc[0]
-    half = T_975_DF1 * 30
     assert list(capacity_intervals(TWO_SEEDS).columns) == [c for c in CAPACITY_COLUMNS if c != "setting"]
     assert (row["capacity_mean"], row["n_seeds"], row["bound"]) == (pytest.approx(100.0), 2, "")
-    assert (row["ci_low"], row["ci_high"]) == pytest.approx((100 - half, 100 + half))
+    assert (row["ci_low"], row["ci_high"]) == pytest.approx((90.0, 110.0))
     assert (row["grid_low"], row["grid_high"]) == (60, 140)
     assert row["per_seed"] == "70 130"                 # in seed order
     assert row["ignored_S"] == "40 100"                # in numeric order, not text order
     assert row["S_grid"] == "20 40 60 80"              # the first seed's grid
     assert row["threshold"] == 0.01 and row["n_diverged"] == 0
     assert row["capacity_over_d_dot"] == pytest.approx(100 / 128)
-    assert describe(row) == "≈ 100 [-281, 481] (2 seeds) (one-point blip skipped at S=40 100)"
+    assert describe(row) == "≈ 100 [90, 110] (2 seeds) (one-point blip skipped at S=40 100)"
+
+
+# Two seeds bracketed only by S=20 and S=200: crossings 110 (log-midway) and 80 (a third of the way).
+WIDE_BRACKETS = curve_rows(("linear", 1, {20: 1e-3, 200: 0.1}), ("linear", 2, {20: 1e-3, 200: 1.0}))
 
 
 def test_capacity_intervals_take_the_threshold_and_confidence():
     row = capacity_intervals(TWO_SEEDS, threshold=0.2).iloc[0]
     assert (row["capacity_mean"], row["bound"], row["threshold"]) == (110.0, "≥", 0.2)
-    narrow = capacity_intervals(TWO_SEEDS, confidence=0.5).iloc[0]
-    assert (narrow["ci_low"], narrow["ci_high"]) == pytest.approx((100 - 30, 100 + 30))  # t_{0.75,1} = 1
+    narrow = capacity_intervals(WIDE_BRACKETS, confidence=0.5).iloc[0]  # t_{0.75,1} = 1, s/√2 = 15
+    assert (narrow["capacity_mean"], narrow["ci_low"], narrow["ci_high"]) == pytest.approx((95, 80, 110))
+    wide = capacity_intervals(WIDE_BRACKETS).iloc[0]  # 95 ± 12.7 · 15 = [−96, 286]: cut to the brackets
+    assert (wide["ci_low"], wide["ci_high"]) == pytest.approx((20, 200))
+
+
+def test_a_censored_capacity_keeps_its_t_interval():
+    """Only fully bracketed seeds cut the interval: with an open end (≥) the grid does not bound the mean."""
+    censored = curve_rows(("linear", 1, {20: 1e-3, 200: 0.1}), ("linear", 2, {20: 1e-3, 200: 1e-3}))
+    row = capacity_intervals(censored).iloc[0]
+    assert row["bound"] == "≥" and row["ci_high"] > 200 and row["ci_low"] < 20
 
 
 def test_a_lower_bound_wins_over_an_upper_bound_and_d_dot_may_be_missing():
