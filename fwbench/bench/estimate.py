@@ -172,8 +172,8 @@ def estimate(specs: list[RunSpec], step_timer: Callable[[RunSpec], float] = meas
             step_seconds[shape] = _timed_or_error(step_timer, spec)
         steps, source = steps_needed(spec, official)
         timed = step_seconds[shape]
-        cells[key] = (CellEstimate(spec.variant, dict(spec.config), 1, steps, source, timed) if isinstance(timed, float)
-                      else CellEstimate(spec.variant, dict(spec.config), 1, steps, source, 0.0, error=timed))
+        error = timed if isinstance(timed, str) else None
+        cells[key] = CellEstimate(spec.variant, dict(spec.config), 1, steps, source, 0.0 if error else timed, error)
         if on_cell is not None:
             on_cell(cells[key])
     return list(cells.values())
