@@ -71,7 +71,10 @@ def test_c14_reports_divergence_as_measured_and_never_as_a_loss():
 
 
 def lm_rows(cells: dict[str, list[float]], steps: int = 1500, statuses: dict[str, list[str]] | None = None):
-    setup = dict(zip(SETUP_FIELDS, (64, 4, 2, 256, 64, 16, steps, "learned", 2e-3, "cosine", 0.0, True, 1)))
+    setup = {"d_model": 64, "n_heads": 4, "n_layers": 2, "d_ff": 256, "context": 64, "batch_size": 16,
+             "max_steps": steps, "positional": "learned", "schedule": "cosine", "dropout": 0.0,
+             "tied_output": True, "train_segments": 1, "truncated_bptt": False, "lr": 2e-3}
+    assert set(SETUP_FIELDS) <= set(setup)  # a field added to the setup must be given here
     rows = []
     for variant, ppls in cells.items():
         for seed, ppl in enumerate(ppls, start=1):

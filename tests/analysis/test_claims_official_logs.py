@@ -167,7 +167,10 @@ def paper_lm_records(seeds=(1, 2, 3), spread=0.0) -> pd.DataFrame:
     names = {("transformer", "softmax"): "softmax", ("linear", "sum"): "linear", ("linear", "delta"): "linear-delta",
              ("performer", "sum"): "favor:m=16", ("performer", "delta"): "favor-delta:m=16",
              ("dpfp", "sum"): "dpfp:nu=1", ("dpfp", "delta"): "dpfp-delta:nu=1"}
-    setup = dict(zip(SETUP_FIELDS, (128, 8, 16, 2048, 256, 96, 200000, "none", 2.5e-4, "cosine", 0.1, False, 1)))
+    setup = {"d_model": 128, "n_heads": 8, "n_layers": 16, "d_ff": 2048, "context": 256, "batch_size": 96,
+             "max_steps": 200000, "positional": "none", "schedule": "cosine", "dropout": 0.1,
+             "tied_output": False, "train_segments": 1, "truncated_bptt": False, "lr": 2.5e-4}
+    assert set(SETUP_FIELDS) <= set(setup)  # a field added to the setup must be given here
     rows = []
     small = tables[(tables["config"] == "small") & (tables["table"].isin([2, 5]))]
     for (model, rule), variant in names.items():
