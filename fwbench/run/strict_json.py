@@ -16,12 +16,22 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 #: The record key listing the values written as ``null`` because they were NaN or infinite.
 NON_FINITE_KEY = "non_finite"
 
 
 def _replace_non_finite(value: Any, path: str, replaced: dict[str, str]) -> Any:
-    """``value`` with every non-finite float set to ``None``; ``replaced[path]`` says what each was."""
+    """``value`` with every non-finite float set to ``None``; ``replaced[path]`` says what each was.
+
+    NumPy scalars and arrays and torch tensors become Python numbers and lists first: ``json`` cannot
+    write a ``numpy.float32`` (a metric averaged with NumPy), and a record that cannot be written
+    would lose a finished run.
+    """
+    if isinstance(value, (np.generic, np.ndarray, torch.Tensor)):
+        value = value.tolist()  # a 0-d array or tensor, or a NumPy scalar, gives a Python scalar
     if isinstance(value, float) and not math.isfinite(value):
         replaced[path] = repr(float(value))  # 'nan', 'inf', '-inf'
         return None

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -197,6 +198,18 @@ def test_every_non_finite_value_is_written_as_null_with_its_reason(tmp_path):
     bench = ResultsStore(tmp_path, "bench.jsonl")
     bench.append({"run_id": "b", "ratio": float("nan")})
     assert strict(bench.path.read_text())["ratio"] is None
+
+
+def test_numpy_and_torch_numbers_in_a_record_are_written_as_json_numbers(tmp_path):
+    """A metric averaged with NumPy is a numpy.float32, which json cannot write: the record (and
+    the finished run) would be lost. Scalars, arrays and tensors become numbers and lists."""
+    store = ResultsStore(tmp_path)
+    store.append({"run_id": "np", "metrics": {"loss": np.float32(0.25), "steps": np.int64(7), "nan": np.float32("nan"),
+                                              "per_key": np.array([0.5, np.inf], dtype=np.float32),
+                                              "peak": torch.tensor(3.0), "ok": np.bool_(True)}})
+    written = strict(store.path.read_text())
+    assert written["metrics"] == {"loss": 0.25, "steps": 7, "nan": None, "per_key": [0.5, None], "peak": 3.0, "ok": True}
+    assert written["non_finite"] == {"metrics.nan": "nan", "metrics.per_key.1": "inf"}
 
 
 def test_csv_tables_hold_empty_cells_for_non_finite_values(tmp_path):
