@@ -32,8 +32,11 @@ per run). Wall time with ``--jobs N`` (:mod:`fwbench.bench.schedule`): the runs'
 handed out to N workers in the order the local launcher hands them out (grid order, each grid after
 the one before), i.e. the time the last worker finishes, on N free cores; on a shared machine, wall
 time is longer by the sharing. Not counted: process start-up, model construction, writing records
-and checkpoints, and the speed-up of packed runs (``--jobs 1`` packs runs that share shapes). An
-estimate: measured runs are the check (``--against RESULTS_DIR``; the README marks each figure as which).
+and checkpoints, the speed-up of packed runs (``--jobs 1`` packs runs that share shapes), a step
+that grows slower as the run trains (the first steps are timed: FAVOR+ delta at S=140 in Setting 2
+goes from ~37 to ~155 ms of CPU per step over 3000 steps, denormal floats), and other processes on
+the machine. An estimate: measured runs are the check (``--against RESULTS_DIR``, per grid and per
+cell; the README marks each figure as which).
 """
 
 from __future__ import annotations

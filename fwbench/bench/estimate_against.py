@@ -5,7 +5,10 @@ Per grid and in total, for the runs of the profile that have a finished record i
 - core time: predicted core-hours (:attr:`CellEstimate.run_s` summed) against the records' summed
   ``wall_s`` (each run's own wall time, training, evaluations and final evaluation), split into the
   ratio of step counts (Σ measured steps / Σ predicted steps) and of seconds per step (measured
-  wall_s / steps against predicted run seconds / steps, evaluations included);
+  wall_s / steps against predicted run seconds / steps, evaluations included); and the training
+  steps alone (a record's training seconds are ``steps / steps_per_s``, the loop's timed steps):
+  measured over predicted training seconds per step, and the share of the time spent outside
+  training steps (evaluations, final evaluation, set-up), predicted and measured;
 - wall time: the predicted schedule on ``--jobs`` workers (:mod:`fwbench.bench.schedule`) of those
   runs against first ``started_at`` → last ``ended_at`` of their records.
 
@@ -38,6 +41,8 @@ class Comparison:
     measured_steps: int
     predicted_wall_s: float
     measured_wall_s: float
+    predicted_train_s: float = 0.0
+    measured_train_s: float = 0.0
 
     @property
     def core_ratio(self) -> float:
@@ -57,6 +62,19 @@ class Comparison:
         return _ratio(self.measured_core_s / max(self.measured_steps, 1), self.predicted_core_s / max(self.predicted_steps, 1))
 
 
+    @property
+    def train_step_ratio(self) -> float:
+        """Measured over predicted training seconds per step (evaluations left out of both)."""
+        return _ratio(self.measured_train_s / max(self.measured_steps, 1),
+                      self.predicted_train_s / max(self.predicted_steps, 1))
+
+    def outside_training(self) -> str:
+        """The share of the time outside training steps, predicted / measured, in per cent."""
+        predicted = 1 - self.predicted_train_s / self.predicted_core_s if self.predicted_core_s else 0.0
+        measured = 1 - self.measured_train_s / self.measured_core_s if self.measured_core_s else 0.0
+        return f"{predicted:.1%} / {measured:.1%}"
+
+
 def _ratio(measured: float, predicted: float) -> float:
     return measured / predicted if predicted > 0 else float("nan")
 
@@ -70,6 +88,12 @@ def _finished(specs: list[RunSpec], records: dict[str, dict]) -> list[RunSpec]:
     return [spec for spec in specs if records.get(spec.run_id, {}).get("status", "failed") != "failed"]
 
 
+def _train_s(record: dict) -> float:
+    """A record's seconds in training steps: ``steps / steps_per_s`` (0 when it has no rate)."""
+    rate = record.get("steps_per_s")
+    return record["steps"] / rate if rate else 0.0
+
+
 def _window_s(found: list[dict]) -> float:
     """Seconds from the first record's start to the last one's end (0 without records)."""
     if not found:
@@ -81,15 +105,21 @@ def compare(name: str, specs: list[RunSpec], cells: list[CellEstimate], records:
             jobs: int) -> Comparison:
     """:class:`Comparison` of ``specs`` (in launch order) with their finished records (``records``:
     run_id → record; ``failed`` records and runs without one are left out of both sides)."""
-    steps = {cell_key_of(cell): cell.steps for cell in cells}
+    by_key = {cell_key_of(cell): cell for cell in cells}
     measured = _finished(specs, records)
     seconds = run_seconds(measured, cells)
     found = [records[spec.run_id] for spec in measured]
     return Comparison(
         name=name, runs=len(specs), measured_runs=len(found),
         predicted_core_s=sum(seconds), measured_core_s=sum(r["wall_s"] for r in found),
-        predicted_steps=sum(steps[cell_key(spec)] for spec in measured), measured_steps=sum(r["steps"] for r in found),
-        predicted_wall_s=makespan(seconds, jobs), measured_wall_s=_window_s(found))
+        predicted_steps=sum(by_key[cell_key(spec)].steps for spec in measured), measured_steps=sum(r["steps"] for r in found),
+        predicted_wall_s=makespan(seconds, jobs), measured_wall_s=_window_s(found),
+        predicted_train_s=sum(_train_seconds(by_key[cell_key(spec)]) for spec in measured),
+        measured_train_s=sum(_train_s(r) for r in found))
+
+
+def _train_seconds(cell: CellEstimate) -> float:
+    return 0.0 if cell.error is not None else cell.steps * cell.step_s
 
 
 def total(name: str, parts: list[Comparison], specs: list[RunSpec], records: dict[str, dict]) -> Comparison:
@@ -99,19 +129,22 @@ def total(name: str, parts: list[Comparison], specs: list[RunSpec], records: dic
     return Comparison(name, sum(p.runs for p in parts), sum(p.measured_runs for p in parts),
                       sum(p.predicted_core_s for p in parts), sum(p.measured_core_s for p in parts),
                       sum(p.predicted_steps for p in parts), sum(p.measured_steps for p in parts),
-                      sum(p.predicted_wall_s for p in parts), wall)
+                      sum(p.predicted_wall_s for p in parts), wall,
+                      sum(p.predicted_train_s for p in parts), sum(p.measured_train_s for p in parts))
 
 
 def format_comparison(parts: list[Comparison], whole: Comparison, jobs: int, results_dir: str) -> str:
     """The per-grid and total table of predicted against measured core and wall time."""
     lines = [f"### Predicted vs measured ({results_dir}; ratio = measured / predicted)", "",
              "| grid | runs with records | predicted core-h | measured run-h (Σ wall_s) | ratio | steps ratio | "
-             f"s/step ratio | predicted wall (--jobs {jobs}) | measured wall (first start → last end) | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for part in [*parts, whole]:
+             "s/step ratio | training s/step ratio | outside training steps: predicted / measured | "
+             f"predicted wall (--jobs {jobs}) | measured wall (first start → last end) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for part in [*(part for part in parts if part.runs), whole]:  # a grid whose runs all belong to an earlier one: left out
         lines.append(f"| {part.name} | {part.measured_runs} of {part.runs} | {part.predicted_core_s / 3600:.2f} | "
                      f"{part.measured_core_s / 3600:.2f} | {part.core_ratio:.2f} | {part.steps_ratio:.2f} | "
-                     f"{part.step_time_ratio:.2f} | {part.predicted_wall_s / 60:.1f} min | "
+                     f"{part.step_time_ratio:.2f} | {part.train_step_ratio:.2f} | {part.outside_training()} | "
+                     f"{part.predicted_wall_s / 60:.1f} min | "
                      f"{part.measured_wall_s / 60:.1f} min | {part.wall_ratio:.2f} |")
     return "\n".join(lines)
 

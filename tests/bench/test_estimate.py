@@ -272,8 +272,10 @@ def test_against_prints_predicted_beside_measured_with_exact_ratios(tmp_path, mo
     stops at the official step 100 (1 + 0.5 = 1.5 s a run), linear S=20 at step 800 (8 + 4 = 12 s).
     The store: dpfp seeds 1, 2 and linear seed 1 measured at twice their predicted wall_s and the
     official steps, linear seed 2 failed (left out of both sides): core 15 s predicted, 30 s measured
-    (ratio 2.00, steps ratio 1.00, s/step ratio 2.00); schedule on 2 workers in grid order
-    (1.5 | 1.5, then 12): 13.5 s predicted; first start → last end 54 s measured: ratio 4.00."""
+    (ratio 2.00, steps ratio 1.00, s/step ratio 2.00); in training steps (steps / steps_per_s) 2 + 2 + 20
+    s against 1 + 1 + 8 predicted (2.40 per step), outside them 5 of 15 s predicted, 6 of 30 measured;
+    schedule on 2 workers in grid order (1.5 | 1.5, then 12): 13.5 s predicted; first start → last end
+    54 s measured: ratio 4.00."""
     import json
 
     import fwbench.bench.estimate_command as command
@@ -285,18 +287,18 @@ def test_against_prints_predicted_beside_measured_with_exact_ratios(tmp_path, mo
     specs = expand(load_grid(path), "quick")
     results = tmp_path / "results"
     results.mkdir()
-    measured = [(specs[0], 100, 3.0, "00:00:00", "00:00:03"), (specs[1], 100, 3.0, "00:00:00", "00:00:03"),
-                (specs[2], 800, 24.0, "00:00:03", "00:00:54")]
-    lines = [{"run_id": spec.run_id, "status": "plateau", "steps": steps, "wall_s": wall,
+    measured = [(specs[0], 100, 3.0, 50.0, "00:00:00", "00:00:03"), (specs[1], 100, 3.0, 50.0, "00:00:00", "00:00:03"),
+                (specs[2], 800, 24.0, 40.0, "00:00:03", "00:00:54")]
+    lines = [{"run_id": spec.run_id, "status": "plateau", "steps": steps, "wall_s": wall, "steps_per_s": rate,
               "started_at": f"2026-11-30T{start}+00:00", "ended_at": f"2026-11-30T{end}+00:00"}
-             for spec, steps, wall, start, end in measured]
+             for spec, steps, wall, rate, start, end in measured]
     lines.append({"run_id": specs[3].run_id, "status": "failed", "steps": 0, "wall_s": 0.0})
     (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert [(s.variant, s.seed) for s in specs] == [("dpfp:nu=1", 1), ("dpfp:nu=1", 2), ("linear", 1), ("linear", 2)]
     assert main(["estimate", str(path), "--profile", "quick", "--jobs", "2", "--against", str(results)]) == 0
     out = capsys.readouterr().out
-    assert "| estimate-tiny | 3 of 4 | 0.00 | 0.01 | 2.00 | 1.00 | 2.00 | 0.2 min | 0.9 min | 4.00 |" in out
-    assert "| total | 3 of 4 | 0.00 | 0.01 | 2.00 | 1.00 | 2.00 | 0.2 min | 0.9 min | 4.00 |" in out
+    row = "3 of 4 | 0.00 | 0.01 | 2.00 | 1.00 | 2.00 | 2.40 | 33.3% / 20.0% | 0.2 min | 0.9 min | 4.00 |"
+    assert f"| estimate-tiny | {row}" in out and f"| total | {row}" in out
     assert "| estimate-tiny | linear | setting=1, S=20, lr=0.001 | 1 | 800 | 800 | 0.0150 | 0.0300 | 12 | 24 | 2.00 |" in out
     # the whole grid: 27 s on one core; on 2 workers 1.5 | 1.5, then 13.5 | 13.5
     assert "wall 0.5 min on one core, 0.2 min with --jobs 2" in out
@@ -309,6 +311,7 @@ def test_against_prints_predicted_beside_measured_with_exact_ratios(tmp_path, mo
     assert (part.predicted_core_s, part.measured_core_s, part.predicted_wall_s, part.measured_wall_s) == (
         pytest.approx(15.0), 30.0, pytest.approx(13.5), 54.0)
     assert (part.core_ratio, part.wall_ratio, part.steps_ratio) == (pytest.approx(2.0), pytest.approx(4.0), 1.0)
+    assert (part.predicted_train_s, part.measured_train_s) == (pytest.approx(10.0), pytest.approx(24.0))
 
 
 def test_against_a_directory_without_records_fails_in_one_line_before_any_timing(tmp_path, capsys):
