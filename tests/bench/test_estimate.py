@@ -320,3 +320,20 @@ def test_against_a_directory_without_records_fails_in_one_line_before_any_timing
     assert main(["estimate", str(path), "--profile", "quick", "--against", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert "--against: no records file" in err and "measured" not in err
+
+
+def test_the_final_evaluation_is_timed_only_for_a_model_that_evaluates_finite(specs, monkeypatch):
+    """A model whose evaluation loss is non-finite from the start (an unnormalised rule) trains into a
+    diverged run, which fit gives no final evaluation: timed 0.0; a finite one's final evaluation is
+    timed once."""
+    from fwbench.bench.estimate import measure_eval_seconds
+    from fwbench.tasks import TASKS
+
+    task = TASKS[specs[0].task]
+    finals = []
+    monkeypatch.setattr(task, "final_evaluation", lambda *args: finals.append(args), raising=False)
+    monkeypatch.setattr(task, "evaluate", lambda *args: {"loss": float("nan")})
+    assert measure_eval_seconds(specs[0], repeats=1)[1] == 0.0 and finals == []
+    monkeypatch.setattr(task, "evaluate", lambda *args: {"loss": 0.5})
+    eval_s, _ = measure_eval_seconds(specs[0], repeats=2)
+    assert len(finals) == 1 and eval_s >= 0.0
