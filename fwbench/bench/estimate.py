@@ -15,8 +15,10 @@ For every cell of the profile: steps per run × seconds per step, plus evaluatio
   forward, backward, optimiser; 1 torch thread) per distinct step shape, i.e. per (task, variant,
   config without the keys that do not change a step's cost: lr, seeds, stopping and evaluation
   settings). The median of ``steps`` step intervals after one warm-up step, in CPU time of the
-  training thread: the time a step needs a core for, which stays put while other processes share
-  the machine (its wall time then grows with their number: ~4× with 8 runnable processes on 2 cores).
+  training thread: the time a step needs a core for. Its wall time grows with the number of other
+  runnable processes (~4× with 8 on 2 cores); its CPU time less, but not nothing: the same dpfp ν=3
+  step at S=400 took 41 ms and, at another moment of a load of 6–7, 67 ms (other jobs' use of caches
+  and memory, likely), while a second worker of the same grid adds ~5 % (one paused and resumed).
 - Evaluations per run: the training loop (:func:`fwbench.run.training.fit`) evaluates every
   ``eval_every`` steps and once more at a last step that is not a multiple of it, so a run of n steps
   evaluates ⌈n / eval_every⌉ times; a task with a ``final_evaluation`` (the language model: the whole
