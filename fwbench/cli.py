@@ -12,6 +12,7 @@
                                                   text from a trained language model
     fwbench bench [--profile quick|full] [--device auto]   speed and memory of every variant and form
     fwbench estimate GRID [--profile full] [--steps 5]      predicted wall time and core-hours of a profile
+    fwbench estimate GRID --profile P --against DIR         the same beside the runs DIR's records measured
 
 ``variants``, ``report``, ``bench`` and ``probe`` take ``--variant-module PATH_OR_MODULE`` (repeatable):
 the user's own variant modules, imported first (a grid names its own with ``variant_modules``).

@@ -997,7 +997,7 @@ def _(ctx):
             table.update(before)
     out, err = ctx.capsys.readouterr()
     assert "Traceback" not in err
-    cells = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[6:8]]
+    cells = {line.split("|")[1].strip(): [line.split("|")[6].strip(), line.split("|")[-2].strip()]  # s/step, core-h
              for line in out.splitlines() if line.startswith("| ") and "|---" not in line}
     assert float(cells["linear"][0]) > 0, out  # the other cell is still timed
     step, core_hours = cells["brokenforward"]
@@ -1007,6 +1007,11 @@ def _(ctx):
 @row("C83")
 def _(ctx):
     return cli(ctx, "estimate", "shakespeare", "--data-dir", str(ctx.tmp_path / "nowhere"))
+
+
+@row("C90")
+def _(ctx):
+    return cli(ctx, "estimate", "capacity", "--against", str(ctx.tmp_path / "nowhere"))
 
 
 @row("G80")

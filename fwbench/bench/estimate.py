@@ -1,6 +1,6 @@
 """``fwbench estimate GRID --profile P``: the predicted wall time and core-hours of a grid profile.
 
-For every cell of the profile: steps per run × seconds per step on this machine.
+For every cell of the profile: steps per run × seconds per step, plus evaluations × seconds per evaluation.
 
 - Steps per run: for a retrieval cell, the ``last_step`` of the official run of the same setting,
   variant and S (``analysis/reference_data/official_synthetic_results.csv``: the step at which the
@@ -9,23 +9,41 @@ For every cell of the profile: steps per run × seconds per step on this machine
   1e-4 and 128, as :func:`fwbench.analysis.reference.official_records` gives them); another lr or
   batch converges after another number of steps, so such a cell, one the logs lack (and every
   language-model or MQAR cell) counts the cell's ``max_steps``, the most it can take. The
-  ``source`` column says which, and why a logged cell was capped.
+  ``source`` column says which, and why a logged cell was capped. The official logs hold one seed:
+  every seed of a cell is predicted to take that seed's steps.
 - Seconds per step: measured here, a few training steps of the real loop (:func:`fit`: batch,
   forward, backward, optimiser; 1 torch thread) per distinct step shape, i.e. per (task, variant,
   config without the keys that do not change a step's cost: lr, seeds, stopping and evaluation
   settings). The median of ``steps`` step intervals after one warm-up step, in CPU time of the
-  training thread: the time a step needs a core for, which stays put while other processes share
-  the machine (its wall time then grows with their number: ~4× with 8 runnable processes on 2 cores).
+  training thread: the time a step needs a core for. Its wall time grows with the number of other
+  runnable processes (~4× with 8 on 2 cores); its CPU time less, but not nothing: the same dpfp ν=3
+  step at S=400 took 41 ms and, at another moment of a load of 6–7, 67 ms (other jobs' use of caches
+  and memory, likely), while a second worker of the same grid adds ~5 % (one paused and resumed).
+- Evaluations per run: the training loop (:func:`fwbench.run.training.fit`) evaluates every
+  ``eval_every`` steps and once more at a last step that is not a multiple of it, so a run of n steps
+  evaluates ⌈n / eval_every⌉ times; a task with a ``final_evaluation`` (the language model: the whole
+  validation split, the long-context evaluations, a sample) runs it once after training.
+- Seconds per evaluation: measured here as steps are, per evaluation shape (the step shape plus the
+  evaluation size: ``eval_sequences`` × S queries for retrieval, ``eval_segments`` for the LM), the
+  median of a few evaluations of the freshly built model after one warm-up, in CPU seconds; the
+  final evaluation is timed once. An evaluation costs what a trained model's does: the forward pass
+  does not depend on the weights.
 
-Core-hours = Σ over runs of steps × s/step (one core per run); wall hours with ``--jobs N`` on N free
-cores ≈ core-hours / N; on a shared machine, wall time is longer by the sharing. Not counted:
-evaluations (every ``eval_every`` steps, ``eval_sequences``
-sequences without backward: about 1 % of the training time of the official setup) and process
-start-up. An estimate: measured runs are the check (the README marks each figure as which).
+Core-hours = Σ over runs of (steps × s/step + evaluations × s/evaluation + final evaluation) (one core
+per run). Wall time with ``--jobs N`` (:mod:`fwbench.bench.schedule`): the runs' predicted seconds
+handed out to N workers in the order the local launcher hands them out (grid order, each grid after
+the one before), i.e. the time the last worker finishes, on N free cores; on a shared machine, wall
+time is longer by the sharing. Not counted: process start-up, model construction, writing records
+and checkpoints, the speed-up of packed runs (``--jobs 1`` packs runs that share shapes), a step
+that grows slower as the run trains (the first steps are timed: FAVOR+ delta at S=140 in Setting 2
+goes from ~37 to ~155 ms of CPU per step over 3000 steps, denormal floats), and other processes on
+the machine. An estimate: measured runs are the check (``--against RESULTS_DIR``, per grid and per
+cell; the README marks each figure as which).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -34,6 +52,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fwbench.analysis.reference import official_records
+from fwbench.bench.schedule import makespan
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
@@ -42,6 +61,11 @@ from fwbench.variants import parse_spec
 #: Config keys that change how many steps a run takes or when it evaluates, not what one step costs.
 STEP_COST_FREE_KEYS = frozenset({"lr", "max_steps", "target_loss", "patience", "eval_every", "eval_sequences",
                                  "checkpoint_every"})
+#: Config keys that change neither a step's nor an evaluation's cost (evaluation shapes keep the
+#: evaluation's size: ``eval_sequences``, ``eval_segments``).
+EVAL_COST_FREE_KEYS = STEP_COST_FREE_KEYS - {"eval_sequences"}
+#: Evaluations timed per evaluation shape, after one warm-up (the final evaluation: once).
+EVAL_REPEATS = 3
 #: Step source labels of the table: the official log's step count, the cap for a cell the logs lack,
 #: the cap for a logged (variant, S) trained with another lr or batch size than the official run.
 OFFICIAL, CAP = "official log", "cap (max_steps)"
@@ -51,7 +75,8 @@ CAP_OTHER_SETUP = "cap (max_steps; lr/batch ≠ official run)"
 @dataclass(frozen=True)
 class CellEstimate:
     """One (variant, config) cell: its runs (seeds), steps per run and where that figure comes from,
-    seconds per step, and the cell's core-hours (runs × steps × s/step / 3600)."""
+    seconds per step, evaluations per run and seconds per evaluation (CPU seconds, one core), and the
+    cell's core-hours (runs × :attr:`run_s` / 3600)."""
 
     variant: str
     config: dict
@@ -62,11 +87,28 @@ class CellEstimate:
     #: why its step could not be timed (the model cannot be built, the task refuses the config),
     #: the message ``fwbench run`` would record for it as failed; ``None`` when it was timed
     error: str | None = None
+    #: evaluations per run (⌈steps / eval_every⌉) and CPU seconds of one, of the final evaluation
+    evaluations: int = 0
+    eval_s: float = 0.0
+    final_eval_s: float = 0.0
+
+    @property
+    def run_s(self) -> float:
+        """Predicted CPU seconds of one run: steps × s/step + evaluations × s/evaluation + the final
+        evaluation; 0 for a failed cell (``fwbench run`` spends no training on it)."""
+        if self.error is not None:
+            return 0.0
+        return self.steps * self.step_s + self.evaluations * self.eval_s + self.final_eval_s
 
     @property
     def core_hours(self) -> float:
-        """0 for a failed cell: ``fwbench run`` spends no training on it."""
-        return 0.0 if self.error is not None else self.runs * self.steps * self.step_s / 3600
+        """runs × :attr:`run_s` in hours."""
+        return self.runs * self.run_s / 3600
+
+
+def cell_key(spec: RunSpec) -> tuple:
+    """The key of the cell a run belongs to: its variant and whole config (seeds share a cell)."""
+    return (spec.variant, tuple(sorted(spec.config.items())))
 
 
 def step_shape(spec: RunSpec) -> tuple:
@@ -74,6 +116,19 @@ def step_shape(spec: RunSpec) -> tuple:
     config keys that change a step's cost."""
     return (spec.task, spec.variant,
             tuple(sorted((k, v) for k, v in spec.config.items() if k not in STEP_COST_FREE_KEYS)))
+
+
+def eval_shape(spec: RunSpec) -> tuple:
+    """The key under which one measured evaluation time serves several runs: the step shape plus the
+    evaluation's size."""
+    return (spec.task, spec.variant,
+            tuple(sorted((k, v) for k, v in spec.config.items() if k not in EVAL_COST_FREE_KEYS)))
+
+
+def evaluations_per_run(steps: int, eval_every: int) -> int:
+    """How many evaluations :func:`fwbench.run.training.fit` runs in ``steps`` steps: one every
+    ``eval_every`` steps and one at a last step between two of them, i.e. ⌈steps / eval_every⌉."""
+    return math.ceil(steps / eval_every)
 
 
 def _canonical(spec: str) -> str:
@@ -155,36 +210,91 @@ def _bare_step_seconds(spec: RunSpec, steps: int) -> float:
     return statistics.median(times[1:])
 
 
+def measure_eval_seconds(spec: RunSpec, repeats: int = EVAL_REPEATS,
+                         device: torch.device | None = None) -> tuple[float, float]:
+    """(seconds of one evaluation, seconds of the final evaluation) of ``spec``, in CPU seconds of
+    this thread: the median of ``repeats`` calls of the task's ``evaluate`` on the freshly built model
+    (seeded, as :func:`fwbench.run.training.fit` builds it) after one warm-up, and one call of its
+    ``final_evaluation`` (0.0 for a task without one). Training is not timed here.
+
+    The NaN/inf checks are off, so that a model that is non-finite from the start (an unnormalised
+    rule) is timed over its whole forward pass, what it costs until the loop stops it; such a model's
+    run ends as diverged, which :func:`fit` gives no final evaluation: 0.0 then.
+
+    Raises:
+        FwbenchError: ``repeats`` < 1.
+    """
+    from fwbench.tasks import TASKS
+    from fwbench.variants import set_check_finite
+
+    if repeats < 1:
+        raise FwbenchError(f"repeats: got {repeats}; expected a positive integer")
+    device = device or torch.device("cpu")
+    task, config = TASKS[spec.task], spec.task_config()
+    torch.manual_seed(spec.seed)
+    model = task.build_model(config, spec.variant).to(device)
+    set_check_finite(model, False)
+    model.eval()
+    generator = torch.Generator().manual_seed(spec.seed)
+    times, finite = [], True
+    for _ in range(repeats + 1):
+        start = time.thread_time()
+        metrics = task.evaluate(model, config, generator, device)
+        times.append(time.thread_time() - start)
+        finite = finite and math.isfinite(metrics["loss"])
+    final_s = 0.0
+    if finite and hasattr(task, "final_evaluation"):
+        start = time.thread_time()
+        task.final_evaluation(model, config, device, spec.seed)
+        final_s = time.thread_time() - start
+    return statistics.median(times[1:]), final_s
+
+
+def _no_evaluation(spec: RunSpec) -> tuple[float, float]:
+    return 0.0, 0.0
+
+
 def estimate(specs: list[RunSpec], step_timer: Callable[[RunSpec], float] = measure_step_seconds,
-             on_cell: Callable[[CellEstimate], None] | None = None) -> list[CellEstimate]:
+             on_cell: Callable[[CellEstimate], None] | None = None,
+             eval_timer: Callable[[RunSpec], tuple[float, float]] | None = measure_eval_seconds) -> list[CellEstimate]:
     """One :class:`CellEstimate` per (variant, config without seed) of ``specs``, in grid order;
-    ``step_timer`` is called once per distinct :func:`step_shape`."""
+    ``step_timer`` is called once per distinct :func:`step_shape`, ``eval_timer`` (returning the
+    seconds of one evaluation and of the final one) once per distinct :func:`eval_shape` of a cell
+    whose step was timed; ``eval_timer=None`` leaves evaluations out (a training-only estimate)."""
     official = official_steps()
+    eval_timer = eval_timer or _no_evaluation
     step_seconds: dict[tuple, float | str] = {}  # seconds, or the error of a shape that failed
+    eval_seconds: dict[tuple, tuple[float, float] | str] = {}
     cells: dict[tuple, CellEstimate] = {}
     for spec in specs:
-        key = (spec.variant, tuple(sorted(spec.config.items())))
+        key = cell_key(spec)
         if key in cells:
             cells[key] = replace(cells[key], runs=cells[key].runs + 1)
             continue
         shape = step_shape(spec)
         if shape not in step_seconds:
             step_seconds[shape] = _timed_or_error(step_timer, spec)
-        steps, source = steps_needed(spec, official)
         timed = step_seconds[shape]
-        error = timed if isinstance(timed, str) else None
-        cells[key] = CellEstimate(spec.variant, dict(spec.config), 1, steps, source, 0.0 if error else timed, error)
+        if not isinstance(timed, str) and eval_shape(spec) not in eval_seconds:
+            eval_seconds[eval_shape(spec)] = _timed_or_error(eval_timer, spec)
+        evaluated = eval_seconds.get(eval_shape(spec), (0.0, 0.0))
+        error = timed if isinstance(timed, str) else evaluated if isinstance(evaluated, str) else None
+        steps, source = steps_needed(spec, official)
+        eval_s, final_s = (0.0, 0.0) if error else evaluated
+        cells[key] = CellEstimate(spec.variant, dict(spec.config), 1, steps, source, 0.0 if error else timed, error,
+                                  evaluations_per_run(steps, spec.task_config().eval_every), eval_s, final_s)
         if on_cell is not None:
             on_cell(cells[key])
     return list(cells.values())
 
 
-def _timed_or_error(step_timer: Callable[[RunSpec], float], spec: RunSpec) -> float | str:
-    """``step_timer(spec)`` as a float, or the one-line error of a cell that fails as ``fwbench run``
-    would record it (any exception but the user's setup: :class:`FwbenchError`, :class:`CorpusError`,
-    which every cell would hit alike and which end the command in one line)."""
+def _timed_or_error(timer: Callable[[RunSpec], object], spec: RunSpec) -> object:
+    """``timer(spec)`` (a float, or a tuple of floats), or the one-line error of a cell that fails as
+    ``fwbench run`` would record it (any exception but the user's setup: :class:`FwbenchError`,
+    :class:`CorpusError`, which every cell would hit alike and which end the command in one line)."""
     try:
-        return float(step_timer(spec))
+        timed = timer(spec)
+        return tuple(float(t) for t in timed) if isinstance(timed, tuple) else float(timed)
     except (FwbenchError, CorpusError):
         raise
     except Exception as exc:  # a broken cell must not take the estimate down with it, as in fwbench run
@@ -195,22 +305,46 @@ def _duration(hours: float) -> str:
     return f"{hours * 60:.1f} min" if hours < 1 else f"{hours:.1f} h"
 
 
-def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2) -> str:
-    """A Markdown table (variant, S or shape, runs, steps/run, source, s/step, core-hours) and the
-    totals: core-hours, and wall time on one core and with ``--jobs jobs`` on as many free cores."""
+def run_seconds(specs: list[RunSpec], cells: list[CellEstimate]) -> list[float]:
+    """The predicted CPU seconds (:attr:`CellEstimate.run_s`) of each of ``specs``, in their order."""
+    by_key = {cell_key_of(cell): cell.run_s for cell in cells}
+    return [by_key[cell_key(spec)] for spec in specs]
+
+
+def cell_key_of(cell: CellEstimate) -> tuple:
+    """:func:`cell_key` of the runs of ``cell``."""
+    return (cell.variant, tuple(sorted(cell.config.items())))
+
+
+def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2, wall_s: float | None = None) -> str:
+    """A Markdown table (variant, S or shape, runs, steps/run, source, s/step, evaluations/run,
+    s/evaluation, core-hours) and the totals: core-hours, and wall time on one core and with
+    ``--jobs jobs`` on as many free cores: ``wall_s`` (the schedule of the runs in launch order,
+    :mod:`fwbench.bench.schedule`), or, when not given, the schedule of the cells' runs in table order."""
     lines = [f"### {title}", "",
-             "| variant | cell | runs | steps/run | steps from | CPU s/step | core-h |", "|---|---|---|---|---|---|---|"]
+             "| variant | cell | runs | steps/run | steps from | CPU s/step | evals/run | CPU s/eval | core-h |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         shown = {k: v for k, v in cell.config.items() if k in ("setting", "S", "d_model", "n_layers", "context")}
         where = ", ".join(f"{k}={v}" for k, v in shown.items())
-        step = f"failed: {cell.error}" if cell.error is not None else f"{cell.step_s:.4f}"
-        lines.append(f"| {cell.variant} | {where} | {cell.runs} | {cell.steps} | {cell.source} | "
-                     f"{step} | {cell.core_hours:.3f} |")
+        if cell.error is not None:
+            timed = f"failed: {cell.error} | | "
+        else:
+            final = f" + final {cell.final_eval_s:.2f}" if cell.final_eval_s else ""
+            timed = f"{cell.step_s:.4f} | {cell.evaluations} | {cell.eval_s:.4f}{final}"
+        lines.append(f"| {cell.variant} | {where} | {cell.runs} | {cell.steps} | {cell.source} | {timed} | "
+                     f"{cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)
+    if wall_s is None:
+        wall_s = makespan((cell.run_s for cell in cells for _ in range(cell.runs)), jobs)
+    longest = max((cell.run_s for cell in cells), default=0.0) / 3600
     capped = sum(cell.core_hours for cell in cells if cell.source in (CAP, CAP_OTHER_SETUP))
-    lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours; wall {_duration(total)} on one core, "
-              f"{_duration(total / jobs)} with --jobs {jobs} on {jobs} free cores. Of these, {capped:.2f} core-hours "
+    evaluations = sum(cell.runs * (cell.evaluations * cell.eval_s + cell.final_eval_s) for cell in cells) / 3600
+    lines += ["", f"Total (estimated): {runs} runs, {total:.2f} core-hours ({evaluations:.2f} of them evaluations); "
+              f"wall {_duration(total)} on one core, {_duration(wall_s / 3600)} with --jobs {jobs} on {jobs} free cores "
+              f"(runs handed out in grid order; the longest run takes {_duration(longest)}). "
+              f"Of these, {capped:.2f} core-hours "
               "are cells without an official log of their setup, counted at their max_steps (an upper bound)."]
     failed = [cell for cell in cells if cell.error is not None]
     if failed:

@@ -3,6 +3,7 @@
 
     fwbench estimate GRID [--profile quick] [--seeds 1 2 3] [--steps 5] [--jobs 2] [--threads 1] [--data-dir DIR]
     fwbench estimate reproduce --profile paper     # every grid `fwbench reproduce` runs for that profile
+    fwbench estimate reproduce --profile paper --against results/paper   # beside the runs it measured
 
 A cell that fails (its model cannot be built, its task refuses it) is marked failed in the table, as
 ``fwbench run`` records it; a setup error that every cell would hit (a missing corpus) ends the
@@ -16,7 +17,9 @@ import sys
 
 import torch
 
-from fwbench.bench.estimate import estimate, format_estimate, measure_step_seconds
+from fwbench.bench.estimate import estimate, format_estimate, measure_eval_seconds, measure_step_seconds, run_seconds
+from fwbench.bench.estimate_against import compare, format_cells, format_comparison, total
+from fwbench.bench.schedule import grids_wall_seconds
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import use_data_dir
 
@@ -33,6 +36,10 @@ def add_estimate_parser(sub) -> None:
     p.add_argument("--seeds", type=int, nargs="+", help="replace the profile's seeds")
     p.add_argument("--steps", type=int, default=5, help="training steps timed per step shape, after one warm-up (default 5)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes the wall time is shown for (default 2)")
+    p.add_argument("--no-eval", action="store_true", help="leave evaluations out (a training-only estimate)")
+    p.add_argument("--against", metavar="RESULTS_DIR", default=None,
+                   help="also print, per grid and per cell, the estimate beside the finished records of the "
+                   "profile's runs in RESULTS_DIR (Σ wall_s, first start → last end, ratios measured / predicted)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of the timed steps (default 1, as runs use)")
     p.add_argument("--data-dir", default=None,
                    help="directory holding datasets, e.g. DIR/tinyshakespeare/input.txt, as for fwbench run "
@@ -41,26 +48,66 @@ def add_estimate_parser(sub) -> None:
 
 
 def run_estimate_command(args: argparse.Namespace) -> int:
-    from fwbench.run.grid import expand, load_grid, paper_grids_with
+    from fwbench.run.grid import load_grid, paper_grids_with
 
     for name in ("steps", "jobs", "threads"):
         if getattr(args, name) < 1:
             raise FwbenchError(f"--{name}: got {getattr(args, name)}; expected a positive integer")
     torch.set_num_threads(args.threads)
     use_data_dir(args.data_dir)
+    records = None if args.against is None else _finished_records(args.against)  # before minutes of timing
     if args.grid == REPRODUCE:
         names = paper_grids_with(args.profile)
         title = f"reproduce [{args.profile}] ({', '.join(names)})"
     else:
         names = [args.grid]
         title = f"{load_grid(args.grid).name} [{args.profile}]"
-    specs = list({spec.run_id: spec for name in names for spec in expand(load_grid(name), args.profile, args.seeds)
-                  }.values())
+    grid_specs = _grid_specs(names, args.profile, args.seeds)
+    specs = [spec for _, part in grid_specs for spec in part]
 
     def show(cell) -> None:
-        timed = f"failed: {cell.error}" if cell.error is not None else f"{cell.step_s * 1e3:.1f} ms/step"
+        timed = (f"failed: {cell.error}" if cell.error is not None else
+                 f"{cell.step_s * 1e3:.1f} ms/step, {cell.eval_s * 1e3:.1f} ms/evaluation")
         print(f"  measured {cell.variant} {cell.config.get('S', '')}: {timed}", file=sys.stderr, flush=True)
 
-    cells = estimate(specs, lambda spec: measure_step_seconds(spec, args.steps), on_cell=show)
-    print(format_estimate(cells, f"{title}: {len(specs)} runs", jobs=args.jobs))
+    cells = estimate(specs, lambda spec: measure_step_seconds(spec, args.steps), on_cell=show,
+                     eval_timer=None if args.no_eval else measure_eval_seconds)
+    wall_s = grids_wall_seconds((run_seconds(part, cells) for _, part in grid_specs), args.jobs)
+    print(format_estimate(cells, f"{title}: {len(specs)} runs", jobs=args.jobs, wall_s=wall_s))
+    if records is not None:
+        parts = [compare(name, part, cells, records, args.jobs) for name, part in grid_specs]
+        print()
+        print(format_comparison(parts, total("total", parts, specs, records), args.jobs, args.against))
+        print()
+        print(format_cells(grid_specs, cells, records))
     return 0
+
+
+def _grid_specs(names: list[str], profile: str, seeds: list[int] | None) -> list[tuple[str, list]]:
+    """(grid name, its runs in grid order) for each grid, a run shared with an earlier grid left to
+    that grid (``fwbench reproduce`` trains it there and skips it later)."""
+    from fwbench.run.grid import expand, load_grid
+
+    seen: set[str] = set()
+    parts = []
+    for name in names:
+        grid = load_grid(name)
+        part = [spec for spec in expand(grid, profile, seeds) if spec.run_id not in seen]
+        seen.update(spec.run_id for spec in part)
+        parts.append((grid.name, part))
+    return parts
+
+
+def _finished_records(results_dir: str) -> dict[str, dict]:
+    """run_id → record of the store in ``results_dir``.
+
+    Raises:
+        FwbenchError: it holds no records file.
+    """
+    from fwbench.run.store import ResultsStore
+
+    store = ResultsStore(results_dir)
+    if not store.path.is_file():
+        raise FwbenchError(f"--against: no records file {str(store.path)!r}; expected a results directory "
+                           "that fwbench run wrote")
+    return {record["run_id"]: record for record in store.records()}
