@@ -14,6 +14,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
 from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 from fwbench.variants.kernels.fla_dispatch import FLA_ENV
+from fwbench.variants.kernels.precision import denormals_flushed
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: Environment variables that change what a run does: the data directory (``--data-dir`` sets it),
@@ -124,7 +125,15 @@ def describe_environment(device: torch.device) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "threads": torch.get_num_threads(),
         "malloc_tuning": malloc_tuning_active(),
+        "denormals_flushed": device.type == "cpu" and denormal_flushing_supported(),  # see fit()
         "git_commit": git_commit(),
         "argv": sys.argv[1:],
     }
     return info
+
+
+def denormal_flushing_supported() -> bool:
+    """Whether this CPU can flush denormal floats to zero (x86 with SSE3): the training loops then do
+    (:func:`variants.kernels.precision.denormals_flushed`); the mode is left as it was."""
+    with denormals_flushed():
+        return bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)

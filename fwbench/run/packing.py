@@ -47,6 +47,7 @@ from fwbench.tasks import TASKS
 from fwbench.tasks.retrieval import RetrievalConfig, RetrievalModel, generate_sequences, last_occurrence_values, retrieval_loss
 from fwbench.tasks.retrieval_pack import PackedRetrievalModel, packable_model
 from fwbench.variants import NonFiniteError, set_check_finite
+from fwbench.variants.kernels.precision import denormals_flushed
 
 
 @dataclass(eq=False)
@@ -248,14 +249,15 @@ def fit_packed(variant: str, configs: list[RetrievalConfig], seeds: list[int], d
     step = 0
     while pack.members:
         step += 1
-        leaving = pack.train_step(step)
-        if on_progress is not None and pack.members:
-            on_progress(step, pack.members[0].loss)
-        due = [m for m in pack.members if step % m.config.eval_every == 0]
-        leaving += pack.evaluate(due, last=False)
-        at_budget = [m for m in pack.members if m not in leaving and step >= m.config.max_steps]
-        # the model a run ends with is evaluated (its budget between two evaluations)
-        pack.evaluate([m for m in at_budget if not m.loop.evaluated_now()], last=True)
+        with denormals_flushed():  # as fit() trains, so that a packed run gives its solo numbers
+            leaving = pack.train_step(step)
+            if on_progress is not None and pack.members:
+                on_progress(step, pack.members[0].loss)
+            due = [m for m in pack.members if step % m.config.eval_every == 0]
+            leaving += pack.evaluate(due, last=False)
+            at_budget = [m for m in pack.members if m not in leaving and step >= m.config.max_steps]
+            # the model a run ends with is evaluated (its budget between two evaluations)
+            pack.evaluate([m for m in at_budget if not m.loop.evaluated_now()], last=True)
         leaving += at_budget
         pack.drop([m for m in leaving if m in pack.members])
         for member in sorted(leaving, key=lambda m: m.index):

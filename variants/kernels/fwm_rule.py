@@ -46,15 +46,12 @@ acts as a fixed gain of about 1/√eps, which is how a trained FWM can reach a s
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .double_backward import grad_by_recomputation
-from .precision import all_finite, compute_dtype
+from .precision import all_finite, compute_dtype, denormals_flushed
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
 FWM_LAYER_NORM_EPS = 1e-5
@@ -133,26 +130,6 @@ def _scan_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tenso
         reads.append(chunk_reads)
     y = None if q is None else torch.cat(reads, dim=1).view(B, H, T, d_v)
     return y, W.view(B, H, d_v, d_dot)
-
-
-@contextmanager
-def denormals_flushed() -> Iterator[None]:
-    """Run the block with denormal floats flushed to zero on this thread (FTZ/DAZ), then restore.
-
-    Why: every write divides the whole fast weight by s ≥ 1, so an old association's entries decay
-    geometrically, through the denormal range (below 1.2e-38 in fp32) where each CPU operation on
-    them is tens of times slower: a Setting 2 step at S = 200 spent about half its time there. Values
-    that small are below any tolerance the suite uses. torch has no getter for the mode, so whether
-    it was on is read from its effect on one denormal number.
-    """
-    was_on = bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
-    if not torch.set_flush_denormal(True):  # the CPU has no such mode: nothing to do
-        yield
-        return
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(was_on)
 
 
 class _FlushedScan(torch.autograd.Function):

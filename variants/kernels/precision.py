@@ -13,6 +13,9 @@ read them instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import Tensor
 
@@ -60,3 +63,27 @@ def masked_matmul(weights: Tensor, x: Tensor, allowed: Tensor) -> Tensor:
     product = weights @ x.masked_fill(bad, 0.0)
     reached = (allowed.to(x.dtype) @ bad.to(x.dtype)) > 0
     return product.masked_fill(reached, float("nan"))
+
+
+@contextmanager
+def denormals_flushed() -> Iterator[None]:
+    """Run the block with denormal floats flushed to zero on this thread (FTZ/DAZ), then restore.
+
+    Why: on x86 CPUs an operation on a denormal number (below 1.2e-38 in fp32) costs tens of times
+    an ordinary one, and the suite's models drift into that range as they train: every FWM write
+    divides the fast weight by s ≥ 1, so an old association decays geometrically (a Setting 2 step
+    at S = 200 spent about half its time there), and FAVOR+ with the delta rule at S = 140 went
+    from 37 to 155 ms of CPU per step over its first 3000 steps (31 ms from the same state with
+    denormals flushed). Values that small are below any tolerance the suite uses. The training
+    loops (:func:`fwbench.run.training.fit`, :func:`fwbench.run.packing.fit_packed`) run under it,
+    as the FWM kernel does. torch has no getter for the mode, so whether it was on is read from
+    its effect on one denormal number. With more than one intra-op thread, only this one is set.
+    """
+    was_on = bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+    if not torch.set_flush_denormal(True):  # the CPU has no such mode: nothing to do
+        yield
+        return
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(was_on)
