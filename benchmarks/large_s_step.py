@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from fwbench.bench.measure import time_interleaved
+from fwbench.run.allocator import tune_malloc
 from fwbench.run.optimization import build_optimizer
 from fwbench.tasks import retrieval as after_module
 from fwbench.variants import set_check_finite
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    tune_malloc()  # as the fwbench command does at start-up (FWBENCH_MALLOC_TUNING=0: off)
     before_module = load_module_at(args.before, "tasks/retrieval.py", "retrieval_before")
     print(f"Setting 1, S={args.S}, batch {args.batch}, one thread, torch {torch.__version__}; before = {args.before}")
     for variant in args.variants:
