@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import VariantError
 from .precision import compute_dtype
 
 #: (x, y, 0) → x where y > 0, else 0, in one vectorised pass (bool masks and torch.where take ~20×
@@ -121,11 +122,11 @@ def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
     dtypes and fp32. Equal to ``dpfp(k, nu) @ phi_q.mT`` and its gradients (paper Eq. 27–28).
 
     Raises:
-        ValueError: ``phi_q`` is not one query of 2·d_key·ν features, or ν is outside [1, d_key].
+        VariantError: ``phi_q`` is not one query of 2·d_key·ν features, or ν is outside [1, d_key].
     """
     d = k.shape[-1]
     if not 1 <= nu <= d:
-        raise ValueError(f"nu: got {nu}; expected an integer in [1, d_key={d}] for the key-space backward")
+        raise VariantError(f"nu: got {nu}; expected an integer in [1, d_key={d}] for the key-space backward")
     if phi_q.shape[-2:] != (1, 2 * d * nu):
-        raise ValueError(f"phi_q: got shape {tuple(phi_q.shape)}; expected (…, 1, 2·d_key·ν = {2 * d * nu})")
+        raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected (…, 1, 2·d_key·ν = {2 * d * nu})")
     return _DPFPQueryScores.apply(k, phi_q, nu)
