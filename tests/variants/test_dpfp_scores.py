@@ -48,6 +48,25 @@ def test_gradcheck_and_fp32_inputs():
     out.sum().backward()
 
 
+def test_second_derivatives_are_those_of_the_feature_product():
+    # the hand-written backward reads saved features as constants: under create_graph=True it must
+    # differentiate the product again, or the Hessian would miss every path through them
+    generator = torch.Generator().manual_seed(7)
+    k = torch.randn(2, 1, 6, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    q = torch.randn(2, 1, 1, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda k, q: dpfp_query_scores(k, naive_dpfp(q, 2), 2), (k, q))
+    weights = torch.randn(2, 1, 6, 1, dtype=torch.float64, generator=generator)
+
+    def hessian_vector(scores) -> tuple[torch.Tensor, ...]:
+        (grad_k,) = torch.autograd.grad((scores(k, q) * weights).sum().pow(2), (k,), create_graph=True)
+        return torch.autograd.grad(grad_k.pow(2).sum(), (k, q))
+
+    fast = hessian_vector(lambda k, q: dpfp_query_scores(k, naive_dpfp(q, 2), 2))
+    reference = hessian_vector(lambda k, q: naive_dpfp(k, 2) @ naive_dpfp(q, 2).mT)
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_shapes_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match="phi_q: got shape"):
         dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 8), 1)

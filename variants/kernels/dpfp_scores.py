@@ -14,7 +14,9 @@ k'_m k'_{m+i} of two coordinates of one sign, taken where a_m > 0. The sign of k
 feature, i.e. the query weight w_m: φ(q) at index m+i (both positive) or (m+i+d_key) mod 2·d_key
 (both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = [a_m > 0] w_m k'_{m+i},
 ∂score/∂k'_{m+i} = [a_m > 0] w_m k'_m; −k_j's gradient is subtracted from k_j's. At a zero
-coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path.
+coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
+``create_graph=True`` the backward differentiates the feature product instead
+(:mod:`.double_backward`), so second derivatives are exact.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch
 from torch import Tensor
 
 from ..errors import VariantError
+from .double_backward import grad_by_recomputation
+from .dpfp import dpfp_composed
 from .precision import compute_dtype
 
 #: (x, y, 0) → x where y > 0, else 0, in one vectorised pass (bool masks and torch.where take ~20×
@@ -79,13 +83,15 @@ class _DPFPQueryScores(torch.autograd.Function):
             else:
                 out.baddbmm_(features, negative.mT)
             out.baddbmm_(features_positive, (positive - negative).mT)
-        ctx.save_for_backward(extended, query, *saved)
+        ctx.save_for_backward(k, phi_q, extended, query, *saved)
         return out.view(*lead, T, 1)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        extended, query, *saved = ctx.saved_tensors
+        k, phi_q, extended, query, *saved = ctx.saved_tensors
         nu = ctx.nu
+        if torch.is_grad_enabled():  # create_graph=True: the saved features would be constants below
+            return (*grad_by_recomputation(lambda k, phi_q: (_scores_composed(k, phi_q, nu),), (k, phi_q), (grad,)), None)
         rows, T, d = extended.shape[0], extended.shape[1], extended.shape[2] - nu
         g = grad.to(extended.dtype).reshape(rows, T, 1)
         grad_k = extended.new_empty(rows, T, d) if ctx.needs_input_grad[0] else None
@@ -114,12 +120,19 @@ class _DPFPQueryScores(torch.autograd.Function):
                 None if grad_q is None else grad_q.view(ctx.q_shape).to(ctx.q_dtype), None)
 
 
+def _scores_composed(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
+    """The op's value as the product of plain differentiable DPFP features (for second derivatives)."""
+    dtype = compute_dtype(k, phi_q)
+    return dpfp_composed(k, nu).to(dtype) @ phi_q.to(dtype).mT
+
+
 def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
     """φ(k) φ(q)ᵀ for DPFP keys and one query's features, with a key-space backward.
 
     k: (…, T, d_key) keys; phi_q: (…, 1, 2·d_key·ν) the query's DPFP features φ(q) (any tensor of
     that shape: its gradient is φ(k)ᵀ ḡ); ν ≤ d_key. Returns (…, T, 1) in the wider of the inputs'
-    dtypes and fp32. Equal to ``dpfp(k, nu) @ phi_q.mT`` and its gradients (paper Eq. 27–28).
+    dtypes and fp32. Equal to ``dpfp(k, nu) @ phi_q.mT`` and its gradients (paper Eq. 27–28),
+    to any order (second derivatives by recomputation, :mod:`.double_backward`).
 
     Raises:
         VariantError: ``phi_q`` is not one query of 2·d_key·ν features, or ν is outside [1, d_key].
