@@ -4,9 +4,10 @@ timed in turns in one process (``time_interleaved``), so that both sides see the
 "Before" is ``tasks/retrieval.py`` as of a given commit (default: the last one that gathered rows of
 an (S × S) identity per token), loaded from git into its own module; "after" is the working tree's.
 Both models are built from one seed and trained on the same batches, as in a run (its fused Adam at
-lr 1e-3, the NaN/inf check on). Usage::
+lr 1e-3, the NaN/inf check on, the allocator tuned as the ``fwbench`` command tunes it;
+``FWBENCH_MALLOC_TUNING=0`` measures with glibc's defaults, as the issue's first figures were). Usage::
 
-    python benchmarks/large_s_step.py [--before COMMIT] [--S 600] [--batch 32] [--rounds 7] [VARIANT ...]
+    python benchmarks/large_s_step.py [--before COMMIT] [--S 600] [--batch 32] [--rounds 7] [--cpu-time] [VARIANT ...]
 
 Prints ms per step for each side and the ratio before/after (> 1: faster now).
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from fwbench.bench.measure import time_interleaved
+from fwbench.run.allocator import tune_malloc
 from fwbench.run.optimization import build_optimizer
 from fwbench.tasks import retrieval as after_module
 from fwbench.variants import set_check_finite
@@ -68,14 +70,17 @@ def main() -> None:
     parser.add_argument("--S", type=int, default=600)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this thread's CPU time, not wall time (a shared machine's waits left out)")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    tune_malloc()  # as the fwbench command does at start-up (FWBENCH_MALLOC_TUNING=0: off)
     before_module = load_module_at(args.before, "tasks/retrieval.py", "retrieval_before")
     print(f"Setting 1, S={args.S}, batch {args.batch}, one thread, torch {torch.__version__}; before = {args.before}")
     for variant in args.variants:
         fns = {"before": training_step(before_module, variant, args.S, args.batch),
                "after": training_step(after_module, variant, args.S, args.batch)}
-        timings = time_interleaved(fns, torch.device("cpu"), rounds=args.rounds)
+        timings = time_interleaved(fns, torch.device("cpu"), rounds=args.rounds, cpu_time=args.cpu_time)
         before, after = timings["before"].median_s, timings["after"].median_s
         print(f"{variant:12s} before {1e3 * before:7.1f} ms/step  after {1e3 * after:7.1f} ms/step  "
               f"ratio {before / after:5.2f}x", flush=True)

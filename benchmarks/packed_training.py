@@ -9,7 +9,7 @@ the finiteness check of the gradient, fused Adam); "packed" is one
 ``--steps`` steps of every run. The allocator is tuned as the ``fwbench`` command tunes it. Usage::
 
     python benchmarks/packed_training.py [--variant dpfp-delta:nu=1] [--setting 2] [--S 60] [--batch 32]
-        [--runs 3] [--steps 20] [--rounds 7] [--device cpu] [--threads 1]
+        [--runs 3] [--steps 20] [--rounds 7] [--device cpu] [--threads 1] [--cpu-time]
 
 Prints ms per step of one run on each side, the throughput of each (runs × steps/s) and their
 ratio packed/sequential (> 1: packing pays).
@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time this thread's CPU time, not wall time (a shared machine's waits left out)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tune_malloc()  # as the fwbench command does at start-up: freed tensors stay in the process
@@ -74,7 +76,7 @@ def main() -> None:
     seeds = list(range(1, args.runs + 1))
     fns = {"sequential": sequential(args.variant, config, seeds, device, args.steps),
            "packed": packed(args.variant, config, seeds, device, args.steps)}
-    timings = time_interleaved(fns, device, rounds=args.rounds)
+    timings = time_interleaved(fns, device, rounds=args.rounds, cpu_time=args.cpu_time)
     run_steps = args.runs * args.steps
     print(f"{args.variant}, Setting {args.setting}, S={args.S}, batch {args.batch}, {args.runs} runs, "
           f"{args.threads} thread(s), {device}, torch {torch.__version__}")

@@ -19,6 +19,8 @@ from torch import Tensor
 
 from fwbench.variants import Attention, FastWeightAttention, SoftmaxAttention
 from fwbench.variants.checks import check_finite
+from fwbench.variants.feature_maps import DPFP
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 from fwbench.variants.kernels.precision import compute_dtype
 from fwbench.variants.kernels.sum_rule import NORMALIZER_FLOOR
 
@@ -54,10 +56,23 @@ def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tenso
     else:
         # K φ(q) (B, H, T, T_q) as the sum rule's kernel forms it: a matrix-vector product over
         # contiguous rows of φ(k) for one query, faster than φ(q) φ(k)ᵀ on CPU
-        keys_q = attention.phi(k).to(dtype) @ attention.phi(q, query=True).to(dtype).mT
+        keys_q = _key_query_scores(attention, k, q).to(dtype)
         weights = (keys_q / keys_q.sum(dim=2, keepdim=True).clamp(min=NORMALIZER_FLOOR)).mT
     columns = values[:, None, None, :].expand(weights.shape)
     return weights.new_zeros(*weights.shape[:-1], S).scatter_add_(-1, columns, weights)
+
+
+def _key_query_scores(attention: FastWeightAttention, k: Tensor, q: Tensor) -> Tensor:
+    """φ(k) φ(q)ᵀ (B, H, T, T_q) of a sum-rule read. DPFP with one query per sequence (Setting 1's
+    training batches) takes :func:`dpfp_query_scores`, whose backward never forms the T × d_dot
+    features or their gradient; other maps, and many queries, the product of the features."""
+    feature_map = attention.feature_map
+    phi_q = attention.phi(q, query=True)
+    if (isinstance(feature_map, DPFP) and not attention.sum_normalize and q.shape[-2] == 1
+            and feature_map.nu <= k.shape[-1]):
+        return dpfp_query_scores(k, phi_q, feature_map.nu)
+    dtype = compute_dtype(q, k)
+    return attention.phi(k).to(dtype) @ phi_q.to(dtype).mT
 
 
 def one_hot_codes(values: Tensor, S: int, dtype: torch.dtype = torch.float32) -> Tensor:

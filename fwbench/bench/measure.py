@@ -53,12 +53,13 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], object], device: torch.device) -> float:
+def _timed(fn: Callable[[], object], device: torch.device, cpu_time: bool = False) -> float:
+    clock = time.thread_time if cpu_time else time.perf_counter
     synchronize(device)
-    start = time.perf_counter()
+    start = clock()
     fn()
     synchronize(device)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 3,
@@ -81,8 +82,14 @@ def time_call(fn: Callable[[], object], device: torch.device, repeats: int = 3,
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device, rounds: int = 7,
-                     long_call_s: float = LONG_CALL_S, long_rounds: int = 3) -> dict[str, Timing]:
+                     long_call_s: float = LONG_CALL_S, long_rounds: int = 3,
+                     cpu_time: bool = False) -> dict[str, Timing]:
     """Median wall time (seconds) of each of several calls timed in turns, for a ratio between them.
+
+    ``cpu_time``: the CPU time of the calling thread instead (``time.thread_time``; on CPU with one
+    torch thread, all of a call's work): on a machine whose cores other processes share, the time
+    spent waiting for a core is left out, so a deprioritised (``nice``) benchmark still measures
+    its work; the others still slow it through shared caches and memory.
 
     One warm-up call each, then ``rounds`` rounds (at most ``long_rounds`` if a warm-up took at
     least ``long_call_s``) that call every function once, in reverse order every other round. On a
@@ -96,13 +103,15 @@ def time_interleaved(fns: dict[str, Callable[[], object]], device: torch.device,
     if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in (rounds, long_rounds)) or not fns:
         raise ValueError(f"rounds, long_rounds, fns: got {rounds}, {long_rounds}, {len(fns)} functions; "
                          "expected rounds >= 1, long_rounds >= 1 and at least one function")
+    if cpu_time and device.type != "cpu":
+        raise ValueError(f"cpu_time: got True on {device}; expected a CPU device (a GPU's work is not this thread's)")
     names = list(fns)
-    if max(_timed(fns[name], device) for name in names) >= long_call_s:
+    if max(_timed(fns[name], device, cpu_time) for name in names) >= long_call_s:
         rounds = min(rounds, long_rounds)
     times: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
         for name in names if round_index % 2 == 0 else reversed(names):
-            times[name].append(_timed(fns[name], device))
+            times[name].append(_timed(fns[name], device, cpu_time))
     return {name: Timing(statistics.median(t), min(t), rounds) for name, t in times.items()}
 
 

@@ -111,6 +111,20 @@ def test_interleaved_timing_alternates_the_sides_of_a_ratio():
     assert time_interleaved(fns, CPU, rounds=1, long_call_s=0.0, long_rounds=3)["ours"].repeats == 1
 
 
+def test_cpu_time_leaves_out_waiting_and_counts_work():
+    import time
+
+    def busy() -> None:
+        end = time.thread_time() + 0.02
+        while time.thread_time() < end:
+            pass
+
+    timings = time_interleaved({"waits": lambda: time.sleep(0.05), "works": busy}, CPU, rounds=3, cpu_time=True)
+    assert timings["waits"].median_s < 0.01 and timings["works"].median_s >= 0.02
+    with pytest.raises(ValueError, match="cpu_time: got True on cuda"):
+        time_interleaved({"works": busy}, torch.device("cuda"), rounds=1, cpu_time=True)
+
+
 TINY = BenchProfile(
     "tiny", "test", lengths=(32, 64), max_length={"recurrent": 32, "parallel": 64, "softmax-recurrent": 32,
                                                    "sdpa": 64, "fla-recurrence": 32, "fla-chunkwise": 64},

@@ -1,0 +1,98 @@
+"""The DPFP sum-rule scores of one query with a key-space backward (issue 16.4) equal φ(k)·φ(q) of
+an independent DPFP (fla-core's naive feature map, paper Eq. 27–28, written out below) and its
+autograd gradients; a few Setting 1 training steps give the losses of the feature-product path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close
+
+from fwbench.tasks import one_hot_read
+from fwbench.tasks.retrieval import RetrievalModel, retrieval_loss, sample_batch
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+
+def naive_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
+    """φ by the paper's definition: r = [relu(x), relu(−x)], block i = r ⊙ roll(r, i)."""
+    r = torch.cat([x.relu(), (-x).relu()], dim=-1)
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+
+
+@pytest.mark.parametrize("nu", [1, 2, 3, 5])
+def test_scores_and_gradients_equal_the_feature_product(nu):
+    generator = torch.Generator().manual_seed(nu)
+    k = torch.randn(3, 2, 9, 5, generator=generator, dtype=torch.float64)
+    k[0, 0, 0, 2] = 0.0  # a coordinate at relu's kink: no gradient on either path
+    k[1, 1, 3] = 0.0
+    q = torch.randn(3, 2, 1, 5, generator=generator, dtype=torch.float64)
+    grad = torch.randn(3, 2, 9, 1, generator=generator, dtype=torch.float64)
+    k_fast, q_fast, k_ref, q_ref = (x.clone().requires_grad_() for x in (k, q, k, q))
+    fast = dpfp_query_scores(k_fast, naive_dpfp(q_fast, nu), nu)
+    reference = naive_dpfp(k_ref, nu) @ naive_dpfp(q_ref, nu).mT
+    assert fast.shape == (3, 2, 9, 1)
+    torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
+    fast_grads = torch.autograd.grad(fast, (k_fast, q_fast), grad)
+    reference_grads = torch.autograd.grad(reference, (k_ref, q_ref), grad)
+    for a, b in zip(fast_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert fast_grads[0][0, 0, 0, 2] == 0 and (fast_grads[0][1, 1, 3] == 0).all()
+
+
+def test_gradcheck_and_fp32_inputs():
+    k = torch.randn(2, 1, 6, 4, dtype=torch.float64, requires_grad=True)
+    phi_q = torch.rand(2, 1, 1, 16, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda k, p: dpfp_query_scores(k, p, 2), (k, phi_q))
+    out = dpfp_query_scores(k.detach().float().requires_grad_(), phi_q.detach().half(), 2)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+
+
+def test_second_derivatives_are_those_of_the_feature_product():
+    # the hand-written backward reads saved features as constants: under create_graph=True it must
+    # differentiate the product again, or the Hessian would miss every path through them
+    generator = torch.Generator().manual_seed(7)
+    k = torch.randn(2, 1, 6, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    q = torch.randn(2, 1, 1, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda k, q: dpfp_query_scores(k, naive_dpfp(q, 2), 2), (k, q))
+    weights = torch.randn(2, 1, 6, 1, dtype=torch.float64, generator=generator)
+
+    def hessian_vector(scores) -> tuple[torch.Tensor, ...]:
+        (grad_k,) = torch.autograd.grad((scores(k, q) * weights).sum().pow(2), (k,), create_graph=True)
+        return torch.autograd.grad(grad_k.pow(2).sum(), (k, q))
+
+    fast = hessian_vector(lambda k, q: dpfp_query_scores(k, naive_dpfp(q, 2), 2))
+    reference = hessian_vector(lambda k, q: naive_dpfp(k, 2) @ naive_dpfp(q, 2).mT)
+    for a, b in zip(fast, reference):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_shapes_are_refused_naming_the_argument():
+    with pytest.raises(ValueError, match="phi_q: got shape"):
+        dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 8), 1)
+    with pytest.raises(ValueError, match="nu: got 5"):
+        dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 1, 40), 5)
+
+
+@pytest.mark.parametrize("variant", ["dpfp:nu=1", "dpfp:nu=2"])
+def test_training_losses_equal_the_feature_product_path(variant, monkeypatch):
+    def losses(fast: bool) -> list[float]:
+        if not fast:  # the read as before: φ(k) φ(q)ᵀ through autograd
+            monkeypatch.setattr(one_hot_read, "dpfp_query_scores", lambda k, phi_q, nu: naive_dpfp(k, nu) @ phi_q.mT)
+        torch.manual_seed(3)
+        model = RetrievalModel(variant, S=40, d_key=16)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        generator, out = torch.Generator().manual_seed(5), []
+        for _ in range(6):
+            batch = sample_batch(1, 40, 8, generator)
+            loss = retrieval_loss(model(batch["keys"], batch["values"], batch["queries"]), batch["targets"], 40)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            out.append(loss.item())
+        monkeypatch.undo()
+        return out
+
+    fast, reference = losses(True), losses(False)
+    assert_close(torch.tensor(fast), torch.tensor(reference), rel_rmse=1e-5)
+    assert fast[-1] != fast[0]  # the steps trained

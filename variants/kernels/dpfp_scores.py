@@ -1,0 +1,145 @@
+"""Sum-rule read scores φ(k_t)·φ(q) of DPFP keys against one query, with a backward in key space.
+
+The sum rule's read of one query (paper Eq. 16–18) needs the T scores φ(k_t)·φ(q); for DPFP
+(Eq. 27–28) each φ(k_t) is 2·d_key·ν wide. Through autograd the backward forms the outer product
+ḡ φ(q)ᵀ (T × 2·d_key·ν), passes it through the feature map's backward on r = [relu(k), relu(−k)]
+(T × 2·d_key) and subtracts the halves: on CPU at Setting 1's S=600 these full-width passes over
+memory were the largest cost of a training step. This op gives the same scores and gradients
+(the forward is the same product; the backward sums the same terms in another order) and its
+backward works on d_key-wide tensors only.
+
+Key-space form, for one roll i: with k' = [k, −k_0, …, −k_{i−1}], every feature of block i is
+relu(k'_m) relu(k'_{m+i}) or relu(−k'_m) relu(−k'_{m+i}) (m = 0 … d_key−1): a product a_m =
+k'_m k'_{m+i} of two coordinates of one sign, taken where a_m > 0. The sign of k'_{m+i} picks the
+feature, i.e. the query weight w_m: φ(q) at index m+i (both positive) or (m+i+d_key) mod 2·d_key
+(both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = [a_m > 0] w_m k'_{m+i},
+∂score/∂k'_{m+i} = [a_m > 0] w_m k'_m; −k_j's gradient is subtracted from k_j's. At a zero
+coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
+``create_graph=True`` the backward differentiates the feature product instead
+(:mod:`.double_backward`), so second derivatives are exact.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import VariantError
+from .double_backward import grad_by_recomputation
+from .dpfp import dpfp_composed
+from .precision import compute_dtype
+
+#: (x, y, 0) → x where y > 0, else 0, in one vectorised pass (bool masks and torch.where take ~20×
+#: longer on CPU)
+_where_positive = torch.ops.aten.threshold_backward
+
+
+def _roll_weights(phi_q: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
+    """The query weights (…, 1, d) of roll i's pairs (k'_m, k'_{m+i}): the feature index m+i where
+    both are positive, (m+i+d) mod 2d where both are negative."""
+    block = phi_q[..., (i - 1) * 2 * d : i * 2 * d]
+    return block[..., i : i + d], torch.cat([block[..., d + i :], block[..., :i]], dim=-1)
+
+
+def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) -> Tensor:
+    """The inverse of :func:`_roll_weights`: the (…, 1, 2d) block of φ(q) indices they came from."""
+    block = positive.new_empty(*positive.shape[:-1], 2 * d)
+    block[..., i : i + d] = positive
+    block[..., d + i :] = negative[..., : d - i]
+    block[..., :i] = negative[..., d - i :]
+    return block
+
+
+def _pair_features(extended: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
+    """The pair features f_m = relu(k'_m k'_{m+i}) and those of the positive pairs, f_m [k'_{m+i} > 0],
+    each (…, T, d)."""
+    right = extended[..., i : i + d]
+    features = torch.mul(extended[..., :d], right).clamp_(min=0)
+    return features, _where_positive(features, right, 0)
+
+
+def _extend(k: Tensor, nu: int) -> Tensor:
+    """k' = [k, −k_0, …, −k_{ν−1}] (…, T, d + ν)."""
+    return torch.cat([k, k[..., :nu].neg()], dim=-1)
+
+
+class _DPFPQueryScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
+        dtype = compute_dtype(k, phi_q)
+        *lead, T, d = k.shape
+        ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
+        keys, query = k.to(dtype).reshape(-1, T, d), phi_q.to(dtype).reshape(-1, 1, phi_q.shape[-1])
+        out = keys.new_empty(keys.shape[0], T, 1)
+        extended = _extend(keys, nu)
+        saved = []
+        for i in range(1, nu + 1):
+            positive, negative = _roll_weights(query, i, d)
+            features, features_positive = _pair_features(extended, i, d)
+            saved += [features, features_positive]
+            # Σ_m f_m (N_m + [k'_{m+i} > 0] (P_m − N_m)), as two matrix-vector products
+            if i == 1:
+                torch.bmm(features, negative.mT, out=out)
+            else:
+                out.baddbmm_(features, negative.mT)
+            out.baddbmm_(features_positive, (positive - negative).mT)
+        ctx.save_for_backward(k, phi_q, extended, query, *saved)
+        return out.view(*lead, T, 1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        k, phi_q, extended, query, *saved = ctx.saved_tensors
+        nu = ctx.nu
+        if torch.is_grad_enabled():  # create_graph=True: the saved features would be constants below
+            return (*grad_by_recomputation(lambda k, phi_q: (_scores_composed(k, phi_q, nu),), (k, phi_q), (grad,)), None)
+        rows, T, d = extended.shape[0], extended.shape[1], extended.shape[2] - nu
+        g = grad.to(extended.dtype).reshape(rows, T, 1)
+        grad_k = extended.new_empty(rows, T, d) if ctx.needs_input_grad[0] else None
+        grad_q = torch.empty_like(query) if ctx.needs_input_grad[1] else None
+        left = extended[..., :d]
+        for i in range(1, nu + 1):
+            positive, negative = _roll_weights(query, i, d)
+            right, features, features_positive = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
+            if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t f_m [k'_{m+i} > 0], ∂/∂N_m the rest
+                grad_positive = (features_positive.mT @ g).mT
+                grad_q[..., (i - 1) * 2 * d : i * 2 * d] = _scatter_roll_weights(
+                    grad_positive, (features.mT @ g).mT - grad_positive, i, d)
+            if grad_k is not None:
+                # ḡ_t [a_m > 0] w_m, w_m = P_m where k'_{m+i} > 0 else N_m
+                weight = _where_positive((positive - negative).expand(right.shape), right, 0).add_(negative)
+                weight = _where_positive(weight.mul_(g), features, 0)
+                # k'_m gets w_m k'_{m+i}; k'_{m+i} gets w_m k'_m, which is k_{m+i} for m+i < d
+                # and −k_{m+i−d} beyond
+                if i == 1:
+                    torch.mul(weight, right, out=grad_k)
+                else:
+                    grad_k.addcmul_(weight, right)
+                grad_k[..., i:].addcmul_(weight[..., : d - i], left[..., : d - i])
+                grad_k[..., :i].addcmul_(weight[..., d - i :], left[..., d - i :], value=-1)
+        return (None if grad_k is None else grad_k.view(ctx.k_shape).to(ctx.k_dtype),
+                None if grad_q is None else grad_q.view(ctx.q_shape).to(ctx.q_dtype), None)
+
+
+def _scores_composed(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
+    """The op's value as the product of plain differentiable DPFP features (for second derivatives)."""
+    dtype = compute_dtype(k, phi_q)
+    return dpfp_composed(k, nu).to(dtype) @ phi_q.to(dtype).mT
+
+
+def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
+    """φ(k) φ(q)ᵀ for DPFP keys and one query's features, with a key-space backward.
+
+    k: (…, T, d_key) keys; phi_q: (…, 1, 2·d_key·ν) the query's DPFP features φ(q) (any tensor of
+    that shape: its gradient is φ(k)ᵀ ḡ); ν ≤ d_key. Returns (…, T, 1) in the wider of the inputs'
+    dtypes and fp32. Equal to ``dpfp(k, nu) @ phi_q.mT`` and its gradients (paper Eq. 27–28),
+    to any order (second derivatives by recomputation, :mod:`.double_backward`).
+
+    Raises:
+        VariantError: ``phi_q`` is not one query of 2·d_key·ν features, or ν is outside [1, d_key].
+    """
+    d = k.shape[-1]
+    if not 1 <= nu <= d:
+        raise VariantError(f"nu: got {nu}; expected an integer in [1, d_key={d}] for the key-space backward")
+    if phi_q.shape[-2:] != (1, 2 * d * nu):
+        raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected (…, 1, 2·d_key·ν = {2 * d * nu})")
+    return _DPFPQueryScores.apply(k, phi_q, nu)
