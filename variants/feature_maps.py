@@ -160,10 +160,35 @@ class DPFP(FeatureMap):
         return dpfp(x, self.nu)
 
     def normalized(self, x: Tensor) -> Tensor:
-        return dpfp(x, self.nu, normalize=True, floor=SUM_NORM_FLOOR)
+        """φ(x) / Σφ(x), computed on x scaled per token by a power of two (:func:`unit_scaled`): φ is
+        homogeneous of degree 2, so the ratio is unchanged (bit for bit where nothing under- or
+        overflows), while φ of the unscaled x would fall below the floor for ‖x‖ ≲ 1e-15 in fp32 (rows
+        then no longer sum to 1) and overflow to inf/inf = NaN for ‖x‖ ≳ 1e19."""
+        return dpfp(unit_scaled(x), self.nu, normalize=True, floor=SUM_NORM_FLOOR)
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        """φ of x scaled per token by a power of two (:func:`unit_scaled`): φ(x) times a positive
+        factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly. Keeps that read
+        normalised for queries of any scale (unscaled, DPFP of N(0, 1)·1e-8 inputs gives a mass zᵀφ(q)
+        below the normaliser's floor, and the output collapses to 0)."""
+        return dpfp(unit_scaled(x), self.nu)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, nu={self.nu}, d_dot={self.d_dot}"
+
+
+def unit_scaled(x: Tensor) -> Tensor:
+    """x (…, d) times 2^(−e) per token, with e the binary exponent of max_j |x_j| (so that the largest
+    entry lies in [0.5, 1)); tokens that are all zero stay zero. A power of two multiplies exactly, so
+    a map homogeneous in x (DPFP: φ(cx) = c²φ(x)) changes only by a factor per token that a
+    normalisation cancels. The factor is detached: a choice of scale, not a function of x to
+    differentiate (the normalised result does not depend on it). e is clipped to the dtype's normal
+    range so that 2^(−e) is representable."""
+    top = x.detach().abs().amax(dim=-1, keepdim=True)
+    exponent = torch.frexp(top).exponent
+    bound = -math.log2(torch.finfo(x.dtype).tiny) - 1
+    scale = torch.exp2(-exponent.clamp(-bound, bound).to(x.dtype))
+    return x * scale
 
 
 def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = None) -> Tensor:

@@ -174,3 +174,49 @@ def test_favor_outputs_before_a_future_token_with_a_huge_exponent_do_not_change(
     assert torch.isfinite(y_spiked).all()
     assert y[:, :, :FUTURE].abs().min() > 0
     torch.testing.assert_close(y_spiked[:, :, :FUTURE], y[:, :, :FUTURE], rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------
+# DPFP beyond SCALES: φ is homogeneous of degree 2, so φ(q)·φ(k) ∝ scale⁴ leaves fp32 at moderate
+# scales (mass ≈ 1e-34 < the normaliser's floor at 1e-8: every output 0; φ̂ = inf / inf = NaN at
+# 1e20). Queries and φ̂ are computed on a per-token power-of-two rescaling of x (exact).
+# ------------------------------------------------------------------------------------------------
+
+DPFP_EXTREME_SCALES = [1e-10, 1e-8, 1e12]
+
+
+@pytest.mark.parametrize("scale", DPFP_EXTREME_SCALES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp:nu=2"])
+def test_dpfp_rows_sum_to_one_at_extreme_input_scales(spec, form, scale):
+    q, k = queries_and_keys(scale, seed=5)
+    attention = module(spec)
+    y, state = attention(q[:, :, :20], k[:, :, :20], identity_values()[:, :, :20], form=form, chunk_size=8)
+    y_next, _ = attention(q[:, :, 20:], k[:, :, 20:], identity_values()[:, :, 20:], state=state, form=form)
+    rows = torch.cat([y, y_next], dim=2).sum(-1)
+    torch.testing.assert_close(rows, torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.read(q, state).sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.write_read(k, identity_values(), q).sum(-1), torch.ones(1, 2, T),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-20, 1e-10, 1e12, 1e20])
+def test_dpfp_delta_features_sum_to_one_at_extreme_input_scales(scale, dtype):
+    q, _ = queries_and_keys(scale, seed=6)
+    phi = module("dpfp-delta:nu=2").phi(q.to(dtype))
+    assert torch.isfinite(phi).all() and (phi >= 0).all()
+    torch.testing.assert_close(phi.sum(-1), torch.ones(phi.shape[:-1], dtype=phi.dtype), rtol=0, atol=1e-5)
+
+
+def test_dpfp_rescaling_changes_no_bit_at_ordinary_scales():
+    """The power-of-two rescaling multiplies exactly: φ̂ and the sum rule's reads are bit for bit those
+    of the unscaled x (stored records stay reproducible)."""
+    from fwbench.variants.kernels.dpfp import dpfp
+
+    q, k = queries_and_keys(1.0, seed=7)
+    attention = module("dpfp:nu=2")
+    assert torch.equal(module("dpfp-delta:nu=2").phi(q), dpfp(q, 2, normalize=True, floor=1e-30))
+    unscaled = attention.update_rule.kernels["chunk"](dpfp(q, 2), dpfp(k, 2), identity_values(), None, None, None, 8)
+    y, _ = attention(q, k, identity_values(), form="chunk", chunk_size=8)
+    assert torch.equal(y, unscaled[0])
