@@ -220,3 +220,23 @@ def test_dpfp_rescaling_changes_no_bit_at_ordinary_scales():
     unscaled = attention.update_rule.kernels["chunk"](dpfp(q, 2), dpfp(k, 2), identity_values(), None, None, None, 8)
     y, _ = attention(q, k, identity_values(), form="chunk", chunk_size=8)
     assert torch.equal(y, unscaled[0])
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+@pytest.mark.parametrize("form", FORMS)
+def test_favor_rows_sum_to_one_where_the_squared_norm_overflows(form, scale):
+    """‖x‖² of a finite fp32 x with entries ≳ 1e19 is inf, and the exponents ±Ωᵀx − ‖x‖²/2 were −inf
+    everywhere: NaN in every form (and in φ̂ of the delta rule). The offset is a constant per token
+    that every use of the exponents removes there, so it is left out."""
+    q, k = queries_and_keys(scale, seed=8)
+    y, _ = module("favor:m=16")(q, k, identity_values(), form=form, chunk_size=8)
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    phi = module("favor-delta:m=16").phi(k)
+    torch.testing.assert_close(phi.sum(-1), torch.ones(phi.shape[:-1]), rtol=0, atol=1e-5)
+
+
+def test_favor_features_of_a_non_finite_token_stay_non_finite():
+    x = torch.randn(1, 1, 3, D_KEY)
+    x[0, 0, 1, 0] = float("inf")
+    for features in (module("favor:m=16").feature_map(x), module("favor-delta:m=16").phi(x)):
+        assert torch.isfinite(features[0, 0, [0, 2]]).all() and not torch.isfinite(features[0, 0, 1]).all()
