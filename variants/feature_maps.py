@@ -111,13 +111,42 @@ class ElementwiseFeatureMap(FeatureMap):
         return self.d_key
 
 
+#: A token whose every coordinate lies below this is shifted up by its largest one before φ = elu + 1 in
+#: the normalised uses (see :meth:`EluPlusOne.for_queries`); tokens above it are computed unshifted, bit
+#: for bit as φ(x). elu(x) + 1 forms e^x as expm1(x) + 1, whose absolute error (6e-8 in fp32) is a
+#: relative error above 1e-5 below x = −5 and swallows e^x whole below x ≈ −16.6 (φ = 0).
+ELU_SHIFT_BELOW = -5.0
+
+
 class EluPlusOne(ElementwiseFeatureMap):
-    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key."""
+    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key.
+
+    φ(x) = e^x for x < 0, computed as expm1(x) + 1, so a token whose coordinates are all below
+    ≈ −16.6 in fp32 (e.g. N(0, 1000²) entries at d_key 8: one token in 256) has φ = 0, and below −5
+    φ has lost more than 1e-5 of its relative precision: as a query its read would be
+    0 / floor = 0 rather than a normalised row, and as a key it writes nothing. Queries of the sum
+    rule and the delta rule's φ̂ are computed on the token shifted by its largest coordinate (a
+    positive factor per token, which their normalisation cancels); keys are φ(x) itself (a factor
+    per key would change the weights between keys), so a row whose every key underflows reads 0.
+    """
 
     name = "elu+1"
 
     def forward(self, x: Tensor) -> Tensor:
         return F.elu(x) + 1.0
+
+    def _shifted(self, x: Tensor) -> Tensor:
+        """elu(x − s) + 1 = φ(x) · e^(−s) per token, s = the largest coordinate of a token whose every
+        coordinate is below :data:`ELU_SHIFT_BELOW`, else 0 (then exactly φ(x)); s is detached."""
+        top = x.detach().amax(dim=-1, keepdim=True)
+        shift = torch.where(top < ELU_SHIFT_BELOW, top, torch.zeros_like(top))
+        return F.elu(x - shift) + 1.0
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        return self._shifted(x)
+
+    def normalized(self, x: Tensor) -> Tensor:
+        return sum_normalize(self._shifted(x))
 
 
 class Tanh(ElementwiseFeatureMap):

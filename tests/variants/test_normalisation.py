@@ -240,3 +240,44 @@ def test_favor_features_of_a_non_finite_token_stay_non_finite():
     x[0, 0, 1, 0] = float("inf")
     for features in (module("favor:m=16").feature_map(x), module("favor-delta:m=16").phi(x)):
         assert torch.isfinite(features[0, 0, [0, 2]]).all() and not torch.isfinite(features[0, 0, 1]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# elu + 1 computes e^x as expm1(x) + 1: 0 in fp32 for a token whose coordinates are all below ≈ −16.6
+# (N(0, 1000²) at d_key 8: one token in 256), whose read was then 0 and whose φ̂ summed to 0.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_linear_rows_sum_to_one_for_queries_with_every_coordinate_very_negative(form):
+    q, k = queries_and_keys(1.0, d_key=8, seed=9)
+    q = q - 1000.0  # every query coordinate below −990: φ(q) = 0 in fp32 unshifted
+    k = k.abs()  # keys with φ(k) ≥ 1, so that every row has mass
+    attention = module("linear", d_key=8)
+    y, state = attention(q, k, identity_values(), form=form, chunk_size=8)
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.read(q, state).sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    # each row is the attention of the exact features, from the plain formula in float64: φ(q) = e^q
+    # up to the per-query factor e^-1000 the normaliser cancels, φ(k) = 1 + k for k ≥ 0
+    weights = (torch.exp(q.double() + 1000.0) @ (1.0 + k.double()).mT).tril()
+    assert_close(y, weights / weights.sum(-1, keepdim=True), 1e-5)
+
+
+def test_linear_delta_features_sum_to_one_with_every_coordinate_very_negative():
+    x = -1000.0 * torch.rand(1, 2, T, 8) - 20.0
+    phi = module("linear-delta", d_key=8).phi(x)
+    torch.testing.assert_close(phi.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    # φ̂ = softmax of the coordinates for an all-negative token (φ = e^x there)
+    assert_close(phi, torch.softmax(x.double(), dim=-1).float(), 1e-6)
+
+
+def test_elu_shift_changes_no_bit_for_tokens_with_a_coordinate_above_the_threshold():
+    import torch.nn.functional as F
+
+    from fwbench.variants.feature_maps import sum_normalize
+
+    q, _ = queries_and_keys(1.0, seed=10)
+    q = q.clamp(min=-4.9)  # some coordinate of each token above −5
+    feature_map = module("linear").feature_map
+    assert torch.equal(feature_map.for_queries(q), F.elu(q) + 1.0)
+    assert torch.equal(feature_map.normalized(q), sum_normalize(F.elu(q) + 1.0))
