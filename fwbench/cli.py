@@ -169,11 +169,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_out_dir(out: str | Path) -> Path:
+    """Create ``--out`` before any run trains: a path that cannot be a directory (an existing file)
+    would otherwise fail only after hours of training, when the report or CSV is written.
+
+    Raises:
+        FwbenchError: ``out`` cannot be created as a directory.
+    """
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FwbenchError(f"--out: cannot create {str(out)!r}: {exc.strerror}") from None
+    return Path(out)
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fwbench.report.render import render_report
     from fwbench.tasks.corpus import locate_corpus
 
     grids = paper_grids_with(args.profile)
+    _make_out_dir(args.out)
     if "shakespeare" in grids:  # the LM grid runs last: find its corpus before the synthetic grids' minutes
         locate_corpus(args.data_dir)
     _run_grids(args, grids)
@@ -215,7 +230,12 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
     if not 0 < args.threshold < math.inf:  # inf would call every memory retrieving, whatever its loss
         raise FwbenchError(f"--threshold: got {args.threshold}; expected a finite loss > 0")
-    name = load_grid(args.grid).name
+    grid = load_grid(args.grid)
+    if grid.task != "retrieval":  # refused before its runs train, not after, for want of a capacity
+        raise FwbenchError(f"--grid: got {args.grid!r}, a grid of task {grid.task}; expected a retrieval grid "
+                           "(capacity, capacity_nu, or a Setting 1 grid of your own)")
+    _make_out_dir(args.out)
+    name = grid.name
     specs = _run_grids(args, [args.grid])
     wanted = {spec.run_id for spec in specs}
     frame = records_frame([r for r in ResultsStore(args.results_dir).records() if r["run_id"] in wanted])

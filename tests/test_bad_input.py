@@ -1068,6 +1068,17 @@ def _(ctx):
     return answer
 
 
+@row("C89")
+def _(ctx):
+    (ctx.tmp_path / "report.md").write_text("a file, not a directory")
+    return cli(ctx, "reproduce", "--out", str(ctx.tmp_path / "report.md"), "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C90")
+def _(ctx):
+    return cli(ctx, "capacity", "--grid", "mqar", "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
