@@ -24,6 +24,7 @@ Bad input (unknown variant, grid, profile or device; a malformed grid file) prin
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -35,7 +36,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, use_data_dir
 from fwbench.run.grid import paper_grids_with
-from fwbench.run.launchers import LAUNCHERS, LaunchOptions
+from fwbench.run.launchers import LAUNCHERS, LaunchOptions, check_ray_resources
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
 from fwbench.variants import VariantError, d_dot_of, import_variant_modules, list_variants, parse_spec
 from fwbench.variants.kernels.fla_dispatch import fla_enabled
@@ -114,6 +115,8 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         gpus_per_run=getattr(args, "gpus_per_run", 0.0), ray_num_cpus=getattr(args, "ray_num_cpus", None),
         jobs=jobs,
     )
+    if launcher == "ray":
+        check_ray_resources(options)  # one line before any progress bar or Ray start
     pack_policy(getattr(args, "pack", True))  # a bad $FWBENCH_PACK fails before any training
     fla_enabled()  # so does a bad $FWBENCH_FLA (VariantError: one line, exit 2)
     store = ResultsStore(results_dir)
@@ -167,11 +170,26 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _make_out_dir(out: str | Path) -> Path:
+    """Create ``--out`` before any run trains: a path that cannot be a directory (an existing file)
+    would otherwise fail only after hours of training, when the report or CSV is written.
+
+    Raises:
+        FwbenchError: ``out`` cannot be created as a directory.
+    """
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FwbenchError(f"--out: cannot create {str(out)!r}: {exc.strerror}") from None
+    return Path(out)
+
+
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fwbench.report.render import render_report
     from fwbench.tasks.corpus import locate_corpus
 
     grids = paper_grids_with(args.profile)
+    _make_out_dir(args.out)
     if "shakespeare" in grids:  # the LM grid runs last: find its corpus before the synthetic grids' minutes
         locate_corpus(args.data_dir)
     _run_grids(args, grids)
@@ -196,6 +214,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     if args.d_key < 1 or args.trials < 1:
         raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
+    if not 0 <= args.seed < 2**63:  # the range of torch's seeds, as fwbench run and sample accept
+        raise FwbenchError(f"--seed: got {args.seed}; expected an integer in [0, 2**63)")
     torch.set_num_threads(1)
     _write_probe(Path(args.out), args.d_key, args.trials, args.seed)
     return 0
@@ -209,9 +229,14 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.run.grid import load_grid
     from fwbench.run.store import ResultsStore
 
-    if not args.threshold > 0:
-        raise FwbenchError(f"--threshold: got {args.threshold}; expected a loss > 0")
-    name = load_grid(args.grid).name
+    if not 0 < args.threshold < math.inf:  # inf would call every memory retrieving, whatever its loss
+        raise FwbenchError(f"--threshold: got {args.threshold}; expected a finite loss > 0")
+    grid = load_grid(args.grid)
+    if grid.task != "retrieval":  # refused before its runs train, not after, for want of a capacity
+        raise FwbenchError(f"--grid: got {args.grid!r}, a grid of task {grid.task}; expected a retrieval grid "
+                           "(capacity, capacity_nu, or a Setting 1 grid of your own)")
+    _make_out_dir(args.out)
+    name = grid.name
     specs = _run_grids(args, [args.grid])
     wanted = {spec.run_id for spec in specs}
     frame = records_frame([r for r in ResultsStore(args.results_dir).records() if r["run_id"] in wanted])

@@ -84,7 +84,15 @@ def power_law_probabilities(space: int, power_a: float) -> Tensor:
     """p(i) ∝ a · i^(a−1) for i = 1..space, normalised (Zoology's query-gap distribution), (space,)."""
     i = torch.arange(1, space + 1, dtype=torch.float64)
     p = power_a * i ** (power_a - 1)
-    return p / p.sum()
+    p = p / p.sum()
+    if not bool(torch.isfinite(p).all()):
+        # i^(a−1) overflows float64 for a large a (a ≈ 400 at 240 gaps): the same law from its logarithm,
+        # shifted so that the largest term is exp(0) (i = space for a > 1, i = 1 for a < 1)
+        log_i = torch.log(i)
+        exponent = (power_a - 1) * (log_i - (log_i[-1] if power_a > 1 else 0.0))
+        p = torch.exp(exponent)
+        p = p / p.sum()
+    return p
 
 
 def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, power_a: float,
@@ -92,8 +100,9 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     """MQAR inputs and labels, each (batch, seq_len) int64; labels are ``IGNORE`` except at queries.
 
     Raises:
-        ValueError: seq_len odd, vocabulary too small for distinct keys and values, or more pairs
-            than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len).
+        ValueError: seq_len odd, vocabulary too small for distinct keys and values, more pairs
+            than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len), or a ``power_a`` so large that
+            fewer than num_kv_pairs gaps keep a non-zero probability.
     """
     if seq_len % 2:
         raise ValueError(f"seq_len: got {seq_len}; expected an even number")
@@ -108,7 +117,12 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     keys = torch.rand(batch, half - 1, generator=generator).argsort(dim=-1)[:, :num_kv_pairs] + 1
     values = torch.rand(batch, vocab_size - half, generator=generator).argsort(dim=-1)[:, :num_kv_pairs] + half
     space = (seq_len - context) // 2
-    p = power_law_probabilities(space, power_a).float().expand(batch, space)
+    p = power_law_probabilities(space, power_a).float()
+    if int((p > 0).sum()) < num_kv_pairs:  # multinomial without replacement would fail with a bare RuntimeError
+        raise ValueError(f"power_a: got {power_a!r}; with {space} possible query gaps, p(gap = i) ∝ i^(a−1) leaves "
+                         f"{int((p > 0).sum())} gap(s) a non-zero probability in fp32, fewer than num_kv_pairs = "
+                         f"{num_kv_pairs}; expected a smaller power_a")
+    p = p.expand(batch, space)
     gaps = torch.multinomial(p, num_kv_pairs, replacement=False, generator=generator)  # (batch, n) in [0, space)
 
     inputs = torch.zeros(batch, seq_len, dtype=torch.long)

@@ -1031,6 +1031,64 @@ def _(ctx):
                       'variant = "linear"\nseed = 1\n')
 
 
+MQAR_GRID = """\
+name = "m"
+task = "mqar"
+[profiles.quick]
+variant = "linear"
+vocab_size = 16
+seq_len = 8
+num_kv_pairs = 2
+d_model = 8
+seed = 1
+"""
+
+
+@row("C84")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--cpus-per-run", "nan", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C85")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "0", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C86")
+def _(ctx):
+    return cli(ctx, "capacity", "--threshold", "inf", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C87")
+def _(ctx):
+    return cli(ctx, "probe", "--seed", "-1", "--out", str(ctx.tmp_path))
+
+
+@row("C88")
+def _(ctx):
+    records = ctx.tmp_path / "runs.jsonl"
+    records.write_text('{"run_id": "x"}\n')
+    answer = cli(ctx, "sample", "--checkpoint", str(records))
+    assert records.read_text() == '{"run_id": "x"}\n'
+    return answer
+
+
+@row("C89")
+def _(ctx):
+    (ctx.tmp_path / "report.md").write_text("a file, not a directory")
+    return cli(ctx, "reproduce", "--out", str(ctx.tmp_path / "report.md"), "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C91")
+def _(ctx):
+    return cli(ctx, "capacity", "--grid", "mqar", "--results-dir", str(ctx.tmp_path))
+
+
+@row("G83")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -111,13 +111,42 @@ class ElementwiseFeatureMap(FeatureMap):
         return self.d_key
 
 
+#: A token whose every coordinate lies below this is shifted up by its largest one before φ = elu + 1 in
+#: the normalised uses (see :meth:`EluPlusOne.for_queries`); tokens above it are computed unshifted, bit
+#: for bit as φ(x). elu(x) + 1 forms e^x as expm1(x) + 1, whose absolute error (6e-8 in fp32) is a
+#: relative error above 1e-5 below x = −5 and swallows e^x whole below x ≈ −16.6 (φ = 0).
+ELU_SHIFT_BELOW = -5.0
+
+
 class EluPlusOne(ElementwiseFeatureMap):
-    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key."""
+    """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key.
+
+    φ(x) = e^x for x < 0, computed as expm1(x) + 1, so a token whose coordinates are all below
+    ≈ −16.6 in fp32 (e.g. N(0, 1000²) entries at d_key 8: one token in 256) has φ = 0, and below −5
+    φ has lost more than 1e-5 of its relative precision: as a query its read would be
+    0 / floor = 0 rather than a normalised row, and as a key it writes nothing. Queries of the sum
+    rule and the delta rule's φ̂ are computed on the token shifted by its largest coordinate (a
+    positive factor per token, which their normalisation cancels); keys are φ(x) itself (a factor
+    per key would change the weights between keys), so a row whose every key underflows reads 0.
+    """
 
     name = "elu+1"
 
     def forward(self, x: Tensor) -> Tensor:
         return F.elu(x) + 1.0
+
+    def _shifted(self, x: Tensor) -> Tensor:
+        """elu(x − s) + 1 = φ(x) · e^(−s) per token, s = the largest coordinate of a token whose every
+        coordinate is below :data:`ELU_SHIFT_BELOW`, else 0 (then exactly φ(x)); s is detached."""
+        top = x.detach().amax(dim=-1, keepdim=True)
+        shift = torch.where(top < ELU_SHIFT_BELOW, top, torch.zeros_like(top))
+        return F.elu(x - shift) + 1.0
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        return self._shifted(x)
+
+    def normalized(self, x: Tensor) -> Tensor:
+        return sum_normalize(self._shifted(x))
 
 
 class Tanh(ElementwiseFeatureMap):
@@ -160,10 +189,35 @@ class DPFP(FeatureMap):
         return dpfp(x, self.nu)
 
     def normalized(self, x: Tensor) -> Tensor:
-        return dpfp(x, self.nu, normalize=True, floor=SUM_NORM_FLOOR)
+        """φ(x) / Σφ(x), computed on x scaled per token by a power of two (:func:`unit_scaled`): φ is
+        homogeneous of degree 2, so the ratio is unchanged (bit for bit where nothing under- or
+        overflows), while φ of the unscaled x would fall below the floor for ‖x‖ ≲ 1e-15 in fp32 (rows
+        then no longer sum to 1) and overflow to inf/inf = NaN for ‖x‖ ≳ 1e19."""
+        return dpfp(unit_scaled(x), self.nu, normalize=True, floor=SUM_NORM_FLOOR)
+
+    def for_queries(self, x: Tensor) -> Tensor:
+        """φ of x scaled per token by a power of two (:func:`unit_scaled`): φ(x) times a positive
+        factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly. Keeps that read
+        normalised for queries of any scale (unscaled, DPFP of N(0, 1)·1e-8 inputs gives a mass zᵀφ(q)
+        below the normaliser's floor, and the output collapses to 0)."""
+        return dpfp(unit_scaled(x), self.nu)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, nu={self.nu}, d_dot={self.d_dot}"
+
+
+def unit_scaled(x: Tensor) -> Tensor:
+    """x (…, d) times 2^(−e) per token, with e the binary exponent of max_j |x_j| (so that the largest
+    entry lies in [0.5, 1)); tokens that are all zero stay zero. A power of two multiplies exactly, so
+    a map homogeneous in x (DPFP: φ(cx) = c²φ(x)) changes only by a factor per token that a
+    normalisation cancels. The factor is detached: a choice of scale, not a function of x to
+    differentiate (the normalised result does not depend on it). e is clipped to the dtype's normal
+    range so that 2^(−e) is representable."""
+    top = x.detach().abs().amax(dim=-1, keepdim=True)
+    exponent = torch.frexp(top).exponent
+    bound = -math.log2(torch.finfo(x.dtype).tiny) - 1
+    scale = torch.exp2(-exponent.clamp(-bound, bound).to(x.dtype))
+    return x * scale
 
 
 def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = None) -> Tensor:
@@ -221,8 +275,9 @@ class Favor(FeatureMap):
       features do not underflow to 0), and its features are kept within e^-FAVOR_FEATURE_RANGE of
       its largest. Such a key's weight is approximate (the exact one is not representable in
       fp32), but a query's mass is then ≥ e^-60 per key, far above the normaliser's floor, so rows
-      still sum to 1. N(0, 1) inputs stay inside the window up to d_key ≈ 64 (a quarter of the
-      tokens leave it at d_key 128, where the Performer's d_key^(-1/4) keeps them inside).
+      still sum to 1. N(0, 1) inputs stay inside the window up to d_key ≈ 64; at d_key 128 about a
+      third of the tokens leave it at m = 64 (three fifths at m = 16, a seventh at m = 256), and at
+      d_key 256 all of them, where the Performer's d_key^(-1/4) keeps them inside.
     """
 
     name = "favor"
@@ -252,6 +307,11 @@ class Favor(FeatureMap):
         x = x.to(dtype)
         projection = x @ self.omega.to(dtype)
         offset = 0.5 * x.pow(2).sum(dim=-1, keepdim=True) + 0.5 * math.log(2 * self.m)
+        # ‖x‖² overflows for a finite x with entries ≳ 1e19 (fp32): inf − inf = NaN in every feature. Such
+        # a token lies far outside the window, where every use of the exponents removes a constant per
+        # token (normalized, for_queries, and forward's shift), so the offset can be left out exactly.
+        overflowed = torch.isinf(offset) & torch.isfinite(x).all(dim=-1, keepdim=True)
+        offset = offset.masked_fill(overflowed, 0.0)
         return torch.cat([projection - offset, -projection - offset], dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:

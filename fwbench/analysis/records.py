@@ -11,9 +11,23 @@ import pandas as pd
 CAPACITY_THRESHOLD = 0.01
 
 
+#: The metrics a finished run of each task records and the report reads by name. A run that diverges
+#: before its first evaluation records none of them, so a store where every run of a task diverged would
+#: have no such column (a KeyError in the report); :func:`records_frame` adds them as NaN, as a store
+#: with one finished run has them for the diverged ones.
+TASK_METRICS = {
+    "retrieval": ("best_eval_accuracy", "final_eval_accuracy"),
+    "mqar": ("best_eval_accuracy", "final_eval_accuracy"),
+    "shakespeare": ("best_eval_bpc", "best_eval_ppl", "final_eval_bpc", "final_eval_ppl", "val_loss", "val_bpc",
+                    "val_ppl", "unigram_bpc", "stream_bpc", "stream_ppl", "stream_reset_ppl", "carried_ppl_1x",
+                    "carried_ppl_4x", "carried_ppl_16x"),
+}
+
+
 def records_frame(records: list[dict]) -> pd.DataFrame:
     """One row per record: grid, task, variant spec, seed, every config field, metrics, status,
-    and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``."""
+    and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``. Every
+    :data:`TASK_METRICS` column of the tasks present exists (NaN where a run did not measure it)."""
     rows = []
     for r in records:
         row = {
@@ -40,7 +54,12 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
             # claims count the memory as failed, an infinite loss
             row["best_eval_loss"] = math.inf
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    for task in dict.fromkeys(r["task"] for r in records):
+        for name in TASK_METRICS.get(task, ()):
+            if name not in frame:
+                frame[name] = math.nan
+    return frame
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,17 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any] | None:
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
+                    remedy: str = "delete it to restart") -> dict[str, Any] | None:
     """The payload saved at ``path``, or ``None`` if there is no file.
 
+    ``remedy`` ends the error message: what the user should do about an unreadable file (a run
+    resuming from its own checkpoint: delete it and start again; ``fwbench sample``: point
+    ``--checkpoint`` at a checkpoint, never delete what it was pointed at).
+
     Raises:
-        FwbenchError: the file is unreadable or from another checkpoint format (delete it to
-            restart the run from scratch).
+        FwbenchError: the file is unreadable or from another checkpoint format; one line (torch's
+            own message, which spans several lines, is cut to its first).
     """
     path = Path(path)
     if not path.is_file():
@@ -74,10 +79,11 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged file
+        first_line = (str(exc).strip().splitlines() or [""])[0]
         raise FwbenchError(
-            f"checkpoint {path}: cannot be read ({type(exc).__name__}: {exc}); delete it to restart"
+            f"checkpoint {path}: cannot be read ({type(exc).__name__}: {first_line}); {remedy}"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise FwbenchError(f"checkpoint {path}: format {got!r}, expected {CHECKPOINT_FORMAT}; delete it to restart")
+        raise FwbenchError(f"checkpoint {path}: format {got!r}, expected {CHECKPOINT_FORMAT}; {remedy}")
     return payload

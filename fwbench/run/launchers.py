@@ -15,6 +15,7 @@ A launcher yields records in completion order; a run that raises becomes a recor
 from __future__ import annotations
 
 import ctypes
+import math
 import multiprocessing
 import os
 import signal
@@ -168,15 +169,30 @@ def _import_ray():
     return ray
 
 
+def check_ray_resources(options: LaunchOptions) -> None:
+    """Refuse Ray resources that Ray itself answers with a traceback or a hang: CPUs per run that
+    are not a finite number > 0, GPUs per run not a finite number >= 0, and a local instance of
+    fewer than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing).
+
+    Raises:
+        FwbenchError: naming the option, the value and what is allowed.
+    """
+    if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
+            math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
+        raise FwbenchError(
+            f"--cpus-per-run/--gpus-per-run: got {options.cpus_per_run}/{options.gpus_per_run}; "
+            "expected cpus > 0 and gpus >= 0 (finite numbers)"
+        )
+    if options.ray_num_cpus is not None and options.ray_num_cpus < 1:
+        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer "
+                           "(the CPUs of the local Ray instance; leave it out to use all of them)")
+
+
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,
                on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
     """Submit every spec as a Ray task and yield records as tasks finish."""
+    check_ray_resources(options)  # before Ray starts: it would raise deep inside its scheduler (NaN, inf, 0 CPUs)
     ray = _import_ray()
-    if options.cpus_per_run <= 0 or options.gpus_per_run < 0:
-        raise FwbenchError(
-            f"--cpus-per-run/--gpus-per-run: got {options.cpus_per_run}/{options.gpus_per_run}; "
-            "expected cpus > 0 and gpus >= 0"
-        )
     address = options.ray_address or os.environ.get("RAY_ADDRESS")
     started_here = not ray.is_initialized()
     if started_here:

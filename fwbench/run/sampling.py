@@ -24,7 +24,8 @@ def load_language_model(path: str | Path, device: torch.device) -> tuple[Decoder
     Raises:
         FwbenchError: no such file, an unreadable file, or a checkpoint of another task.
     """
-    saved = load_checkpoint(path, device)
+    saved = load_checkpoint(path, device, remedy="expected a checkpoint of a Shakespeare run, "
+                                                 "<results-dir>/checkpoints/RUN_ID.pt")
     if saved is None:
         raise FwbenchError(f"--checkpoint: {str(path)!r} does not exist")
     if saved.get("task") != ShakespeareTask.name:

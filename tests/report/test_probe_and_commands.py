@@ -140,3 +140,18 @@ def test_report_renders_setting2_mqar_capacity_probe_and_statistics_sections(tmp
     setting2 = text.split("## Setting 2")[1].split("\n## ")[0]
     assert "[" in setting2.split("| S |")[1]
     assert pd.read_csv(out / "capacities.csv")["n_seeds"].max() == 2
+
+
+def test_report_renders_when_every_mqar_run_diverged(tmp_path, capsys):
+    """A store whose MQAR runs all diverged before their first evaluation has no accuracy in any record;
+    the report raised KeyError: 'best_eval_accuracy'. It must render the section and name the divergence."""
+    results, out = tmp_path / "results", tmp_path / "reports"
+    grid = tmp_path / "diverging_mqar.toml"
+    grid.write_text(TINY_MQAR.replace('name = "tiny_mqar"', 'name = "diverging_mqar"')
+                    .replace('variant = ["linear", "dpfp-fwm:nu=1"]', 'variant = "linear"\nlr = 1e38')
+                    .replace("d_model = [4, 8]", "d_model = 4"))
+    assert main(["run", str(grid), "--results-dir", str(results), "--quiet"]) == 0
+    assert "0 trained now" not in capsys.readouterr().out
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    mqar = (out / "REPORT.md").read_text().split("## Multi-query associative recall")[1].split("\n## ")[0]
+    assert "| 4 | — (diverged) |" in mqar

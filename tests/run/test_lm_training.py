@@ -407,3 +407,15 @@ def test_the_quick_profile_gives_every_lm_claim_a_verdict(tmp_path, monkeypatch)
     assert len(unnormalised) == 6 and ((unnormalised["status"] == "diverged") | unnormalised["sliding_ppl"].isna()).all()
     verdicts = {claim(frame).verdict for claim in LM_CLAIMS}
     assert NOT_RUN not in verdicts
+
+
+def test_report_renders_when_every_lm_run_diverged(tmp_path):
+    """LM runs that all diverge record no perplexity, bpc or unigram baseline; the report raised
+    KeyError: 'unigram_bpc'. It must render the section with the runs marked diverged."""
+    grid = write_tiny_grid(tmp_path, ["linear", "softmax"], lr=1e30, max_steps=4, eval_every=2)
+    results, out = tmp_path / "results", tmp_path / "reports"
+    assert main(["run", str(grid), "--results-dir", str(results), "--quiet"]) == 0
+    assert {r["status"] for r in ResultsStore(results).records()} == {"diverged"}
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    text = (out / "REPORT.md").read_text()
+    assert "## Tiny Shakespeare" in text and "Runs: 2 (diverged: 2)" in text

@@ -142,3 +142,18 @@ def test_mqar_loss_is_scored_only_at_query_positions():
     assert logits.shape == (4 * 2, 32) and labels.tolist() == batch["labels"][batch["labels"] != IGNORE].tolist()
     loss = task.loss(model, batch, config)
     assert loss.item() == pytest.approx(torch.nn.functional.cross_entropy(logits, labels).item())
+
+
+def test_power_law_of_a_large_exponent_is_computed_from_its_logarithm():
+    """a = 400 over 240 gaps: i^399 overflows float64 (240^399 ≈ 1e950), which made p NaN and
+    torch.multinomial raise. p(i) = i^399 / Σ_j j^399, exactly in integers, is the reference."""
+    from fractions import Fraction
+
+    total = sum(j**399 for j in range(1, 241))
+    expected = torch.tensor([float(Fraction(i**399, total)) for i in range(1, 241)], dtype=torch.float64)
+    p = power_law_probabilities(240, 400.0)
+    torch.testing.assert_close(p, expected, rtol=1e-12, atol=1e-300)
+    assert p[-1] > 0.8  # most of the mass on the longest gap
+    torch.testing.assert_close(power_law_probabilities(5, 0.01), torch.tensor(
+        [float(0.01 * i ** (0.01 - 1)) for i in range(1, 6)], dtype=torch.float64) / sum(
+        0.01 * i ** (0.01 - 1) for i in range(1, 6)), rtol=1e-15, atol=0)

@@ -174,3 +174,110 @@ def test_favor_outputs_before_a_future_token_with_a_huge_exponent_do_not_change(
     assert torch.isfinite(y_spiked).all()
     assert y[:, :, :FUTURE].abs().min() > 0
     torch.testing.assert_close(y_spiked[:, :, :FUTURE], y[:, :, :FUTURE], rtol=1e-6, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------
+# DPFP beyond SCALES: φ is homogeneous of degree 2, so φ(q)·φ(k) ∝ scale⁴ leaves fp32 at moderate
+# scales (mass ≈ 1e-34 < the normaliser's floor at 1e-8: every output 0; φ̂ = inf / inf = NaN at
+# 1e20). Queries and φ̂ are computed on a per-token power-of-two rescaling of x (exact).
+# ------------------------------------------------------------------------------------------------
+
+DPFP_EXTREME_SCALES = [1e-10, 1e-8, 1e12]
+
+
+@pytest.mark.parametrize("scale", DPFP_EXTREME_SCALES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp:nu=2"])
+def test_dpfp_rows_sum_to_one_at_extreme_input_scales(spec, form, scale):
+    q, k = queries_and_keys(scale, seed=5)
+    attention = module(spec)
+    y, state = attention(q[:, :, :20], k[:, :, :20], identity_values()[:, :, :20], form=form, chunk_size=8)
+    y_next, _ = attention(q[:, :, 20:], k[:, :, 20:], identity_values()[:, :, 20:], state=state, form=form)
+    rows = torch.cat([y, y_next], dim=2).sum(-1)
+    torch.testing.assert_close(rows, torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.read(q, state).sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.write_read(k, identity_values(), q).sum(-1), torch.ones(1, 2, T),
+                               rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("scale", [1e-20, 1e-10, 1e12, 1e20])
+def test_dpfp_delta_features_sum_to_one_at_extreme_input_scales(scale, dtype):
+    q, _ = queries_and_keys(scale, seed=6)
+    phi = module("dpfp-delta:nu=2").phi(q.to(dtype))
+    assert torch.isfinite(phi).all() and (phi >= 0).all()
+    torch.testing.assert_close(phi.sum(-1), torch.ones(phi.shape[:-1], dtype=phi.dtype), rtol=0, atol=1e-5)
+
+
+def test_dpfp_rescaling_changes_no_bit_at_ordinary_scales():
+    """The power-of-two rescaling multiplies exactly: φ̂ and the sum rule's reads are bit for bit those
+    of the unscaled x (stored records stay reproducible)."""
+    from fwbench.variants.kernels.dpfp import dpfp
+
+    q, k = queries_and_keys(1.0, seed=7)
+    attention = module("dpfp:nu=2")
+    assert torch.equal(module("dpfp-delta:nu=2").phi(q), dpfp(q, 2, normalize=True, floor=1e-30))
+    unscaled = attention.update_rule.kernels["chunk"](dpfp(q, 2), dpfp(k, 2), identity_values(), None, None, None, 8)
+    y, _ = attention(q, k, identity_values(), form="chunk", chunk_size=8)
+    assert torch.equal(y, unscaled[0])
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30])
+@pytest.mark.parametrize("form", FORMS)
+def test_favor_rows_sum_to_one_where_the_squared_norm_overflows(form, scale):
+    """‖x‖² of a finite fp32 x with entries ≳ 1e19 is inf, and the exponents ±Ωᵀx − ‖x‖²/2 were −inf
+    everywhere: NaN in every form (and in φ̂ of the delta rule). The offset is a constant per token
+    that every use of the exponents removes there, so it is left out."""
+    q, k = queries_and_keys(scale, seed=8)
+    y, _ = module("favor:m=16")(q, k, identity_values(), form=form, chunk_size=8)
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    phi = module("favor-delta:m=16").phi(k)
+    torch.testing.assert_close(phi.sum(-1), torch.ones(phi.shape[:-1]), rtol=0, atol=1e-5)
+
+
+def test_favor_features_of_a_non_finite_token_stay_non_finite():
+    x = torch.randn(1, 1, 3, D_KEY)
+    x[0, 0, 1, 0] = float("inf")
+    for features in (module("favor:m=16").feature_map(x), module("favor-delta:m=16").phi(x)):
+        assert torch.isfinite(features[0, 0, [0, 2]]).all() and not torch.isfinite(features[0, 0, 1]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# elu + 1 computes e^x as expm1(x) + 1: 0 in fp32 for a token whose coordinates are all below ≈ −16.6
+# (N(0, 1000²) at d_key 8: one token in 256), whose read was then 0 and whose φ̂ summed to 0.
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_linear_rows_sum_to_one_for_queries_with_every_coordinate_very_negative(form):
+    q, k = queries_and_keys(1.0, d_key=8, seed=9)
+    q = q - 1000.0  # every query coordinate below −990: φ(q) = 0 in fp32 unshifted
+    k = k.abs()  # keys with φ(k) ≥ 1, so that every row has mass
+    attention = module("linear", d_key=8)
+    y, state = attention(q, k, identity_values(), form=form, chunk_size=8)
+    torch.testing.assert_close(y.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    torch.testing.assert_close(attention.read(q, state).sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    # each row is the attention of the exact features, from the plain formula in float64: φ(q) = e^q
+    # up to the per-query factor e^-1000 the normaliser cancels, φ(k) = 1 + k for k ≥ 0
+    weights = (torch.exp(q.double() + 1000.0) @ (1.0 + k.double()).mT).tril()
+    assert_close(y, weights / weights.sum(-1, keepdim=True), 1e-5)
+
+
+def test_linear_delta_features_sum_to_one_with_every_coordinate_very_negative():
+    x = -1000.0 * torch.rand(1, 2, T, 8) - 20.0
+    phi = module("linear-delta", d_key=8).phi(x)
+    torch.testing.assert_close(phi.sum(-1), torch.ones(1, 2, T), rtol=0, atol=1e-5)
+    # φ̂ = softmax of the coordinates for an all-negative token (φ = e^x there)
+    assert_close(phi, torch.softmax(x.double(), dim=-1).float(), 1e-6)
+
+
+def test_elu_shift_changes_no_bit_for_tokens_with_a_coordinate_above_the_threshold():
+    import torch.nn.functional as F
+
+    from fwbench.variants.feature_maps import sum_normalize
+
+    q, _ = queries_and_keys(1.0, seed=10)
+    q = q.clamp(min=-4.9)  # some coordinate of each token above −5
+    feature_map = module("linear").feature_map
+    assert torch.equal(feature_map.for_queries(q), F.elu(q) + 1.0)
+    assert torch.equal(feature_map.normalized(q), sum_normalize(F.elu(q) + 1.0))

@@ -1,7 +1,7 @@
 """DPFP features (paper Section 5.3, Eq. 27–28), optionally sum-normalised, as one autograd op.
 
     r(x) = [relu(x), relu(−x)] ∈ R^{2d},   φ_{(i−1)·2d + j}(x) = r_j · r_{(j − i) mod 2d},  i = 1..ν
-    φ̂(x) = φ(x) / (Σ_j φ_j(x) + eps)                                 (delta rule, Eq. 23)
+    φ̂(x) = φ(x) / max(Σ_j φ_j(x), floor)                             (delta rule, Eq. 23)
 
 Written with ``out=`` and in-place updates so that the forward allocates two (…, 2d·ν)-sized
 tensors and the backward three, where the composition of torch ops allocates about a dozen: the
