@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
@@ -278,9 +278,27 @@ class ShakespeareTask:
                               f"validation characters; expected at least context + 1 = {config.context + 1}")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
+    def inactive_keys(self, config: ShakespeareConfig) -> dict[str, str]:
+        """Config keys whose value cannot change what this config's run computes, each with why."""
+        inactive = {}
+        if config.schedule != "noam":
+            inactive["warmup_steps"] = f"schedule={config.schedule!r} has no warm-up"
+        if config.train_segments == 1:
+            inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
+        if not config.stream_eval and not config.sliding_stride:
+            inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
+        return inactive
+
     def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:
-        """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
-        return acting_config(config, variant, config.form)
+        """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`); a key
+        of :meth:`inactive_keys` is hashed at its default value, whatever the grid gave it, so that its
+        values name one run (a grid that varies it is refused as naming a run twice) and runs that
+        leave it at its default keep their ids."""
+        acting = acting_config(config, variant, config.form)
+        defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
+        for key in self.inactive_keys(config):
+            acting[key] = defaults[key]
+        return acting
 
     def train_batch(self, config: ShakespeareConfig, generator: torch.Generator) -> Tensor:
         """(batch_size, train_segments · context + 1) ids: random windows of the training split."""

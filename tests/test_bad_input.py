@@ -1089,6 +1089,12 @@ def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
 
 
+@row("G84")
+def _(ctx):
+    return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
+                           "train_segments = 1\ntruncated_bptt = [true, false]\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -312,10 +312,13 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
+    inactive = task.inactive_keys(first.task_config()) if hasattr(task, "inactive_keys") else {}
     reasons = []
     for key in differing:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
-        if key in acting:
+        if key in inactive:
+            reasons.append(f"{key} ({values}) has no effect: {inactive[key]}")
+        elif key in acting:
             reasons.append(f"{key} {values} act alike for variant {first.variant} (both run with {key}={acting[key]!r})")
         elif key == "chunk_size":
             reasons.append(f"chunk_size ({values}) has no effect for variant {first.variant} with form={form!r}: no "
