@@ -57,10 +57,25 @@ def test_the_masked_loss_of_a_single_query_is_that_querys_loss():
     assert only_first.item() == pytest.approx(0.5 * 0.5**2)  # ½‖(0.5, 0, 0) − (1, 0, 0)‖²
 
 
-@pytest.mark.parametrize("dtype, expected", [(torch.float64, torch.float64), (torch.bfloat16, torch.float32)])
-def test_the_model_returns_float64_for_a_float64_model_and_fp32_otherwise(dtype, expected):
+def test_on_cpu_the_loss_leaves_the_id_check_to_scatter(monkeypatch):
+    """The range check with ``aminmax`` (a host sync) runs only off the CPU; on the CPU a bad id is
+    still refused, by the scatter, as a ValueError naming ``targets``."""
+    def no_aminmax(*args, **kwargs):
+        raise AssertionError("aminmax called on CPU")
+
+    monkeypatch.setattr(torch, "aminmax", no_aminmax)
+    predicted = torch.zeros(2, 1, 3)
+    assert retrieval_loss(predicted, torch.tensor([[0], [2]]), 3).item() == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"^targets: .*; expected ids in \[0, 3\)$"):
+        retrieval_loss(predicted, torch.tensor([[0], [3]]), 3)
+
+
+@pytest.mark.parametrize("variant, dtype, expected", [("linear-delta", torch.float64, torch.float64),
+                                                       ("softmax", torch.bfloat16, torch.float32)])
+def test_the_model_returns_float64_for_a_float64_model_and_fp32_otherwise(variant, dtype, expected):
+    """Softmax attention computes a bf16 model in bf16: the scores still come back in fp32."""
     torch.manual_seed(0)
-    model = RetrievalModel("linear-delta", 4, d_key=8, form="parallel").to(dtype)
+    model = RetrievalModel(variant, 4, d_key=8, form="parallel").to(dtype)
     keys = torch.tensor([[0, 1, 2, 3]])
     assert model(keys, keys.flip(-1), keys).dtype == expected
 
@@ -77,10 +92,11 @@ def test_the_auto_form_of_a_one_hot_reader_takes_the_one_hot_path(monkeypatch):
 
     monkeypatch.setattr(retrieval, "one_hot_write_read", spy)
     keys = torch.tensor([[0, 1, 2, 3]])
-    for form in ("auto", "parallel"):
+    for form in ("auto", "parallel", "chunk"):
         torch.manual_seed(0)
         RetrievalModel("linear", 4, d_key=8, form=form)(keys, keys, keys)
-    assert calls == ["one-hot"]
+        calls.append(form)
+    assert calls == ["one-hot", "auto", "parallel", "chunk"]
 
 
 def test_the_model_is_built_with_the_configs_sizes_form_and_chunk_size():
