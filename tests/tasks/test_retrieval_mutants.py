@@ -125,3 +125,11 @@ def test_configs_out_of_range_are_refused_naming_the_field(changes, message):
 @pytest.mark.parametrize("changes", [{"S": 2}, {"S": 2, "embedding_factor": 0.5}, {"S": 4, "embedding_factor": 0.5}])
 def test_configs_at_the_edge_of_their_range_are_accepted(changes):
     TASK.validate(RetrievalConfig(**changes))  # S = 2 keys; a key embedding of 1 or 2 features
+
+
+def test_the_models_defaults_are_the_official_sizes():
+    """d_key 64 and a key embedding of int(2.2 · S) features (S = 10: 22), as the official model."""
+    torch.manual_seed(0)
+    model = RetrievalModel("linear", 10)
+    assert model.attention.d_key == 64 and model.W_q.weight.shape == (64, 22)
+    assert model.embedding_size == 22 and model.key_embedding.weight.shape == (10, 22)
