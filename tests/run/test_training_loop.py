@@ -24,7 +24,7 @@ from fwbench.run.runner import run_grid
 from fwbench.run.store import ResultsStore
 from fwbench.run.training import LoopState, fit, redraw_random_features
 from fwbench.tasks.retrieval import RetrievalConfig
-from fwbench.variants import Favor
+from fwbench.variants import Favor, NonFiniteError
 
 
 @dataclass(frozen=True)
@@ -487,3 +487,19 @@ def test_rank_rng_adds_the_cuda_stream_of_the_ranks_device(monkeypatch):
     assert set(states) == {"torch", "cuda"} and states["cuda"] == ("cuda state of", device)
     assert torch.equal(states["torch"], torch.get_rng_state())
     assert set(training._rank_rng(torch.device("cpu"))) == {"torch"}
+
+
+class FailingEvaluationTask(RecordingTask):
+    """Its second evaluation finds a NaN in an attention input."""
+
+    def evaluate(self, model, config, generator, device):
+        if len(self.seen["devices"]) == 1:
+            raise NonFiniteError("q holds NaN")
+        return super().evaluate(model, config, generator, device)
+
+
+def test_a_non_finite_tensor_met_in_an_evaluation_ends_the_run_there_as_diverged(monkeypatch):
+    monkeypatch.setitem(tasks.TASKS, "recording", FailingEvaluationTask())
+    result = fit("recording", "linear", LoopConfig(max_steps=8), 3, torch.device("cpu"))
+    assert (result.status, result.steps, result.diverged_at) == ("diverged", 4, 4)
+    assert result.diverged_reason == "evaluation: q holds NaN"
