@@ -157,3 +157,19 @@ def test_softmax_keeps_the_last_window_minus_one_tokens_in_its_cache(window, P, 
         _, keys, values = fn(q, k, v, k_cache, v_cache, window=window)
         expected = torch.cat([k_cache, k], dim=2)[:, :, P + T - kept:]
         assert torch.equal(keys, expected) and values.shape[2] == kept, fn.__name__
+
+
+@pytest.mark.parametrize("wide", [None, "queries", "k", "v", "beta", "W0"])
+def test_the_delta_write_read_of_an_empty_sequence_reads_the_carried_state(wide):
+    """T = 0: nothing is written, so y = W0 q (zeros without W0), in the compute dtype."""
+    given = inputs("delta_rule_write_read", torch.float32, wide)
+    k, v, beta = (given[name][:, :, :0] for name in ("k", "v", "beta"))
+    dtype = torch.float32 if wide is None else torch.float64
+    y = delta_rule_write_read(given["queries"], k, v, beta, given["W0"])
+    assert y.dtype == dtype and y.shape == (B, H, T_Q, D_V)
+    expected = given["queries"].double() @ given["W0"].double().mT
+    tol = FLOAT64_TOL if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol)
+    empty = delta_rule_write_read(given["queries"], k, v, beta)
+    dtype = torch.float32 if wide in (None, "W0") else torch.float64
+    assert empty.dtype == dtype and torch.equal(empty, torch.zeros(B, H, T_Q, D_V, dtype=dtype))
