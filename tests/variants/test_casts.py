@@ -76,6 +76,14 @@ def test_favor_redraw_keeps_the_cast_dtype():
     assert layer.attention.feature_map.omega.dtype == torch.float64
 
 
+def test_favor_redraw_keeps_the_device():
+    """Ω is drawn on the CPU (the global RNG) and moved to the layer's device: here the meta device,
+    which stands in for a GPU on a machine without one."""
+    layer = AttentionLayer("favor:m=16", 32, 2).to("meta")
+    layer.attention.redraw_features()
+    assert layer.attention.feature_map.omega.device.type == "meta"
+
+
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("spec", ["softmax", "favor:m=8", "dpfp-delta:nu=1"])
 def test_decoder_lm_forward_and_generation_after_to_dtype(spec, dtype):

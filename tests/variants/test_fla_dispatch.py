@@ -68,6 +68,7 @@ class FlaStandIns:
     def sum(self, q, k, v, g=None, g_gamma=None, scale=None, initial_state=None, output_final_state=False,
             state_v_first=False, **kwargs):
         assert g is None and g_gamma is None and not state_v_first and "head_first" not in kwargs
+        assert q.dtype == k.dtype == v.dtype, "fla's kernels take q, k and v in one dtype"
         Bq, T, Hq, K = q.shape
         assert k.shape == q.shape and v.shape[:3] == (Bq, T, Hq)
         if initial_state is not None:
@@ -92,7 +93,8 @@ class FlaStandIns:
         head_first[0] = head_first[0] * (scale * K ** 0.5)
         o, S = self.delta_naive.delta_rule_recurrence(*head_first, initial_state=initial_state,
                                                       output_final_state=output_final_state)
-        return o.transpose(1, 2).to(q.dtype), S
+        # fla returns no final state unless asked (its naive recurrence only drops it for an exact False)
+        return o.transpose(1, 2).to(q.dtype), S if output_final_state else None
 
 
 @pytest.fixture
@@ -253,6 +255,7 @@ def test_bf16_through_fla_contract_matches_ours(on_cpu, rule):
         (y, W, z), (y_ref, W_ref, z_ref) = (fla_dispatch.sum_rule_chunk_dispatch(q, k, v, W0, z0),
                                             sum_rule_chunk(q, k, v, W0, z0))
         assert_close(z, z_ref, BF16_TOL)
+        assert z.dtype == torch.float32
     else:
         q, k, v, beta, W0 = _delta_inputs(70, torch.bfloat16, carried=True)
         (y, W), (y_ref, W_ref) = (fla_dispatch.delta_rule_chunk_dispatch(q, k, v, beta, W0),
@@ -261,6 +264,52 @@ def test_bf16_through_fla_contract_matches_ours(on_cpu, rule):
     assert y.dtype == torch.bfloat16 and W.dtype == torch.float32
     assert_close(y.float(), y_ref.float(), BF16_TOL)
     assert_close(W, W_ref, BF16_TOL)
+
+
+def test_sum_rule_through_fla_contract_sums_bf16_keys_in_fp32(on_cpu):
+    """From the zero state the normaliser z is the keys' own sum: kept in fp32 (to fp32 rounding of
+    our chunk form's), where a sum of 70 bf16 keys in bf16 would be off by ~1e-3."""
+    q, k, v, _, _ = _sum_inputs(70, torch.bfloat16)
+    y, _, z = fla_dispatch.sum_rule_chunk_dispatch(q, k, v)
+    y_ref, _, z_ref = sum_rule_chunk(q, k, v)
+    assert on_cpu.calls["sum"] == 1
+    assert z.dtype == torch.float32
+    assert_close(z, z_ref, TOL)
+    assert_close(y.float(), y_ref.float(), BF16_TOL)
+
+
+def test_sum_rule_through_fla_contract_reads_a_float64_carried_state_as_fp32(on_cpu, monkeypatch):
+    """The contract gives fla an fp32 state and computes the normaliser in fp32: a float64 W0, z0 (a
+    caller's; the modules keep the state in the compute dtype) gives, bit for bit, what the same state
+    rounded to fp32 first gives, and W_T, z_T come back fp32."""
+    monkeypatch.setattr(fla_dispatch, "tf32_allowed", lambda: True)
+    q, k, v, W0, z0 = _sum_inputs(20, carried=True)
+    W0_64, z0_64 = W0.double() + 1e-12 * torch.randn_like(W0.double()), z0.double() * (1 + 1e-12)
+    y, W, z = fla_dispatch.sum_rule_chunk_dispatch(q, k, v, W0_64, z0_64)
+    y_32, W_32, z_32 = fla_dispatch.sum_rule_chunk_dispatch(q, k, v, W0_64.float(), z0_64.float())
+    assert on_cpu.calls["sum"] == 2
+    assert W.dtype == z.dtype == torch.float32
+    assert torch.equal(y, y_32) and torch.equal(W, W_32) and torch.equal(z, z_32)
+
+
+def test_sum_rule_through_fla_contract_without_normalisation_is_the_numerator(on_cpu):
+    """``normalize=False``: y_t = W_t q_t, as our chunk form computes it."""
+    q, k, v, W0, z0 = _sum_inputs(37, carried=True)
+    y, W, z = fla_dispatch.fla_sum_rule_chunk(on_cpu.sum, q, k, v, W0, z0, normalize=False)
+    y_ref, W_ref, z_ref = sum_rule_chunk(q, k, v, W0, z0, normalize=False)
+    assert_close(y, y_ref, TOL)
+    assert_close(W, W_ref, TOL)
+    assert_close(z, z_ref, TOL)
+
+
+def test_tf32_allowed_reads_torch_backends_flag():
+    flag = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for value in (True, False):
+            torch.backends.cuda.matmul.allow_tf32 = value
+            assert fla_dispatch.tf32_allowed() is value
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
 
 
 def _gradients(fn, inputs):

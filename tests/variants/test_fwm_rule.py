@@ -86,6 +86,53 @@ def test_fwm_read_out_is_layer_normed():
     assert (y.var(-1, unbiased=False) <= 1.0 + 1e-5).all()
 
 
+@pytest.mark.parametrize("eps", [1e-5, 0.5])
+def test_fwm_read_divides_by_the_root_of_the_variance_plus_the_given_eps(eps):
+    """A small W q (variance ~1e-3): eps 0.5 shrinks the read ~20-fold, so a read that ignores ``eps``
+    (torch's default 1e-5 instead) misses by far."""
+    q, k, v, beta = fwm_inputs(6, scale=0.1)
+    W = 0.05 * torch.randn(B, H, D_V, D)
+    u = (W.double() @ q.double().mT).mT                                        # W q_t, (B, H, T, d_v)
+    expected = (u - u.mean(-1, keepdim=True)) / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + eps)
+    assert_close(fwm_rule_read(q, W, eps=eps), expected.float(), TOL)
+
+
+#: (input, token) where one entry turns NaN in sequence 0, head 1; ``None``: an entry of W0 itself.
+NAN_CASES = [("k", 4), ("v", 4), ("beta", 4), ("q", 4), ("k", 0), ("W0", None)]
+
+
+@pytest.mark.parametrize(("where", "t"), NAN_CASES, ids=[f"{where}-{t}" for where, t in NAN_CASES])
+def test_a_nan_reaches_the_fwm_reads_the_recurrence_reaches_and_no_others(where, t):
+    """A NaN in k, v or β at token t poisons the state, so every read from t on is NaN; one in q only
+    the read at t; one in W0 every read of its sequence and head. What the float64 loop makes
+    non-finite, the kernel does; its finite reads match the loop; and the reads the NaN cannot reach
+    (earlier tokens, other sequences and heads) are bit for bit those without it (the same chunked
+    scan). Issue 14 item 14: a mask of reached tokens that drops W0, keeps only one input's NaNs,
+    or stops counting after the first, went unseen."""
+    q, k, v, beta = fwm_inputs(9)
+    W0 = torch.randn(B, H, D_V, D) * 0.1
+    given = {"q": q, "k": k, "v": v, "beta": beta, "W0": W0}
+    changed = {name: x.clone() for name, x in given.items()}
+    if where == "W0":
+        changed["W0"][0, 1, 2, 3] = float("nan")
+    elif where == "beta":
+        changed["beta"][0, 1, t] = float("nan")
+    else:
+        changed[where][0, 1, t, 2] = float("nan")
+    y_clean, W_clean = fwm_rule_recurrent(**given)
+    y, W = fwm_rule_recurrent(**changed)
+    y_ref, W_ref = fwm_naive(**changed)
+    finite = torch.isfinite(y)
+    assert torch.equal(finite, torch.isfinite(y_ref))
+    assert not finite[0, 1].all()
+    assert_close(y[finite], y_ref[finite].float(), TOL)
+    first = 0 if t is None else t
+    assert torch.equal(y[0, 1, :first], y_clean[0, 1, :first])
+    for b, h in ((0, 0), (1, 0), (1, 1), (0, 2), (1, 2)):
+        assert torch.equal(y[b, h], y_clean[b, h]) and torch.equal(W[b, h], W_clean[b, h]), (b, h)
+    assert bool(torch.isfinite(W[0, 1]).all()) == bool(torch.isfinite(W_ref[0, 1]).all())
+
+
 def test_fwm_gradients_are_finite_from_the_zero_state():
     q, k, v, beta = (x.requires_grad_() for x in fwm_inputs(5, scale=0.01))
     y, _ = fwm_rule_recurrent(q, k, v, beta)

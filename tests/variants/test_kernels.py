@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 from helpers import assert_close
 
 from fwbench import variants
-from fwbench.variants import DPFP, EluPlusOne, Favor, Tanh, sum_normalize
+from fwbench.variants import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize
 from fwbench.variants.kernels import (
     delta_rule_chunk,
     delta_rule_parallel,
@@ -334,3 +335,23 @@ def test_favor_projection_has_orthogonal_blocks():
 def test_favor_features_are_scaled_by_one_over_sqrt_two_m():
     favor = Favor(4, m=8)
     assert_close(favor(torch.zeros(4)), torch.full((16,), 1 / math.sqrt(16)), 1e-6)
+
+
+class _RandomWidthMap(FeatureMap):
+    """A map without its own ``output_size``: d_dot = d_key·width + extra, and building it draws from
+    the global RNG (as a random-feature map does)."""
+
+    def __init__(self, d_key: int, width: int = 1, extra: int = 0):
+        super().__init__(d_key)
+        self.mixing = nn.Parameter(torch.randn(d_key, d_key * width + extra))
+
+    @property
+    def d_dot(self) -> int:
+        return self.mixing.shape[1]
+
+
+def test_the_default_output_size_builds_the_map_with_its_parameters_and_leaves_the_global_rng():
+    before = torch.get_rng_state()
+    assert _RandomWidthMap.output_size(5) == 5
+    assert _RandomWidthMap.output_size(5, width=3, extra=2) == 17
+    assert torch.equal(torch.get_rng_state(), before)

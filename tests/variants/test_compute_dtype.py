@@ -1,0 +1,175 @@
+"""Every kernel computes in the widest dtype among its arguments (and at least fp32), whichever
+argument that is (:func:`~variants.kernels.precision.compute_dtype`; issue 14 item 14, from the
+mutants that survived: a dropped argument of ``compute_dtype``, ``dtype = None``, or one
+``x.to(dtype)`` made ``x.to(None)`` changed nothing any test saw).
+
+- One argument in float64, the others fp32: the outputs the kernel keeps in the compute dtype (the
+  state, the fused read) are float64 and equal the all-float64 call to 1e-12 (fp32 arithmetic
+  anywhere in between misses by ~1e-7); the outputs returned in v's dtype match to fp32 rounding.
+- Every argument bf16: those outputs are fp32 and match the float64 call on the same values to
+  1e-5 (bf16 arithmetic misses by ~1e-2).
+- Softmax attention keeps no compute dtype of its own: a cache in another dtype is read as if cast
+  to the new tokens' dtype (to q's, in the read), bit for bit; and its cache keeps the last
+  window − 1 tokens (all without a window), also after an empty call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fwbench.variants.kernels import (
+    delta_rule_chunk,
+    delta_rule_parallel,
+    delta_rule_read,
+    delta_rule_recurrent,
+    delta_rule_write_read,
+    fwm_rule_read,
+    fwm_rule_recurrent,
+    fwm_rule_write,
+    softmax_parallel,
+    softmax_read,
+    softmax_recurrent,
+    sum_rule_chunk,
+    sum_rule_parallel,
+    sum_rule_read,
+    sum_rule_recurrent,
+    sum_rule_write,
+    sum_rule_write_read,
+)
+
+B, H, T, T_Q, D_DOT, D_V = 2, 2, 10, 3, 4, 3
+#: float64 arithmetic agrees with float64 arithmetic to ~1e-15; one fp32 step would leave ~1e-7.
+FLOAT64_TOL = 1e-12
+#: fp32 arithmetic on bf16-valued inputs against float64 on the same values: ~1e-7; bf16 arithmetic ~1e-2.
+FP32_TOL = 1e-5
+
+
+class Kernel(NamedTuple):
+    """A kernel, the names of its tensor arguments in order (keys of :func:`inputs`), and which of
+    its outputs it keeps in the compute dtype (the others come back in v's dtype)."""
+
+    fn: Callable
+    args: tuple[str, ...]
+    compute_outputs: tuple[int, ...]
+    kwargs: dict | None = None
+
+
+SUM, DELTA, FWM = ("q", "k", "v", "W0", "z0"), ("q", "k", "v", "beta", "W0"), ("q", "k", "v", "beta", "W0")
+KERNELS = {
+    "sum_rule_recurrent": Kernel(sum_rule_recurrent, SUM, (1, 2)),
+    "sum_rule_parallel": Kernel(sum_rule_parallel, SUM, (1, 2)),
+    "sum_rule_chunk": Kernel(sum_rule_chunk, SUM, (1, 2), {"chunk_size": 4}),
+    "sum_rule_write": Kernel(sum_rule_write, SUM[1:], (0, 1)),
+    "sum_rule_write_read": Kernel(sum_rule_write_read, ("queries", *SUM[1:]), (0,)),
+    "sum_rule_read": Kernel(sum_rule_read, ("queries", "W", "z"), (0,)),
+    "delta_rule_recurrent": Kernel(delta_rule_recurrent, DELTA, (1,)),
+    "delta_rule_parallel": Kernel(delta_rule_parallel, DELTA, (1,)),
+    "delta_rule_chunk": Kernel(delta_rule_chunk, DELTA, (1,), {"chunk_size": 4}),
+    "delta_rule_write_read": Kernel(delta_rule_write_read, ("queries", *DELTA[1:]), (0,), {"chunk_size": 4}),
+    "delta_rule_read": Kernel(delta_rule_read, ("queries", "W"), (0,)),
+    "fwm_rule_recurrent": Kernel(fwm_rule_recurrent, FWM, (1,)),
+    "fwm_rule_write": Kernel(fwm_rule_write, FWM[1:], (0,)),
+    "fwm_rule_read": Kernel(fwm_rule_read, ("queries", "W"), (0,)),
+}
+CASES = [(name, wide) for name, kernel in KERNELS.items() for wide in kernel.args]
+
+
+def inputs(name: str, dtype: torch.dtype = torch.float32, wide: str | None = None) -> dict[str, torch.Tensor]:
+    """Valid arguments of every rule in ``dtype``, the argument ``wide`` in float64 with values that
+    fp32 cannot hold. φ-mapped queries and keys are positive; the delta rule's are sum-normalised."""
+    g = torch.Generator().manual_seed(3)
+
+    def features(*shape):
+        x = F.elu(torch.randn(*shape, generator=g, dtype=torch.float64)) + 1.0
+        return x / x.sum(-1, keepdim=True) if name.startswith("delta") else x
+
+    given = {
+        "q": features(B, H, T, D_DOT), "k": features(B, H, T, D_DOT), "queries": features(B, H, T_Q, D_DOT),
+        "v": torch.randn(B, H, T, D_V, generator=g, dtype=torch.float64),
+        "beta": torch.rand(B, H, T, generator=g, dtype=torch.float64),
+        "W0": 0.3 * torch.randn(B, H, D_V, D_DOT, generator=g, dtype=torch.float64),
+        "W": 0.3 * torch.randn(B, H, D_V, D_DOT, generator=g, dtype=torch.float64),
+        "z0": features(B, H, D_DOT), "z": features(B, H, D_DOT),
+    }
+    return {key: x if key == wide else x.to(dtype) for key, x in given.items()}
+
+
+def call(kernel: Kernel, given: dict[str, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    out = kernel.fn(*(given[arg] for arg in kernel.args), **(kernel.kwargs or {}))
+    return out if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize(("name", "wide"), CASES, ids=[f"{name}-{wide}_float64" for name, wide in CASES])
+def test_one_float64_argument_makes_the_kernel_compute_in_float64(name, wide):
+    kernel = KERNELS[name]
+    mixed = inputs(name, torch.float32, wide)
+    outputs = call(kernel, mixed)
+    expected = call(kernel, {key: x.double() for key, x in mixed.items()})
+    v_dtype = mixed["v"].dtype
+    for i, (out, ref) in enumerate(zip(outputs, expected, strict=True)):
+        if i in kernel.compute_outputs or v_dtype == torch.float64:
+            assert out.dtype == torch.float64, f"output {i}: {out.dtype}"
+            torch.testing.assert_close(out, ref, rtol=FLOAT64_TOL, atol=FLOAT64_TOL, msg=f"output {i}")
+        else:  # returned in v's dtype: rounded once, after a float64 computation
+            assert out.dtype == v_dtype, f"output {i}: {out.dtype}"
+            torch.testing.assert_close(out, ref.to(v_dtype), rtol=1e-6, atol=1e-6, msg=f"output {i}")
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_bf16_arguments_are_computed_in_fp32(name):
+    kernel = KERNELS[name]
+    given = inputs(name, torch.bfloat16)
+    outputs = call(kernel, given)
+    expected = call(kernel, {key: x.double() for key, x in given.items()})
+    for i in kernel.compute_outputs:
+        assert outputs[i].dtype == torch.float32, f"output {i}: {outputs[i].dtype}"
+        torch.testing.assert_close(outputs[i].double(), expected[i], rtol=FP32_TOL, atol=FP32_TOL, msg=f"output {i}")
+
+
+def test_softmax_reads_a_cache_of_another_dtype_as_if_cast_first():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(B, H, 4, D_DOT, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(B, H, 5, D_DOT, generator=g, dtype=torch.float64) for _ in range(2))
+    for fn in (softmax_parallel, softmax_recurrent):
+        y, keys, values = fn(q, k, v, k_cache, v_cache)
+        y_ref, keys_ref, values_ref = fn(q, k, v, k_cache.float(), v_cache.float())
+        assert torch.equal(y, y_ref) and torch.equal(keys, keys_ref) and torch.equal(values, values_ref), fn.__name__
+    assert torch.equal(softmax_read(q, k_cache, v_cache), softmax_read(q, k_cache.float(), v_cache.float()))
+    q64 = q.double()
+    y = softmax_read(q64, k_cache.float(), v_cache.float())
+    assert y.dtype == torch.float64
+    assert torch.equal(y, softmax_read(q64, k_cache.float().double(), v_cache.float().double()))
+
+
+@pytest.mark.parametrize(("window", "P", "T", "kept"), [(1, 2, 3, 0), (10, 2, 4, 6), (3, 5, 0, 2), (None, 5, 0, 5)])
+def test_softmax_keeps_the_last_window_minus_one_tokens_in_its_cache(window, P, T, kept):
+    """The cache holds what the next query may still see: min(window − 1, P + T) tokens (all without
+    a window), from an empty call too; d_key 4 < P + T, so that a bound taken from the wrong axis shows."""
+    g = torch.Generator().manual_seed(6)
+    k_cache, v_cache = (torch.randn(1, 1, P, 4, generator=g) for _ in range(2))
+    q, k, v = (torch.randn(1, 1, T, 4, generator=g) for _ in range(3))
+    for fn in (softmax_parallel, softmax_recurrent):
+        _, keys, values = fn(q, k, v, k_cache, v_cache, window=window)
+        expected = torch.cat([k_cache, k], dim=2)[:, :, P + T - kept:]
+        assert torch.equal(keys, expected) and values.shape[2] == kept, fn.__name__
+
+
+@pytest.mark.parametrize("wide", [None, "queries", "k", "v", "beta", "W0"])
+def test_the_delta_write_read_of_an_empty_sequence_reads_the_carried_state(wide):
+    """T = 0: nothing is written, so y = W0 q (zeros without W0), in the compute dtype."""
+    given = inputs("delta_rule_write_read", torch.float32, wide)
+    k, v, beta = (given[name][:, :, :0] for name in ("k", "v", "beta"))
+    dtype = torch.float32 if wide is None else torch.float64
+    y = delta_rule_write_read(given["queries"], k, v, beta, given["W0"])
+    assert y.dtype == dtype and y.shape == (B, H, T_Q, D_V)
+    expected = given["queries"].double() @ given["W0"].double().mT
+    tol = FLOAT64_TOL if dtype == torch.float64 else 1e-6
+    torch.testing.assert_close(y.double(), expected, rtol=tol, atol=tol)
+    empty = delta_rule_write_read(given["queries"], k, v, beta)
+    dtype = torch.float32 if wide in (None, "W0") else torch.float64
+    assert empty.dtype == dtype and torch.equal(empty, torch.zeros(B, H, T_Q, D_V, dtype=dtype))
