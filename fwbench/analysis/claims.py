@@ -161,7 +161,8 @@ def claim_sum_rule_failure_scales_with_d_dot(frame: pd.DataFrame) -> ClaimResult
     for variant, (cap, text) in caps.items():
         d_dot = float(d_dot_of(variant, d_key))
         low, high = cap.ratio_interval(d_dot)
-        parts.append(f"{variant} {text} → {cap.value / d_dot:.2f}·d_dot")
+        sign = f"{cap.bound} " if cap.bound else ""  # a censored capacity gives a bound on the ratio too
+        parts.append(f"{variant} {text} → {sign}{cap.value / d_dot:.2f}·d_dot")
         if (high < low_band and cap.grid_high / d_dot <= low_band) or (low > high_band and
                                                                         cap.grid_low / d_dot >= high_band):
             checks.append(False)

@@ -161,7 +161,8 @@ def section_capacity_vs_d_dot(frame: pd.DataFrame, out_dir: Path) -> str:
     shown = pd.DataFrame({
         "variant": table["variant"], "d_key": table["d_key"].astype(int), "d_dot": table["d_dot"].astype(int),
         "capacity (95 % CI)": [describe(r) for _, r in table.iterrows()],
-        "capacity / d_dot": [f"{v:.2f}" for v in table["capacity_over_d_dot"]],
+        "capacity / d_dot": [f"{bound} {v:.2f}" if bound else f"{v:.2f}"  # a bound stays a bound
+                             for bound, v in zip(table["bound"], table["capacity_over_d_dot"])],
         "per seed": table["per_seed"], "S grid": table["S_grid"],
     })
     return "\n".join([

@@ -14,6 +14,7 @@ from fwbench.analysis.claims import (
     PASS,
     claim_favor_never_reaches_zero,
     claim_linear_fails_softmax_holds,
+    claim_sum_rule_failure_scales_with_d_dot,
 )
 from fwbench.analysis.claims_lm import (
     MIN_LM_STEPS,
@@ -118,3 +119,13 @@ def test_an_lr_sweep_judges_each_variant_at_its_best_learning_rate():
     worse_lr = lm_rows({"linear-delta": [9.0, 9.1, 8.9]}).assign(lr=1e-3)
     result = claim_delta_beats_sum(pd.concat([good_lr, bad_lr, worse_lr]))
     assert result.verdict == PASS and "linear 5.999 " in result.measured and "→ 4.999 " in result.measured
+
+
+def test_c3_gives_a_censored_capacity_its_ratio_as_a_bound():
+    """DPFP ν=2 cut at S ≤ 160 retrieves at every S it ran: its capacity is a lower bound (≥ 160), and
+    so is its ratio to d_dot 256 (≥ 0.62, not a measured 0.62); a bracketed one keeps a plain ratio."""
+    frame = official()
+    cut = frame[~((frame["setting"] == 1) & (frame["variant"] == "dpfp:nu=2") & (frame["S"] > 160))]
+    measured = claim_sum_rule_failure_scales_with_d_dot(cut).measured
+    assert "dpfp:nu=2 ≥ 160" in measured and "→ ≥ 0.62·d_dot" in measured
+    assert "→ 0.9" in measured.split("dpfp:nu=1", 1)[1].split(";")[0]  # ν=1 ≈ 122 of 128, bracketed

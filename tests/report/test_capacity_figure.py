@@ -46,3 +46,16 @@ def test_legend_below_and_labels_clear_of_each_other_and_of_the_data(monkeypatch
     assert not any(_overlap(box, other) for box in boxes for other in data)
     assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1 for b in boxes)
     assert math.isclose(low, ax.get_ylim()[0])  # equal ranges: the diagonal is capacity = d_dot
+
+
+def test_the_capacity_table_keeps_a_bound_on_the_ratio(tmp_path):
+    """A censored capacity (DPFP ν=2 cut at S ≤ 160: ≥ 160) has a bounded ratio, "≥ 0.62", not a measured 0.62."""
+    from fwbench.analysis.reference import official_records
+    from fwbench.report.render import section_capacity_vs_d_dot
+
+    frame = official_records((1, 2, 3))
+    cut = frame[~((frame["setting"] == 1) & (frame["variant"] == "dpfp:nu=2") & (frame["S"] > 160))]
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in
+            section_capacity_vs_d_dot(cut, tmp_path).splitlines() if line.startswith("| dpfp")}
+    assert rows["dpfp:nu=2"][3:5] == ["≥ 160 (3 seeds)", "≥ 0.62"]
+    assert rows["dpfp:nu=1"][4] == "0.95"
