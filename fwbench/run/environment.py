@@ -14,7 +14,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
 from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 from fwbench.variants.kernels.fla_dispatch import FLA_ENV
-from fwbench.variants.kernels.precision import denormals_flushed
+from fwbench.variants.kernels.precision import denormals_are_flushed, denormals_flushed
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: Environment variables that change what a run does: the data directory (``--data-dir`` sets it),
@@ -127,7 +127,7 @@ def describe_environment(device: torch.device) -> dict:
         "malloc_tuning": malloc_tuning_active(),
         "denormals_flushed": device.type == "cpu" and denormal_flushing_supported(),  # see fit()
         "git_commit": git_commit(),
-        "argv": sys.argv[1:],
+        "argv": portable_argv(sys.argv[1:]),
     }
     return info
 
@@ -136,4 +136,20 @@ def denormal_flushing_supported() -> bool:
     """Whether this CPU can flush denormal floats to zero (x86 with SSE3): the training loops then do
     (:func:`variants.kernels.precision.denormals_flushed`); the mode is left as it was."""
     with denormals_flushed():
-        return bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+        return denormals_are_flushed()
+
+
+def portable_argv(argv: list[str]) -> list[str]:
+    """``argv`` with each absolute path under the working directory written relative to it, and
+    one under the home directory as ``~/…``: a record is shared, and this machine's paths mean
+    nothing elsewhere. Other arguments are kept as given."""
+    cwd, home = Path.cwd(), Path.home()
+    portable = []
+    for arg in argv:
+        path = Path(arg)
+        if path.is_absolute() and path.is_relative_to(cwd):
+            arg = str(path.relative_to(cwd)) or "."
+        elif path.is_absolute() and path.is_relative_to(home):
+            arg = str(Path("~") / path.relative_to(home))
+        portable.append(arg)
+    return portable

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -19,7 +20,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run import training
 from fwbench.run.checkpoint import load_checkpoint
 from fwbench.run.distributed import DistributedContext, parameter_digest
-from fwbench.run.environment import denormal_flushing_supported
+from fwbench.run.environment import denormal_flushing_supported, portable_argv
 from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
@@ -27,6 +28,7 @@ from fwbench.run.store import ResultsStore
 from fwbench.run.training import LoopState, fit, redraw_random_features
 from fwbench.tasks.retrieval import RetrievalConfig
 from fwbench.variants import Favor, NonFiniteError
+from fwbench.variants.kernels.precision import denormals_are_flushed
 
 
 @dataclass(frozen=True)
@@ -260,7 +262,7 @@ def test_fwbench_run_prints_the_schedule_warning_and_evaluates_the_last_step(tmp
 
 
 def _denormal_survives() -> bool:
-    return (torch.tensor([1e-39]) * 1.0).item() != 0.0
+    return not denormals_are_flushed()
 
 
 @pytest.mark.skipif(not denormal_flushing_supported(), reason="this CPU cannot flush denormals")
@@ -543,3 +545,17 @@ def test_a_non_finite_tensor_met_in_an_evaluation_ends_the_run_there_as_diverged
     result = fit("recording", "linear", LoopConfig(max_steps=8), 3, torch.device("cpu"))
     assert (result.status, result.steps, result.diverged_at) == ("diverged", 4, 4)
     assert result.diverged_reason == "evaluation: q holds NaN"
+
+
+def test_a_record_keeps_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
+    """`--results-dir /abs/…` under the working directory is recorded relative to it, one under the
+    home directory as ~/…; other arguments are untouched."""
+    home = tmp_path / "home"
+    work = home / "repo"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(home))
+    argv = ["run", "setting2", "--results-dir", str(work / "results" / "paper"), "--data-dir", str(home / "data"),
+            "--out", "/elsewhere/reports", "--jobs", "2"]
+    assert portable_argv(argv) == ["run", "setting2", "--results-dir", "results/paper", "--data-dir",
+                                   str(Path("~") / "data"), "--out", "/elsewhere/reports", "--jobs", "2"]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from helpers import assert_close
+from torch import nn
 
 from fwbench import variants
 from fwbench.variants import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, sum_normalize

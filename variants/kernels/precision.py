@@ -65,6 +65,12 @@ def masked_matmul(weights: Tensor, x: Tensor, allowed: Tensor) -> Tensor:
     return product.masked_fill(reached, float("nan"))
 
 
+def denormals_are_flushed() -> bool:
+    """Whether this thread flushes denormal floats to zero now (torch has no getter for the mode:
+    it is read from its effect on one denormal number, 1e-39 in fp32)."""
+    return bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+
+
 @contextmanager
 def denormals_flushed() -> Iterator[None]:
     """Run the block with denormal floats flushed to zero on this thread (FTZ/DAZ), then restore.
@@ -76,10 +82,10 @@ def denormals_flushed() -> Iterator[None]:
     from 37 to 155 ms of CPU per step over its first 3000 steps (31 ms from the same state with
     denormals flushed). Values that small are below any tolerance the suite uses. The training
     loops (:func:`fwbench.run.training.fit`, :func:`fwbench.run.packing.fit_packed`) run under it,
-    as the FWM kernel does. torch has no getter for the mode, so whether it was on is read from
-    its effect on one denormal number. With more than one intra-op thread, only this one is set.
+    as the FWM kernel does. Whether it was on is read with :func:`denormals_are_flushed`.
+    With more than one intra-op thread, only this one is set.
     """
-    was_on = bool((torch.tensor([1e-39]) * 1.0).item() == 0.0)
+    was_on = denormals_are_flushed()
     if not torch.set_flush_denormal(True):  # the CPU has no such mode: nothing to do
         yield
         return
