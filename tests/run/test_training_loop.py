@@ -5,8 +5,7 @@ early stopping ends at, FAVOR+'s redraw every step, and the record's strict JSON
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -16,10 +15,6 @@ import torch
 from torch import nn
 
 from fwbench import tasks
-from fwbench.errors import FwbenchError
-from fwbench.run import training
-from fwbench.run.checkpoint import load_checkpoint
-from fwbench.run.distributed import DistributedContext, parameter_digest
 from fwbench.run.environment import denormal_flushing_supported, portable_argv
 from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
@@ -27,7 +22,7 @@ from fwbench.run.runner import run_grid
 from fwbench.run.store import ResultsStore
 from fwbench.run.training import LoopState, fit, redraw_random_features
 from fwbench.tasks.retrieval import RetrievalConfig
-from fwbench.variants import Favor, NonFiniteError
+from fwbench.variants import Favor
 from fwbench.variants.kernels.precision import denormals_are_flushed
 
 
@@ -285,266 +280,6 @@ def test_training_and_evaluation_flush_denormals_and_the_mode_is_restored(monkey
         assert not _denormal_survives()  # a caller that had it on keeps it on
     finally:
         torch.set_flush_denormal(False)
-
-
-def test_the_last_evaluation_after_the_budget_never_ends_the_run_on_a_plateau():
-    """Patience 1, evaluations at steps 3 and 4 (the budget's end) with the same loss: the run ran
-    out of budget, it did not stop on a plateau."""
-    result = fit("scripted", "linear", ScriptedConfig(losses=(1.0,), eval_every=3, patience=1, max_steps=4), 1,
-                 torch.device("cpu"))
-    assert (result.status, result.steps, [p["step"] for p in result.curve]) == ("max_steps", 4, [3, 4])
-
-
-def test_the_best_step_is_the_first_evaluation_that_reached_the_best_loss():
-    result = fit("scripted", "linear", ScriptedConfig(losses=(1.0, 0.5, 0.5), max_steps=6), 1, torch.device("cpu"))
-    assert (result.best_step, result.best_eval["loss"]) == (4, 0.5)
-
-
-# --------------------------------------------------------------------------------------------
-# What the loop hands the task, its checkpoints, and its data-parallel steps (issue 14 item 14:
-# mutants of fwbench/run/training.py that no fast test saw)
-# --------------------------------------------------------------------------------------------
-
-STEP_SLEEP_S = 0.002
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    batch_size: int = 4
-    lr: float = 0.05
-    eval_every: int = 2
-    patience: int = 100
-    target_loss: float = 0.0
-    max_steps: int = 4
-    checkpoint_every: int = 0
-    schedule: str = "noam"
-    warmup_steps: int = 3
-    grad_clip: float = 0.0
-
-
-class Net(nn.Module):
-    """y = W x + b (6 parameters) beside a FAVOR+ map whose Ω the loop redraws every step."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin, self.phi = nn.Linear(2, 2), Favor(4, m=2)
-
-    def forward(self, x):
-        return self.lin(x)
-
-
-class Wrapped(nn.Module):
-    """What the stand-in data-parallel group wraps the model in."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x):
-        return self.inner(x)
-
-
-class RecordingTask:
-    """Records what the loop gives it: streams' draws, batches, devices, the module trained, Ω."""
-
-    name: ClassVar[str] = "recording"
-    config_class: ClassVar[type] = LoopConfig
-    seen: ClassVar[dict] = {}
-
-    def validate(self, config):
-        pass
-
-    def build_model(self, config, variant):
-        self.seen.clear()
-        self.seen.update(batches=[], eval_inputs=[], omegas=[], trained=[], devices=[], global_rng=[])
-        return Net()
-
-    def train_batch(self, config, generator):
-        self.seen["global_rng"].append(torch.get_rng_state())
-        return torch.randn(config.batch_size, 2, generator=generator)
-
-    def loss(self, model, x, config):
-        time.sleep(STEP_SLEEP_S)
-        self.seen["batches"].append(x.clone())
-        self.seen["trained"].append(model)
-        self.seen["omegas"].append((model.inner if isinstance(model, Wrapped) else model).phi.omega.clone())
-        return model(x).pow(2).mean()
-
-    def evaluate(self, model, config, generator, device):
-        self.seen["devices"].append(device)
-        x = torch.randn(4, 2, generator=generator)
-        self.seen["eval_inputs"].append(x)
-        with torch.no_grad():
-            return {"loss": float(model(x).pow(2).mean())}
-
-    def final_evaluation(self, model, config, device, seed):
-        self.seen["devices"].append(device)
-        return {"seed": float(seed)}
-
-
-@pytest.fixture
-def recording_task(monkeypatch):
-    monkeypatch.setitem(tasks.TASKS, "recording", RecordingTask())
-    return RecordingTask.seen
-
-
-def draws(generator: torch.Generator, n: int, *shape: int) -> list[torch.Tensor]:
-    return [torch.randn(*shape, generator=generator) for _ in range(n)]
-
-
-def test_the_task_gets_the_runs_own_streams_devices_and_timings(recording_task):
-    progress = []
-    result = fit("recording", "linear", LoopConfig(), 3, torch.device("cpu"), lambda *a: progress.append(a))
-    seen = recording_task
-    for got, expected in zip(seen["batches"], draws(torch.Generator().manual_seed(3), 4, 4, 2), strict=True):
-        assert torch.equal(got, expected)
-    eval_stream = torch.Generator().manual_seed(3 + training.EVAL_SEED_OFFSET)
-    for got, expected in zip(seen["eval_inputs"], draws(eval_stream, 2, 4, 2), strict=True):
-        assert torch.equal(got, expected)
-    reference, feature_stream = Favor(4, m=2), torch.Generator().manual_seed(3 + training.FEATURE_SEED_OFFSET)
-    for omega in seen["omegas"]:  # Ω of every step: the run's own feature stream, redrawn before the step
-        redraw_random_features(nn.Sequential(reference), feature_stream)
-        assert torch.equal(omega, reference.omega)
-    assert seen["devices"] == [torch.device("cpu")] * 3 and result.final_evaluation == {"seed": 3.0}
-    assert [step for step, _ in progress] == [1, 2, 3, 4]
-    assert [(p["step"], p["train_loss"]) for p in result.curve] == [progress[1], progress[3]]
-    assert (result.parameters, result.distributed, result.resumed_at) == (6, None, None)
-    assert 4 * STEP_SLEEP_S <= result.train_s <= result.wall_s < 60
-
-
-def test_gradients_are_clipped_to_grad_clip_before_the_optimiser_step(recording_task):
-    """Clipped to a norm of 1e-12, a gradient falls far below Adam's eps (1e-8), so the first step of
-    lr 1 moves the weights by ~1e-4 instead of ~1."""
-    moved = {}
-    for clip in (0.0, 1e-12):
-        torch.manual_seed(3)
-        before = Net().lin.weight.detach().clone()
-        fit("recording", "linear", LoopConfig(lr=1.0, max_steps=1, eval_every=1, schedule="constant", grad_clip=clip), 3,
-            torch.device("cpu"))
-        moved[clip] = (recording_task["trained"][0].lin.weight.detach() - before).abs().max().item()
-    assert moved[0.0] > 0.5 and moved[1e-12] < 1e-2
-
-
-def test_a_run_stopped_and_resumed_from_its_checkpoint_ends_as_the_uninterrupted_one(recording_task, tmp_path):
-    """Checkpoints every 2 steps (model, Adam's moments, the Noam schedule, the streams): a run stopped
-    during step 5 resumes from step 4 and ends with the same weights and curve, bit for bit."""
-    config = LoopConfig(max_steps=8, checkpoint_every=2)
-    whole = fit("recording", "linear", config, 3, torch.device("cpu"), checkpoint_path=tmp_path / "whole.pt")
-    whole_weights = recording_task["trained"][0].state_dict()
-
-    def stop_at_5(step, loss):
-        if step == 5:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        fit("recording", "linear", config, 3, torch.device("cpu"), stop_at_5, tmp_path / "cut.pt")
-    saved = load_checkpoint(tmp_path / "cut.pt")
-    assert (saved["loop"]["step"], saved["loop"]["finished"]) == (4, False)
-    assert len(saved["optimizer"]["state"]) == 2 and saved["schedule"]["last_epoch"] == 4
-    assert saved["rng"]["ranks"] is None
-    resumed = fit("recording", "linear", config, 3, torch.device("cpu"), checkpoint_path=tmp_path / "cut.pt")
-    assert resumed.resumed_at == 4 and resumed.curve == whole.curve and resumed.steps == whole.steps == 8
-    for name, tensor in recording_task["trained"][0].state_dict().items():
-        assert torch.equal(tensor, whole_weights[name]), name
-    final = load_checkpoint(tmp_path / "cut.pt")
-    assert final["loop"]["finished"] and final["optimizer"] is None and final["schedule"] is None
-
-
-@dataclass(frozen=True)
-class StandInRanks(DistributedContext):
-    """A data-parallel group simulated in one process: the other ranks agree with this one (their
-    loss is this rank's, their states ``others_rng``) unless one fails at step ``other_fails_at``."""
-
-    other_fails_at: int | None = None
-    others_rng: dict | None = None
-    calls: list = field(default_factory=list, compare=False)
-
-    def wrap(self, model, device):
-        self.calls.append(("wrap", model, device))
-        return Wrapped(model)
-
-    def any_rank(self, flag, value, device):
-        self.calls.append(("any_rank", flag, value, device))
-        steps = sum(call[0] == "any_rank" for call in self.calls)
-        return flag or steps == self.other_fails_at, value
-
-    def gather(self, value):
-        self.calls.append(("gather", value))
-        return [value if rank == self.rank else (self.others_rng or value) for rank in range(self.world_size)]
-
-
-def test_a_rank_trains_its_wrapped_model_on_its_slice_with_its_own_global_stream(recording_task):
-    ranks = StandInRanks(rank=1, local_rank=1, world_size=2, backend="gloo")
-    result = fit("recording", "linear", LoopConfig(), 3, torch.device("cpu"), distributed=ranks)
-    seen = recording_task
-    model = ranks.calls[0][1]
-    assert ranks.calls[0] == ("wrap", model, torch.device("cpu")) and isinstance(model, Net)
-    assert all(isinstance(trained, Wrapped) and trained.inner is model for trained in seen["trained"])
-    for got, batch in zip(seen["batches"], draws(torch.Generator().manual_seed(3), 4, 4, 2), strict=True):
-        assert torch.equal(got, batch[2:])  # rank 1 of 2: the second half of the global batch
-    steps = [call[1:] for call in ranks.calls if call[0] == "any_rank"]  # one call a step
-    assert [(flag, device) for flag, _, device in steps] == [(False, torch.device("cpu"))] * 4
-    assert [loss for _, loss, _ in steps][1::2] == [p["train_loss"] for p in result.curve]
-    torch.manual_seed(3 + training.RANK_SEED_OFFSET)
-    assert torch.equal(seen["global_rng"][0], torch.get_rng_state())
-    digest = parameter_digest(model)
-    assert result.distributed == {"world_size": 2, "backend": "gloo", "parameter_sha256": [digest, digest]}
-    assert result.final_evaluation == {}  # rank 0's job
-
-
-def test_a_failure_on_another_rank_stops_this_one_at_the_same_step(recording_task):
-    ranks = StandInRanks(rank=0, local_rank=0, world_size=2, backend="gloo", other_fails_at=2)
-    result = fit("recording", "linear", LoopConfig(), 3, torch.device("cpu"), distributed=ranks)
-    assert (result.status, result.diverged_at) == ("diverged", 2)
-    assert result.diverged_reason == "training: a non-finite loss or tensor on one of the ranks"
-
-
-def test_a_batch_that_does_not_split_across_the_ranks_is_refused_in_one_line(recording_task):
-    ranks = StandInRanks(rank=0, local_rank=0, world_size=2, backend="gloo")
-    with pytest.raises(FwbenchError, match="batch_size: got 3 with 2 processes"):
-        fit("recording", "linear", LoopConfig(batch_size=3), 3, torch.device("cpu"), distributed=ranks)
-
-
-def test_each_ranks_global_stream_is_saved_and_restored_to_that_rank(recording_task, tmp_path):
-    """Rank 0 saves every rank's global RNG state; rank 1 resumes with its own; a single process can
-    still resume the checkpoint (it has no rank state to restore)."""
-    torch.manual_seed(99)
-    other = {"torch": torch.get_rng_state()}
-    path = tmp_path / "ranks.pt"
-    config = LoopConfig(checkpoint_every=2)
-    fit("recording", "linear", config, 3, torch.device("cpu"), checkpoint_path=path,
-        distributed=StandInRanks(rank=0, local_rank=0, world_size=2, backend="gloo", others_rng=other))
-    ranks = load_checkpoint(path)["rng"]["ranks"]
-    assert len(ranks) == 2 and set(ranks[0]) == {"torch"} and torch.equal(ranks[1]["torch"], other["torch"])
-    fit("recording", "linear", config, 3, torch.device("cpu"), checkpoint_path=path,
-        distributed=StandInRanks(rank=1, local_rank=1, world_size=2, backend="gloo"))
-    assert torch.equal(torch.get_rng_state(), other["torch"])
-    assert fit("recording", "linear", config, 3, torch.device("cpu"), checkpoint_path=path).resumed_at == 4
-
-
-def test_rank_rng_adds_the_cuda_stream_of_the_ranks_device(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: ("cuda state of", device))
-    device = torch.device("cuda", 1)
-    states = training._rank_rng(device)
-    assert set(states) == {"torch", "cuda"} and states["cuda"] == ("cuda state of", device)
-    assert torch.equal(states["torch"], torch.get_rng_state())
-    assert set(training._rank_rng(torch.device("cpu"))) == {"torch"}
-
-
-class FailingEvaluationTask(RecordingTask):
-    """Its second evaluation finds a NaN in an attention input."""
-
-    def evaluate(self, model, config, generator, device):
-        if len(self.seen["devices"]) == 1:
-            raise NonFiniteError("q holds NaN")
-        return super().evaluate(model, config, generator, device)
-
-
-def test_a_non_finite_tensor_met_in_an_evaluation_ends_the_run_there_as_diverged(monkeypatch):
-    monkeypatch.setitem(tasks.TASKS, "recording", FailingEvaluationTask())
-    result = fit("recording", "linear", LoopConfig(max_steps=8), 3, torch.device("cpu"))
-    assert (result.status, result.steps, result.diverged_at) == ("diverged", 4, 4)
-    assert result.diverged_reason == "evaluation: q holds NaN"
 
 
 def test_a_record_keeps_no_absolute_path_of_this_machine(tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from fwbench.run.training import (
     FEATURE_SEED_OFFSET,
     RANK_SEED_OFFSET,
     LoopState,
+    _rank_rng,
     _Training,
     fit,
     redraw_random_features,
@@ -388,3 +389,12 @@ def test_rank_streams_of_another_group_size_are_not_restored(task, tmp_path, dis
     path = tmp_path / "run.pt"
     after = _resume_with(task, tmp_path, streams, distributed)
     assert torch.equal(after, torch.load(path, weights_only=True)["rng"]["torch"])
+
+
+def test_rank_rng_adds_the_cuda_stream_of_the_ranks_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device: ("cuda state of", device))
+    device = torch.device("cuda", 1)
+    states = _rank_rng(device)
+    assert set(states) == {"torch", "cuda"} and states["cuda"] == ("cuda state of", device)
+    assert torch.equal(states["torch"], torch.get_rng_state())
+    assert set(_rank_rng(torch.device("cpu"))) == {"torch"}
