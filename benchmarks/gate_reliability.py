@@ -4,8 +4,8 @@ slowdown in a kernel (``--plant-slowdown``; the gate must fail each time, on a c
 one after another on this machine as it is, and print each run's failed cases and the totals.
 
 Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted]
-[-k EXPR] [--plant MODULE:FUNCTION] [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the two
-forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
+[-k EXPR] [--plant MODULE:FUNCTION] [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the
+kernel's own case and the two forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
 no false failure and every planted run failed one of the expected cases."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 
 DEFAULT_PLANT = "fwbench.variants.kernels.delta_rule:delta_rule_chunk"
-DEFAULT_EXPECT = ["dpfp_delta_chunk_forward_T1024", "favor_delta_chunk_forward_T1024"]
+DEFAULT_EXPECT = ["delta_rule_chunk_kernel_T1024", "dpfp_delta_chunk_forward_T1024", "favor_delta_chunk_forward_T1024"]
 
 
 def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str]:

@@ -70,6 +70,9 @@ PAIRED_RATIO_ROUNDS = 9
 #: pause before each (seconds): together they span about 10 s, longer than most busy stretches.
 CONFIRMATIONS = 4
 CONFIRMATION_PAUSE_S = 1.0
+#: Measurements per case when the baseline is rewritten; the smallest is stored (the least
+#: contended one, as :func:`confirmed_ratio` judges the smallest).
+BASELINE_MEASUREMENTS = 3
 
 
 def confirmed_ratio(first: float, remeasure: Callable[[], float], limit: float,
@@ -130,6 +133,29 @@ def _attention_call(spec: str, form: str, T: int, backward: bool, B: int = 2, H:
     return forward_backward if backward else forward
 
 
+def _kernel_call(rule: str, T: int, B: int = 2, H: int = 8, d_dot: int = 128, d_v: int = 64):
+    """One call of a fast-weight rule's chunk kernel alone, on fixed inputs: sum-normalised q, k
+    (B, H, T, d_dot), as DPFP ν=1 gives them at d_key 64, v (B, H, T, d_v) and β (B, H, T) for the
+    delta rule. In an attention case the feature map and the padding share the time, so a kernel
+    twice as slow makes the case only 1.5-1.8× slower; here it makes this case 2× slower.
+
+    The kernel is looked up in its module at each call, so that ``--plant-slowdown`` reaches it."""
+    from fwbench.variants.kernels import delta_rule, sum_rule
+
+    generator = torch.Generator().manual_seed(T)
+    q, k = (x / x.sum(-1, keepdim=True) for x in (torch.rand(B, H, T, d_dot, generator=generator) for _ in range(2)))
+    v = torch.randn(B, H, T, d_v, generator=generator)
+    beta = torch.rand(B, H, T, generator=generator)
+
+    def call():
+        with torch.no_grad():
+            if rule == "delta":
+                return delta_rule.delta_rule_chunk(q, k, v, beta)
+            return sum_rule.sum_rule_chunk(q, k, v)
+
+    return call
+
+
 def retrieval_step(variant: str = "dpfp-delta:nu=1", setting: int = 2, S: int = 60,
                    device: torch.device | None = None) -> Callable[[], None]:
     """One training step (loss, backward, Adam) of a retrieval task, batch 32, on one fixed batch;
@@ -173,6 +199,8 @@ PERF_CASES: list[PerfCase] = [
     PerfCase("dpfp_delta_recurrent_forward_T256", lambda: _attention_call("dpfp-delta", "recurrent", 256, False)),
     PerfCase("retrieval_setting2_train_step", retrieval_step, short=True),
     PerfCase("fwm_setting2_train_step_S60", lambda: retrieval_step("dpfp-fwm:nu=1", 2, 60)),
+    PerfCase("delta_rule_chunk_kernel_T1024", lambda: _kernel_call("delta", 1024)),
+    PerfCase("sum_rule_chunk_kernel_T1024", lambda: _kernel_call("sum", 1024)),
 ]
 
 
