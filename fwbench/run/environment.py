@@ -116,7 +116,8 @@ def cpu_model() -> str:
 
 
 def describe_environment(device: torch.device) -> dict:
-    """Library versions, device name and thread count, stored in every record."""
+    """Library versions, device name and thread count, stored in every record; ``denormals_flushed``:
+    whether all of a CPU run's work flushed denormal floats to zero (one torch thread on a CPU that can)."""
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -125,7 +126,9 @@ def describe_environment(device: torch.device) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "threads": torch.get_num_threads(),
         "malloc_tuning": malloc_tuning_active(),
-        "denormals_flushed": device.type == "cpu" and denormal_flushing_supported(),  # see fit()
+        # see fit(); set on the calling thread only: with more torch threads, the others compute with
+        # denormals (2 threads: half of a large product kept them), so the record says false then
+        "denormals_flushed": device.type == "cpu" and torch.get_num_threads() == 1 and denormal_flushing_supported(),
         "git_commit": git_commit(),
         "argv": portable_argv(sys.argv[1:]),
     }
