@@ -1054,6 +1054,16 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "0", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C92")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--cpus-per-run", "1e-46", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C93")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "1e300", "--results-dir", str(ctx.tmp_path))
+
+
 @row("C86")
 def _(ctx):
     return cli(ctx, "capacity", "--threshold", "inf", "--results-dir", str(ctx.tmp_path))
