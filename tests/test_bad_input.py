@@ -1064,6 +1064,12 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "1e300", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C94")
+def _(ctx):
+    (ctx.tmp_path / "checkpoints").mkdir()
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "checkpoints"))
+
+
 @row("C86")
 def _(ctx):
     return cli(ctx, "capacity", "--threshold", "inf", "--results-dir", str(ctx.tmp_path))
