@@ -145,14 +145,20 @@ def denormal_flushing_supported() -> bool:
 def portable_argv(argv: list[str]) -> list[str]:
     """``argv`` with each absolute path under the working directory written relative to it, and
     one under the home directory as ``~/…``: a record is shared, and this machine's paths mean
-    nothing elsewhere. Other arguments are kept as given."""
+    nothing elsewhere. A path given as an option's value after ``=`` (``--results-dir=/abs/…``)
+    likewise. Other arguments are kept as given."""
     cwd, home = Path.cwd(), Path.home()
-    portable = []
-    for arg in argv:
+
+    def portable(arg: str) -> str:
         path = Path(arg)
         if path.is_absolute() and path.is_relative_to(cwd):
-            arg = str(path.relative_to(cwd)) or "."
-        elif path.is_absolute() and path.is_relative_to(home):
-            arg = str(Path("~") / path.relative_to(home))
-        portable.append(arg)
-    return portable
+            return str(path.relative_to(cwd)) or "."
+        if path.is_absolute() and path.is_relative_to(home):
+            return str(Path("~") / path.relative_to(home))
+        return arg
+
+    out = []
+    for arg in argv:
+        option, equals, value = arg.partition("=")
+        out.append(f"{option}={portable(value)}" if option.startswith("-") and equals else portable(arg))
+    return out

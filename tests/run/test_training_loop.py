@@ -310,3 +310,7 @@ def test_a_record_keeps_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
             "--out", "/elsewhere/reports", "--jobs", "2"]
     assert portable_argv(argv) == ["run", "setting2", "--results-dir", "results/paper", "--data-dir",
                                    str(Path("~") / "data"), "--out", "/elsewhere/reports", "--jobs", "2"]
+    # the same paths as `--option=value` (argparse takes both): kept absolute before
+    argv = [f"--results-dir={work / 'results'}", f"--data-dir={home / 'data'}", "--out=/elsewhere", "-x=1", "a=/b"]
+    assert portable_argv(argv) == ["--results-dir=results", f"--data-dir={Path('~') / 'data'}", "--out=/elsewhere",
+                                   "-x=1", "a=/b"]
