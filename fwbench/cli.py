@@ -226,7 +226,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
     from fwbench.analysis.records import records_frame
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
-    from fwbench.run.grid import load_grid
+    from fwbench.run.grid import expand, load_grid
     from fwbench.run.store import ResultsStore
 
     if not 0 < args.threshold < math.inf:  # inf would call every memory retrieving, whatever its loss
@@ -235,6 +235,10 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     if grid.task != "retrieval":  # refused before its runs train, not after, for want of a capacity
         raise FwbenchError(f"--grid: got {args.grid!r}, a grid of task {grid.task}; expected a retrieval grid "
                            "(capacity, capacity_nu, or a Setting 1 grid of your own)")
+    settings = sorted({spec.task_config().setting for spec in expand(grid, args.profile, args.seeds)})
+    if settings != [1]:  # the curves would mix settings' losses, beside Setting 1's official capacities
+        raise FwbenchError(f"--grid: got {args.grid!r}, whose runs are of setting {', '.join(map(str, settings))}; "
+                           "expected Setting 1 runs only (capacity is read from Setting 1's loss against S)")
     _make_out_dir(args.out)
     name = grid.name
     specs = _run_grids(args, [args.grid])

@@ -1100,6 +1100,11 @@ def _(ctx):
     return cli(ctx, "capacity", "--grid", "mqar", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C95")
+def _(ctx):
+    return cli(ctx, "capacity", "--grid", "setting2", "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
