@@ -169,10 +169,10 @@ class DPFP(FeatureMap):
     Scale: queries (:meth:`for_queries`) and φ̂ (:meth:`normalized`) are computed on a per-token
     power-of-two rescaling, so any scale of those reads the same. Keys of the sum rule are φ(k)
     itself (φ(ck) = c²φ(k); a factor per key would change the weights between keys), so a query's
-    mass zᵀφ(q) scales with the keys' squared size: with every key's entries near 1e-16 it nears the
-    normaliser's floor 1e-30 (:data:`~variants.kernels.sum_rule.NORMALIZER_FLOOR`, the same in
-    float64) and rows sum to 0.999 (N(0, 1)·1e-16 keys, d_key 32, T 32), below 1e-20 to 0; above
-    ≈ 1e19 in fp32, φ(k) overflows and the read is NaN.
+    mass zᵀφ(q) scales with the keys' squared size: with every key's entries near 1e-16 it falls
+    below the normaliser's floor 1e-30 (:data:`~variants.kernels.sum_rule.NORMALIZER_FLOOR`, the
+    same in float64) and rows sum to about 1e-3 instead of 1 (N(0, 1)·1e-16 queries and keys,
+    d_key 32, T 32), at 1e-20 to about 1e-11; above ≈ 1e19 in fp32, φ(k) overflows and the read is NaN.
     """
 
     name = "dpfp"
