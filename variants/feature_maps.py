@@ -172,7 +172,8 @@ class DPFP(FeatureMap):
     mass zᵀφ(q) scales with the keys' squared size: with every key's entries near 1e-16 it falls
     below the normaliser's floor 1e-30 (:data:`~variants.kernels.sum_rule.NORMALIZER_FLOOR`, the
     same in float64) and rows sum to about 1e-3 instead of 1 (N(0, 1)·1e-16 queries and keys,
-    d_key 32, T 32), at 1e-20 to about 1e-11; above ≈ 1e19 in fp32, φ(k) overflows and the read is NaN.
+    d_key 32, T 32), at 1e-20 to 0 in fp32 and 1e-11 in float64; above ≈ 1e19 in fp32, φ(k) overflows
+    and the read is NaN.
     """
 
     name = "dpfp"
