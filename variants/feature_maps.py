@@ -327,9 +327,11 @@ class Favor(FeatureMap):
         exponent = self.exponents(x)
         # Per token only (amax over the feature axis), so causal. ωᵀx − ‖x‖²/2 reaches ‖ω‖²/2 ≈ d_key/2
         # for x along a column of Ω (e^128 at d_key 256: overflow), and −‖x‖²/2 sends every feature of a
-        # large x to exp(−10^6) = 0. The shift is constant per token (detached: it is a choice of
-        # scale, not a function to differentiate), 0 inside the window.
-        top = exponent.amax(dim=-1, keepdim=True).detach()
+        # large x to exp(−10^6) = 0. The shift is one per token, 0 inside the window. It is differentiated
+        # (not detached): for keys it does not cancel (a factor per key changes the weights between keys),
+        # so a detached shift gave gradients of another function than the one computed (float64
+        # gradcheck of the sum rule failed in every form for keys below the window).
+        top = exponent.amax(dim=-1, keepdim=True)
         shift = top - top.clamp(FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT)
         # only a token outside the window (already approximate) gets the floor: inside it, φ is exact
         floor = torch.where(shift != 0, top - FAVOR_FEATURE_RANGE, float("-inf"))
