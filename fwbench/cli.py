@@ -175,8 +175,11 @@ def _make_out_dir(out: str | Path) -> Path:
     would otherwise fail only after hours of training, when the report or CSV is written.
 
     Raises:
-        FwbenchError: ``out`` cannot be created as a directory.
+        FwbenchError: ``out`` is empty (``Path("")`` is the working directory: ``--out "$UNSET"`` wrote
+            there) or cannot be created as a directory.
     """
+    if not str(out):
+        raise FwbenchError("--out: got ''; expected a directory path (the empty string would be the working directory)")
     try:
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

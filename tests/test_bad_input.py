@@ -1105,6 +1105,16 @@ def _(ctx):
     return cli(ctx, "capacity", "--grid", "setting2", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C96")
+def _(ctx):
+    return cli(ctx, "capacity", "--out", "", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C97")
+def _(ctx):
+    return cli(ctx, "estimate", "capacity", "--against", "")
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

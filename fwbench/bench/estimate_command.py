@@ -102,9 +102,12 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     """run_id → record of the store in ``results_dir``.
 
     Raises:
-        FwbenchError: it holds no records file.
+        FwbenchError: it is empty (which would read the working directory) or holds no records file.
     """
     from fwbench.run.store import ResultsStore
+
+    if not results_dir:
+        raise FwbenchError("--against: got ''; expected a results directory that fwbench run wrote")
 
     store = ResultsStore(results_dir)
     if not store.path.is_file():
