@@ -36,9 +36,9 @@ from fwbench.tasks.corpus import CorpusError
 
 LAUNCHERS = ("local", "ray")
 #: Ray counts resources in units of 1e-4 (a request in (0, 1e-4) is refused with a ValueError
-#: traceback) in a 64-bit integer: a request of 1e300 CPUs or GPUs crashed Ray's core worker. The
-#: upper bound leaves that far behind; no cluster has that many.
-RAY_RESOURCE_UNIT, RAY_RESOURCE_MAX = 1e-4, 1e12
+#: traceback) and a node holds at most 1e14 of one ("Resource quantities must be at most 1e14", a
+#: traceback for ``--ray-num-cpus 10**20``); a request of 1e300 CPUs or GPUs crashed Ray's core worker.
+RAY_RESOURCE_UNIT, RAY_RESOURCE_MAX = 1e-4, 1e14
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ def check_ray_resources(options: LaunchOptions) -> None:
     """Refuse Ray resources that Ray itself answers with a traceback, a crash or a hang: CPUs per run
     that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
     outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
-    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing).
+    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -193,9 +193,9 @@ def check_ray_resources(options: LaunchOptions) -> None:
             raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
                                f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
-    if options.ray_num_cpus is not None and options.ray_num_cpus < 1:
-        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer "
-                           "(the CPUs of the local Ray instance; leave it out to use all of them)")
+    if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
+        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
+                           f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
 
 
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,
