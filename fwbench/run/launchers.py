@@ -144,7 +144,10 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
         raise FwbenchError(f"--jobs: got {options.jobs!r}; expected a positive integer")
     device = options.device
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(options.jobs, mp_context=context, initializer=_worker_start,
+    # no more workers than runs: the pool's queue is sized by its workers, and --jobs 2**31 raised an
+    # OverflowError traceback there ("Python int too large to convert to C int")
+    workers = min(options.jobs, max(len(specs), 1))
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                              initargs=(options.threads, os.getpid())) as pool:
         pending = {pool.submit(execute_in_worker, spec, device, options.threads, options.checkpoint_for(spec)): spec
                    for spec in specs}
