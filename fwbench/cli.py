@@ -34,7 +34,7 @@ from fwbench.bench.command import add_bench_parser
 from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
-from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, use_data_dir
+from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, set_torch_threads, use_data_dir
 from fwbench.run.grid import paper_grids_with
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions, check_ray_resources
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
@@ -76,7 +76,6 @@ def _cmd_grids(args: argparse.Namespace) -> int:
 
 
 def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
-    import torch
 
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
@@ -84,9 +83,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
     from fwbench.run.runner import run_grid, run_grid_distributed
     from fwbench.run.store import ResultsStore
 
-    if args.threads < 1:
-        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     use_data_dir(args.data_dir)
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
@@ -266,13 +263,10 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    import torch
 
     from fwbench.run.sampling import sample_from_checkpoint
 
-    if args.threads < 1:
-        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
                                         resolve_device(args.device), top_k=args.top_k)
     print(f"# {info['variant']}, step {info['step']}, temperature {args.temperature}, seed {args.seed}",

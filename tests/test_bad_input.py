@@ -1120,6 +1120,11 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", str(10**20), "--results-dir", str(ctx.tmp_path))
 
 
+@row("C99")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--threads", "100000", "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

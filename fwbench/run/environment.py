@@ -55,6 +55,26 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())
 
 
+#: The most torch threads a command accepts: far above any CPU's cores, far below what crashes the
+#: process (``torch.set_num_threads(100000)`` then a matmul: a segmentation fault; 16384: libgomp's
+#: "Thread creation failed" on a 2-core machine).
+MAX_TORCH_THREADS = 1024
+
+
+def set_torch_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` for a command's ``--threads``.
+
+    Raises:
+        FwbenchError: ``threads`` is not an integer in [1, :data:`MAX_TORCH_THREADS`].
+    """
+    if threads < 1:
+        raise FwbenchError(f"--threads: got {threads}; expected a positive integer")
+    if threads > MAX_TORCH_THREADS:
+        raise FwbenchError(f"--threads: got {threads}; expected at most {MAX_TORCH_THREADS} (torch threads of one "
+                           "process; far more crash it in OpenMP's thread creation)")
+    torch.set_num_threads(threads)
+
+
 def check_device_name(device: str) -> str:
     """Validate a device name without needing the device here (Ray workers resolve it remotely).
 
