@@ -76,7 +76,6 @@ def _cmd_grids(args: argparse.Namespace) -> int:
 
 
 def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
-
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
     from fwbench.run.pack_plan import pack_policy
@@ -263,7 +262,6 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-
     from fwbench.run.sampling import sample_from_checkpoint
 
     set_torch_threads(args.threads)
