@@ -34,7 +34,7 @@ from fwbench.bench.command import add_bench_parser
 from fwbench.bench.estimate_command import add_estimate_parser
 from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
-from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, use_data_dir
+from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, set_torch_threads, use_data_dir
 from fwbench.run.grid import paper_grids_with
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions, check_ray_resources
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
@@ -76,17 +76,13 @@ def _cmd_grids(args: argparse.Namespace) -> int:
 
 
 def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
-    import torch
-
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
     from fwbench.run.pack_plan import pack_policy
     from fwbench.run.runner import run_grid, run_grid_distributed
     from fwbench.run.store import ResultsStore
 
-    if args.threads < 1:
-        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     use_data_dir(args.data_dir)
     profile, seeds, quiet, results_dir = args.profile, args.seeds, args.quiet, args.results_dir
     launcher = getattr(args, "launcher", "local")
@@ -175,8 +171,11 @@ def _make_out_dir(out: str | Path) -> Path:
     would otherwise fail only after hours of training, when the report or CSV is written.
 
     Raises:
-        FwbenchError: ``out`` cannot be created as a directory.
+        FwbenchError: ``out`` is empty (``Path("")`` is the working directory: ``--out "$UNSET"`` wrote
+            there) or cannot be created as a directory.
     """
+    if not str(out):
+        raise FwbenchError("--out: got ''; expected a directory path (the empty string would be the working directory)")
     try:
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -226,7 +225,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
     from fwbench.analysis.records import records_frame
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
-    from fwbench.run.grid import load_grid
+    from fwbench.run.grid import expand, load_grid
     from fwbench.run.store import ResultsStore
 
     if not 0 < args.threshold < math.inf:  # inf would call every memory retrieving, whatever its loss
@@ -235,6 +234,10 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     if grid.task != "retrieval":  # refused before its runs train, not after, for want of a capacity
         raise FwbenchError(f"--grid: got {args.grid!r}, a grid of task {grid.task}; expected a retrieval grid "
                            "(capacity, capacity_nu, or a Setting 1 grid of your own)")
+    settings = sorted({spec.task_config().setting for spec in expand(grid, args.profile, args.seeds)})
+    if settings != [1]:  # the curves would mix settings' losses, beside Setting 1's official capacities
+        raise FwbenchError(f"--grid: got {args.grid!r}, whose runs are of setting {', '.join(map(str, settings))}; "
+                           "expected Setting 1 runs only (capacity is read from Setting 1's loss against S)")
     _make_out_dir(args.out)
     name = grid.name
     specs = _run_grids(args, [args.grid])
@@ -259,13 +262,9 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
-    import torch
-
     from fwbench.run.sampling import sample_from_checkpoint
 
-    if args.threads < 1:
-        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
                                         resolve_device(args.device), top_k=args.top_k)
     print(f"# {info['variant']}, step {info['step']}, temperature {args.temperature}, seed {args.seed}",

@@ -83,11 +83,13 @@ class MQARConfig:
 def power_law_probabilities(space: int, power_a: float) -> Tensor:
     """p(i) ∝ a · i^(a−1) for i = 1..space, normalised (Zoology's query-gap distribution), (space,)."""
     i = torch.arange(1, space + 1, dtype=torch.float64)
-    p = power_a * i ** (power_a - 1)
-    p = p / p.sum()
-    if not bool(torch.isfinite(p).all()):
-        # i^(a−1) overflows float64 for a large a (a ≈ 400 at 240 gaps): the same law from its logarithm,
-        # shifted so that the largest term is exp(0) (i = space for a > 1, i = 1 for a < 1)
+    terms = power_a * i ** (power_a - 1)
+    p = terms / terms.sum()
+    if not bool(torch.isfinite(p).all()) or bool((terms.abs() < torch.finfo(terms.dtype).tiny).any()):
+        # i^(a−1) overflows float64 for a large a (a ≈ 400 at 240 gaps), and a · i^(a−1) is subnormal or 0
+        # for a subnormal a (a = 5e-324 put all the mass on gap 1, not ∝ 1/i): the same law from its logarithm
+        # (the factor a cancels), shifted so that the largest term is exp(0) (i = space for a > 1, i = 1
+        # for a < 1)
         log_i = torch.log(i)
         exponent = (power_a - 1) * (log_i - (log_i[-1] if power_a > 1 else 0.0))
         p = torch.exp(exponent)

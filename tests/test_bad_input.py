@@ -1054,6 +1054,22 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "0", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C92")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--cpus-per-run", "1e-46", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C93")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "1e300", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C94")
+def _(ctx):
+    (ctx.tmp_path / "checkpoints").mkdir()
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "checkpoints"))
+
+
 @row("C86")
 def _(ctx):
     return cli(ctx, "capacity", "--threshold", "inf", "--results-dir", str(ctx.tmp_path))
@@ -1082,6 +1098,31 @@ def _(ctx):
 @row("C91")
 def _(ctx):
     return cli(ctx, "capacity", "--grid", "mqar", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C95")
+def _(ctx):
+    return cli(ctx, "capacity", "--grid", "setting2", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C96")
+def _(ctx):
+    return cli(ctx, "capacity", "--out", "", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C97")
+def _(ctx):
+    return cli(ctx, "estimate", "capacity", "--against", "")
+
+
+@row("C98")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", str(10**20), "--results-dir", str(ctx.tmp_path))
+
+
+@row("C99")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--threads", "100000", "--results-dir", str(ctx.tmp_path))
 
 
 @row("G83")

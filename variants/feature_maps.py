@@ -165,6 +165,15 @@ class DPFP(FeatureMap):
     φ_{i·2d + j}(x) = r(x)_j · r(x)_{(j − i) mod 2d} for i = 1..ν, so d_dot = 2·d_key·ν.
     φ(0) = 0, and every product pairs two distinct coordinates, so keys with disjoint
     support are orthogonal in feature space.
+
+    Scale: queries (:meth:`for_queries`) and φ̂ (:meth:`normalized`) are computed on a per-token
+    power-of-two rescaling, so any scale of those reads the same. Keys of the sum rule are φ(k)
+    itself (φ(ck) = c²φ(k); a factor per key would change the weights between keys), so a query's
+    mass zᵀφ(q) scales with the keys' squared size: with every key's entries near 1e-16 it falls
+    below the normaliser's floor 1e-30 (:data:`~variants.kernels.sum_rule.NORMALIZER_FLOOR`, the
+    same in float64) and rows sum to about 1e-3 instead of 1 (N(0, 1)·1e-16 queries and keys,
+    d_key 32, T 32), at 1e-20 to 0 in fp32 and 1e-11 in float64; above ≈ 1e19 in fp32, φ(k) overflows
+    and the read is NaN.
     """
 
     name = "dpfp"
@@ -318,9 +327,11 @@ class Favor(FeatureMap):
         exponent = self.exponents(x)
         # Per token only (amax over the feature axis), so causal. ωᵀx − ‖x‖²/2 reaches ‖ω‖²/2 ≈ d_key/2
         # for x along a column of Ω (e^128 at d_key 256: overflow), and −‖x‖²/2 sends every feature of a
-        # large x to exp(−10^6) = 0. The shift is constant per token (detached: it is a choice of
-        # scale, not a function to differentiate), 0 inside the window.
-        top = exponent.amax(dim=-1, keepdim=True).detach()
+        # large x to exp(−10^6) = 0. The shift is one per token, 0 inside the window. It is differentiated
+        # (not detached): for keys it does not cancel (a factor per key changes the weights between keys),
+        # so a detached shift gave gradients of another function than the one computed (float64
+        # gradcheck of the sum rule failed in every form for keys below the window).
+        top = exponent.amax(dim=-1, keepdim=True)
         shift = top - top.clamp(FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT)
         # only a token outside the window (already approximate) gets the floor: inside it, φ is exact
         floor = torch.where(shift != 0, top - FAVOR_FEATURE_RANGE, float("-inf"))

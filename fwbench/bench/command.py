@@ -21,8 +21,7 @@ from fwbench.bench.summary import (
     throughput_table,
     time_table,
 )
-from fwbench.errors import FwbenchError
-from fwbench.run.environment import DEVICE_CHOICES, describe_environment, resolve_device
+from fwbench.run.environment import DEVICE_CHOICES, describe_environment, resolve_device, set_torch_threads
 from fwbench.run.store import ResultsStore
 
 
@@ -51,9 +50,7 @@ def _print_table(title: str, table) -> None:
 
 
 def run_bench_command(args: argparse.Namespace) -> int:
-    if args.threads < 1:
-        raise FwbenchError(f"--threads: got {args.threads}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     device = resolve_device(args.device)
     store = ResultsStore(args.results_dir, records_file=BENCH_RECORDS)
     result = run_bench(args.profile, device, store=store, variants=args.variants, lengths=args.lengths,

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
-
 from fwbench.bench.estimate import estimate, format_estimate, measure_eval_seconds, measure_step_seconds, run_seconds
 from fwbench.bench.estimate_against import compare, format_cells, format_comparison, total
 from fwbench.bench.schedule import grids_wall_seconds
 from fwbench.errors import FwbenchError
-from fwbench.run.environment import use_data_dir
+from fwbench.run.environment import set_torch_threads, use_data_dir
 
 #: The grid name that stands for every grid ``fwbench reproduce`` runs.
 REPRODUCE = "reproduce"
@@ -50,10 +48,10 @@ def add_estimate_parser(sub) -> None:
 def run_estimate_command(args: argparse.Namespace) -> int:
     from fwbench.run.grid import load_grid, paper_grids_with
 
-    for name in ("steps", "jobs", "threads"):
+    for name in ("steps", "jobs"):
         if getattr(args, name) < 1:
             raise FwbenchError(f"--{name}: got {getattr(args, name)}; expected a positive integer")
-    torch.set_num_threads(args.threads)
+    set_torch_threads(args.threads)
     use_data_dir(args.data_dir)
     records = None if args.against is None else _finished_records(args.against)  # before minutes of timing
     if args.grid == REPRODUCE:
@@ -102,9 +100,12 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     """run_id → record of the store in ``results_dir``.
 
     Raises:
-        FwbenchError: it holds no records file.
+        FwbenchError: it is empty (which would read the working directory) or holds no records file.
     """
     from fwbench.run.store import ResultsStore
+
+    if not results_dir:
+        raise FwbenchError("--against: got ''; expected a results directory that fwbench run wrote")
 
     store = ResultsStore(results_dir)
     if not store.path.is_file():

@@ -26,8 +26,11 @@ def makespan(run_seconds: Iterable[float], workers: int) -> float:
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise FwbenchError(f"--jobs: got {workers!r}; expected a positive integer")
-    free_at = [0.0] * workers  # when each worker is next free; a heap: the first free worker on top
-    for seconds in run_seconds:
+    runs = list(run_seconds)
+    # workers beyond the number of runs stay idle: without the cap, --jobs 10**20 would ask for a
+    # list of 10**20 free times (OverflowError, after the minutes the estimate spent timing steps)
+    free_at = [0.0] * max(1, min(workers, len(runs)))  # when each worker is next free; a heap: the first free on top
+    for seconds in runs:
         if seconds < 0:
             raise FwbenchError(f"run time: got {seconds}; expected seconds ≥ 0")
         heapq.heappush(free_at, heapq.heappop(free_at) + seconds)

@@ -55,6 +55,26 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())
 
 
+#: The most torch threads a command accepts: far above any CPU's cores, far below what crashes the
+#: process (``torch.set_num_threads(100000)`` then a matmul: a segmentation fault; 16384: libgomp's
+#: "Thread creation failed" on a 2-core machine).
+MAX_TORCH_THREADS = 1024
+
+
+def set_torch_threads(threads: int) -> None:
+    """``torch.set_num_threads(threads)`` for a command's ``--threads``.
+
+    Raises:
+        FwbenchError: ``threads`` is not an integer in [1, :data:`MAX_TORCH_THREADS`].
+    """
+    if threads < 1:
+        raise FwbenchError(f"--threads: got {threads}; expected a positive integer")
+    if threads > MAX_TORCH_THREADS:
+        raise FwbenchError(f"--threads: got {threads}; expected at most {MAX_TORCH_THREADS} (torch threads of one "
+                           "process; far more crash it in OpenMP's thread creation)")
+    torch.set_num_threads(threads)
+
+
 def check_device_name(device: str) -> str:
     """Validate a device name without needing the device here (Ray workers resolve it remotely).
 
@@ -116,7 +136,8 @@ def cpu_model() -> str:
 
 
 def describe_environment(device: torch.device) -> dict:
-    """Library versions, device name and thread count, stored in every record."""
+    """Library versions, device name and thread count, stored in every record; ``denormals_flushed``:
+    whether all of a CPU run's work flushed denormal floats to zero (one torch thread on a CPU that can)."""
     info = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -125,7 +146,9 @@ def describe_environment(device: torch.device) -> dict:
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model(),
         "threads": torch.get_num_threads(),
         "malloc_tuning": malloc_tuning_active(),
-        "denormals_flushed": device.type == "cpu" and denormal_flushing_supported(),  # see fit()
+        # see fit(); set on the calling thread only: with more torch threads, the others compute with
+        # denormals (2 threads: half of a large product kept them), so the record says false then
+        "denormals_flushed": device.type == "cpu" and torch.get_num_threads() == 1 and denormal_flushing_supported(),
         "git_commit": git_commit(),
         "argv": portable_argv(sys.argv[1:]),
     }
@@ -142,14 +165,20 @@ def denormal_flushing_supported() -> bool:
 def portable_argv(argv: list[str]) -> list[str]:
     """``argv`` with each absolute path under the working directory written relative to it, and
     one under the home directory as ``~/…``: a record is shared, and this machine's paths mean
-    nothing elsewhere. Other arguments are kept as given."""
+    nothing elsewhere. A path given as an option's value after ``=`` (``--results-dir=/abs/…``)
+    likewise. Other arguments are kept as given."""
     cwd, home = Path.cwd(), Path.home()
-    portable = []
-    for arg in argv:
+
+    def portable(arg: str) -> str:
         path = Path(arg)
         if path.is_absolute() and path.is_relative_to(cwd):
-            arg = str(path.relative_to(cwd)) or "."
-        elif path.is_absolute() and path.is_relative_to(home):
-            arg = str(Path("~") / path.relative_to(home))
-        portable.append(arg)
-    return portable
+            return str(path.relative_to(cwd)) or "."
+        if path.is_absolute() and path.is_relative_to(home):
+            return str(Path("~") / path.relative_to(home))
+        return arg
+
+    out = []
+    for arg in argv:
+        option, equals, value = arg.partition("=")
+        out.append(f"{option}={portable(value)}" if option.startswith("-") and equals else portable(arg))
+    return out

@@ -35,6 +35,10 @@ from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
 
 LAUNCHERS = ("local", "ray")
+#: Ray counts resources in units of 1e-4 (a request in (0, 1e-4) is refused with a ValueError
+#: traceback) and a node holds at most 1e14 of one ("Resource quantities must be at most 1e14", a
+#: traceback for ``--ray-num-cpus 10**20``); a request of 1e300 CPUs or GPUs crashed Ray's core worker.
+RAY_RESOURCE_UNIT, RAY_RESOURCE_MAX = 1e-4, 1e14
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,10 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
         raise FwbenchError(f"--jobs: got {options.jobs!r}; expected a positive integer")
     device = options.device
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(options.jobs, mp_context=context, initializer=_worker_start,
+    # no more workers than runs: the pool's queue is sized by its workers, and --jobs 2**31 raised an
+    # OverflowError traceback there ("Python int too large to convert to C int")
+    workers = min(options.jobs, max(len(specs), 1))
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start,
                              initargs=(options.threads, os.getpid())) as pool:
         pending = {pool.submit(execute_in_worker, spec, device, options.threads, options.checkpoint_for(spec)): spec
                    for spec in specs}
@@ -170,9 +177,10 @@ def _import_ray():
 
 
 def check_ray_resources(options: LaunchOptions) -> None:
-    """Refuse Ray resources that Ray itself answers with a traceback or a hang: CPUs per run that
-    are not a finite number > 0, GPUs per run not a finite number >= 0, and a local instance of
-    fewer than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing).
+    """Refuse Ray resources that Ray itself answers with a traceback, a crash or a hang: CPUs per run
+    that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
+    outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
+    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -183,9 +191,14 @@ def check_ray_resources(options: LaunchOptions) -> None:
             f"--cpus-per-run/--gpus-per-run: got {options.cpus_per_run}/{options.gpus_per_run}; "
             "expected cpus > 0 and gpus >= 0 (finite numbers)"
         )
-    if options.ray_num_cpus is not None and options.ray_num_cpus < 1:
-        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer "
-                           "(the CPUs of the local Ray instance; leave it out to use all of them)")
+    for name, value in (("--cpus-per-run", options.cpus_per_run), ("--gpus-per-run", options.gpus_per_run)):
+        if value and not RAY_RESOURCE_UNIT <= value <= RAY_RESOURCE_MAX:
+            raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
+                               f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
+                               f"{RAY_RESOURCE_UNIT:g})")
+    if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
+        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
+                           f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
 
 
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,

@@ -321,8 +321,9 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
     state there every ``checkpoint_every`` steps and at the end, and starts from that file when it
     exists, so a killed run resumes where it stopped and ends with the same metrics.
 
-    Training and evaluation run with denormal floats flushed to zero
-    (:func:`variants.kernels.precision.denormals_flushed`): values below 1.2e-38 count as 0.
+    Training and evaluation run with denormal floats flushed to zero on the calling thread
+    (:func:`variants.kernels.precision.denormals_flushed`): values below 1.2e-38 count as 0 (in all
+    of the work with one torch thread; other intra-op threads keep their own mode).
 
     ``check_finite`` (default on) switches on the NaN/inf check of every attention module of the
     model (:func:`variants.set_check_finite`): a non-finite tensor reaching attention ends the run

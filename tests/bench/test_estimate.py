@@ -258,6 +258,9 @@ def test_runs_are_scheduled_in_launch_order_on_the_first_free_worker():
     assert makespan([10, 1, 1, 1, 1], 2) == 10  # the long run first: the others fit beside it
     assert makespan([1, 1, 1, 1, 10], 1) == 14 and makespan([], 3) == 0
     assert grids_wall_seconds([[1, 1, 1, 1, 10], [4, 4]], 2) == 16
+    # more workers than runs: the longest run (a --jobs of 10**20 once asked for 10**20 free times)
+    assert makespan([1, 1, 1, 1, 10], 10**20) == 10 and makespan([], 10**20) == 0
+    assert makespan((t for t in [2, 3]), 5) == 3  # a generator is read once
     with pytest.raises(FwbenchError, match="--jobs: got 0; expected a positive integer"):
         makespan([1.0], 0)
 

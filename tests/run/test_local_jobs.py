@@ -34,6 +34,18 @@ def test_two_jobs_give_the_same_records_as_one_process(tmp_path):
 
 
 @pytest.mark.slow
+def test_more_jobs_than_a_pool_can_size_run_on_one_worker_per_run():
+    """--jobs 2**31: the process pool's call queue (its workers + 1 slots) raised an OverflowError
+    traceback; the launcher starts no more workers than runs."""
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1,
+                   config={"setting": 1, "S": 4, "batch_size": 4, "d_key": 8, "max_steps": 2, "eval_every": 2,
+                           "eval_sequences": 4})
+    record, = launch_local_jobs([spec], LaunchOptions(jobs=2**31))
+    assert record["status"] != "failed" and record["steps"] == 2
+    assert list(launch_local_jobs([], LaunchOptions(jobs=2**31))) == []
+
+
+@pytest.mark.slow
 def test_a_run_that_raises_in_a_worker_is_a_failed_record_and_the_others_finish(tmp_path):
     good = RunSpec(grid="g", task="retrieval", variant="linear", seed=1,
                    config={"setting": 1, "S": 4, "batch_size": 8, "d_key": 8, "max_steps": 3, "eval_every": 3,

@@ -282,6 +282,22 @@ def test_training_and_evaluation_flush_denormals_and_the_mode_is_restored(monkey
         torch.set_flush_denormal(False)
 
 
+def test_the_record_says_denormals_flushed_only_when_every_thread_flushes():
+    """torch.set_flush_denormal sets the calling thread's mode; with 2 torch threads the other
+    one computed half of a large product with denormals, so a record of such a run must not say
+    ``denormals_flushed: true``."""
+    from fwbench.run.environment import describe_environment
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert describe_environment(torch.device("cpu"))["denormals_flushed"] == denormal_flushing_supported()
+        torch.set_num_threads(2)
+        assert describe_environment(torch.device("cpu"))["denormals_flushed"] is False
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_record_keeps_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
     """`--results-dir /abs/…` under the working directory is recorded relative to it, one under the
     home directory as ~/…; other arguments are untouched."""
@@ -294,3 +310,7 @@ def test_a_record_keeps_no_absolute_path_of_this_machine(tmp_path, monkeypatch):
             "--out", "/elsewhere/reports", "--jobs", "2"]
     assert portable_argv(argv) == ["run", "setting2", "--results-dir", "results/paper", "--data-dir",
                                    str(Path("~") / "data"), "--out", "/elsewhere/reports", "--jobs", "2"]
+    # the same paths as `--option=value` (argparse takes both): kept absolute before
+    argv = [f"--results-dir={work / 'results'}", f"--data-dir={home / 'data'}", "--out=/elsewhere", "-x=1", "a=/b"]
+    assert portable_argv(argv) == ["--results-dir=results", f"--data-dir={Path('~') / 'data'}", "--out=/elsewhere",
+                                   "-x=1", "a=/b"]

@@ -157,3 +157,17 @@ def test_power_law_of_a_large_exponent_is_computed_from_its_logarithm():
     torch.testing.assert_close(power_law_probabilities(5, 0.01), torch.tensor(
         [float(0.01 * i ** (0.01 - 1)) for i in range(1, 6)], dtype=torch.float64) / sum(
         0.01 * i ** (0.01 - 1) for i in range(1, 6)), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("a", [5e-324, 1e-310])
+def test_power_law_of_a_subnormal_exponent_is_one_over_i(a):
+    """a = 5e-324 (accepted: a > 0): a · i^(a−1) underflowed to 0 beyond gap 1, which then held all
+    the mass, and generate_mqar refused the config as needing "a smaller power_a". In float64
+    a − 1 = −1 exactly, so p(i) = (1/i) / Σ_j 1/j, exactly in fractions, is the reference."""
+    from fractions import Fraction
+
+    total = sum(Fraction(1, j) for j in range(1, 125))
+    expected = torch.tensor([float(Fraction(1, i) / total) for i in range(1, 125)], dtype=torch.float64)
+    torch.testing.assert_close(power_law_probabilities(124, a), expected, rtol=1e-12, atol=0)
+    inputs, labels = generate_mqar(2, 64, 256, 4, a, torch.Generator().manual_seed(0))
+    assert int((labels != IGNORE).sum()) == 2 * 4

@@ -51,6 +51,46 @@ def test_favor_token_above_the_window_is_scaled_to_its_edge_with_the_same_floor(
     torch.testing.assert_close(phi / phi.amax(-1, keepdim=True), expected, rtol=1e-12, atol=0)
 
 
+def _favor_outside_the_window(favor: Favor, x: torch.Tensor) -> torch.Tensor:
+    """φ of tokens outside the window from its definition, every term differentiated: exponents
+    e = ±Ωᵀx − ‖x‖²/2 − ½ log 2m, top = max e, φ = exp(max(e, top − R) − top + clamp(top))."""
+    projection = x @ favor.omega
+    e = torch.cat([projection, -projection], -1) - 0.5 * x.pow(2).sum(-1, keepdim=True) - 0.5 * math.log(2 * favor.m)
+    top = e.amax(-1, keepdim=True)
+    assert ((top < FAVOR_MIN_EXPONENT) | (top > FAVOR_MAX_EXPONENT)).all()
+    return torch.exp(torch.maximum(e, top - FAVOR_FEATURE_RANGE) - top + top.clamp(FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT))
+
+
+def test_favor_gradients_outside_the_window_are_those_of_the_features_computed():
+    """A token outside the window is shifted by a factor of its own that no normalisation of a key
+    cancels: its gradient must include the shift's. Detached, the gradient missed −∂top·φ (relative
+    error ≈ 1 here) and the sum rule's float64 gradcheck failed in every form."""
+    torch.manual_seed(0)
+    for favor, x in ((Favor(32, m=16).double(), torch.randn(3, 32, dtype=torch.float64) * 10.0),  # below
+                     (Favor(256, m=8).double(), None)):                                               # above
+        x = (favor.omega[:, :2].T.contiguous() if x is None else x).requires_grad_(True)
+        x_ref = x.detach().clone().requires_grad_(True)
+        cotangent = torch.randn(x.shape[0], favor.d_dot, dtype=torch.float64) * favor(x.detach()).reciprocal()
+        (favor(x) * cotangent).sum().backward()
+        (_favor_outside_the_window(favor, x_ref) * cotangent).sum().backward()
+        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-9, atol=0)
+
+
+def test_favor_sum_rule_gradcheck_with_keys_below_the_window():
+    from fwbench import variants
+
+    torch.manual_seed(0)
+    attention = variants.build_attention("favor:m=4", d_key=64).double()
+    g = torch.Generator().manual_seed(6)
+    k = torch.randn(1, 1, 4, 64, generator=g, dtype=torch.float64) * 64**-0.25 * 6  # exponents ≈ −90 … −145
+    assert (attention.feature_map.exponents(k).amax(-1) < FAVOR_MIN_EXPONENT).all()
+    q = torch.randn(1, 1, 4, 64, generator=g, dtype=torch.float64) * 64**-0.25
+    v = torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64)
+    for form in ("parallel", "chunk", "recurrent"):
+        assert torch.autograd.gradcheck(lambda k, form=form: attention(q, k, v, form=form, chunk_size=2)[0],
+                                        (k.clone().requires_grad_(True),), eps=1e-7)
+
+
 def test_dpfp_normalisation_below_the_floor_divides_by_the_floor_value_and_gradient():
     x = torch.tensor([[3e-16, 2e-16, -1e-16, 4e-16], [0.3, 0.2, -0.1, 0.4]], dtype=torch.float64,
                      requires_grad=True)
