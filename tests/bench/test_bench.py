@@ -353,3 +353,28 @@ def test_measure_ratio_times_the_case_and_the_calibration_in_turns(monkeypatch):
     ratio, _, _ = measure_ratio(case, rounds=4)
     assert calls == ["case", "calibration"] + ["calibration", "case", "case", "calibration"] * 2
     assert ratio > 0
+
+
+@pytest.mark.parametrize("name, module_name, kernel", [
+    ("delta_rule_chunk_kernel_T1024", "delta_rule", "delta_rule_chunk"),
+    ("sum_rule_chunk_kernel_T1024", "sum_rule", "sum_rule_chunk"),
+])
+def test_a_kernel_case_calls_its_kernel_as_it_is_at_call_time(monkeypatch, name, module_name, kernel):
+    """``--plant-slowdown`` replaces the kernel after the case is built: the case must reach the
+    replacement, once per call, with sum-normalised (B, H, T, d_dot) q, k."""
+    import importlib
+
+    module = importlib.import_module(f"fwbench.variants.kernels.{module_name}")
+    case = {c.name: c for c in PERF_CASES}[name]
+    fn, original, calls = case.build(), getattr(module, kernel), []
+
+    def counted(q, k, *args, **kwargs):
+        calls.append((q.shape, k.sum(-1)))
+        return original(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(module, kernel, counted)
+    fn()
+    assert len(calls) == 1
+    shape, key_sums = calls[0]
+    assert shape == (2, 8, 1024, 128)
+    torch.testing.assert_close(key_sums, torch.ones_like(key_sums))
