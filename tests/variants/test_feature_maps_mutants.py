@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fwbench.variants.feature_maps import ELU_SHIFT_BELOW, EluPlusOne, Favor, unit_scaled
+from fwbench.variants.feature_maps import DPFP, ELU_SHIFT_BELOW, EluPlusOne, Favor, unit_scaled
 
 TINY32 = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal float32
 
@@ -49,3 +49,23 @@ def test_elu_plus_one_is_not_shifted_when_the_largest_coordinate_equals_the_thre
 def test_favor_declares_the_size_of_its_default_map():
     """FAVOR+ with the default m = 64 random features has d_dot = 2·64 = 128, declared and built."""
     assert Favor.output_size(8) == 128 == Favor(8).d_dot
+
+
+def test_dpfp_declares_the_size_of_its_default_map():
+    """DPFP with the default ν = 1 has d_dot = 2·d_key·1 = 16 at d_key 8, declared and built."""
+    assert DPFP.output_size(8) == 16 == DPFP(8).d_dot
+
+
+def test_favor_drops_the_overflowed_norm_of_one_token_whatever_the_other_tokens_hold():
+    """A finite token with an entry of 1e20 (‖x‖² overflows in fp32) beside a NaN token and an
+    ordinary one: each token's φ̂ = φ / Σφ is what it is for that token alone (no feature depends on
+    another token), so the huge token's row is finite and sums to 1; only the NaN token is NaN."""
+    torch.manual_seed(0)
+    favor = Favor(4, m=8)
+    x = torch.tensor([[[1e20, 0.0, 0.0, 0.0], [float("nan"), 0.0, 0.0, 0.0], [0.5, -0.2, 0.1, 0.3]]])
+    features = favor.normalized(x)
+    for token in (0, 2):
+        alone = favor.normalized(x[:, token : token + 1])
+        assert torch.equal(features[:, token : token + 1], alone)
+        assert bool(torch.isfinite(alone).all()) and abs(float(alone.sum()) - 1.0) < 1e-6
+    assert bool(features[0, 1].isnan().all())
