@@ -12,7 +12,11 @@ import pandas as pd
 from scipy import stats
 
 from fwbench.analysis.capacity import (
-    CAPACITY_COLUMNS, SEED_COLUMNS, capacity_intervals, describe, seed_capacities,
+    CAPACITY_COLUMNS,
+    SEED_COLUMNS,
+    capacity_intervals,
+    describe,
+    seed_capacities,
 )
 from fwbench.analysis.statistics import Interval, t_interval
 
