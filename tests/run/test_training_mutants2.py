@@ -17,12 +17,9 @@ from fwbench.run.training import _Training
 
 @dataclass(frozen=True)
 class _Config:
-    batch_size: int = 4
+    """What building a run reads: the optimiser's rate (no schedule, no checkpoints)."""
+
     lr: float = 0.01
-    eval_every: int = 2
-    patience: int = 10
-    target_loss: float = 0.0
-    max_steps: int = 5
 
 
 class _BuildOnlyTask:
