@@ -1,13 +1,17 @@
 """Values of ``variants/feature_maps.py`` that the last mutation pass left unchecked (issue 14 item
 14): the per-token power-of-two scale of :func:`unit_scaled` at the edges of the float range, the
-ELU+1 shift at its threshold, and FAVOR+'s declared default size."""
+ELU+1 shift at its threshold, the maps' declared default sizes, and the checks of their integer
+arguments."""
 
 from __future__ import annotations
 
+import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
-from fwbench.variants.feature_maps import DPFP, ELU_SHIFT_BELOW, EluPlusOne, Favor, unit_scaled
+from fwbench.variants import VariantError
+from fwbench.variants.feature_maps import DPFP, ELU_SHIFT_BELOW, EluPlusOne, Favor, positive_int, unit_scaled
 
 TINY32 = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal float32
 
@@ -69,3 +73,30 @@ def test_favor_drops_the_overflowed_norm_of_one_token_whatever_the_other_tokens_
         assert torch.equal(features[:, token : token + 1], alone)
         assert bool(torch.isfinite(alone).all()) and abs(float(alone.sum()) - 1.0) < 1e-6
     assert bool(features[0, 1].isnan().all())
+
+
+@pytest.mark.parametrize("value", [0, -1, 2.5, 2.0, True, "3", None])
+def test_positive_int_refuses_anything_but_an_integer_of_at_least_one(value):
+    """Zero, negatives, floats (even 2.0), bools and strings: a one-line error naming the argument."""
+    with pytest.raises(VariantError) as error:
+        positive_int("chunk", value)
+    assert str(error.value) == f"chunk: got {value!r}; expected a positive integer (>= 1)"
+
+
+def test_positive_int_returns_python_ints_from_integers_from_one_on():
+    for value in (1, 2, np.int64(3)):
+        result = positive_int("chunk", value)
+        assert result == int(value) and type(result) is int
+
+
+def test_a_map_checks_d_key_and_dpfp_its_nu_by_name():
+    """d_key 0 is refused as d_key; DPFP's default ν is 1 (d_dot 2·8); ν 0 and ν ≥ 2·d_key are
+    refused as nu, the latter with the allowed range [1, 2·d_key − 1] = [1, 15] at d_key 8."""
+    with pytest.raises(VariantError, match=r"^d_key: got 0; expected a positive integer \(>= 1\)$"):
+        Favor(0)
+    assert DPFP(8).nu == 1 and DPFP(8, nu=15).d_dot == 2 * 8 * 15
+    with pytest.raises(VariantError, match=r"^nu: got 0; expected a positive integer \(>= 1\)$"):
+        DPFP(8, nu=0)
+    with pytest.raises(VariantError) as error:
+        DPFP(8, nu=16)
+    assert str(error.value) == "nu: got 16; expected an integer in [1, 15] (< 2·d_key)"
