@@ -1,6 +1,8 @@
-"""The device the training loop builds its model on (issue 14 item 14: a surviving mutant of
-``fwbench/run/training.py`` moved the model to no device). No GPU is needed: the meta device stands
-in for one (its tensors have a device and a shape but no data, so the run is built, never stepped)."""
+"""The device the training loop puts its model, batches and checkpoints on (issue 14 item 14:
+surviving mutants of ``fwbench/run/training.py`` left them where they were, which only a GPU run
+notices). No GPU is needed: the meta device stands in for one where a run is only built (its tensors
+have a device and a shape but no data), and a recorder of the device the loop asks for where it
+steps or resumes."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from torch import nn
 
 from fwbench import tasks
+from fwbench.run import training
 from fwbench.run.training import _Training
 
 
@@ -22,8 +25,14 @@ class _Config:
     lr: float = 0.01
 
 
+@dataclass(frozen=True)
+class _CheckpointedConfig(_Config):
+    checkpoint_every: int = 2
+
+
 class _BuildOnlyTask:
-    """Task double that only builds a model (on the CPU, as every task's ``build_model`` does)."""
+    """Task double that builds a model (on the CPU, as every task's ``build_model`` does) and
+    trains it on a batch of ones."""
 
     name: ClassVar[str] = "build_only"
     config_class: ClassVar[type] = _Config
@@ -33,6 +42,12 @@ class _BuildOnlyTask:
 
     def build_model(self, config, variant):
         return nn.Sequential(nn.Linear(2, 3), nn.LayerNorm(3))
+
+    def train_batch(self, config, generator):
+        return torch.ones(4, 2)
+
+    def loss(self, model, batch, config):
+        return model(batch).pow(2).mean()
 
 
 @pytest.fixture
@@ -49,3 +64,27 @@ def test_the_run_moves_its_model_to_the_device_it_was_given(build_only_task):
     assert [tuple(p.shape) for p in run.model.parameters()] == [(3, 2), (3,), (3,), (3,)]
     assert run.trained is run.model
     assert [p for group in run.optimizer.param_groups for p in group["params"]] == list(run.model.parameters())
+
+
+def test_a_step_moves_its_batch_and_a_resume_maps_its_checkpoint_to_the_runs_device(build_only_task, monkeypatch,
+                                                                                     tmp_path):
+    """The batch of a step goes to the run's device, and a checkpoint is loaded onto it (its
+    ``map_location``): the loop asks for exactly that device ("cpu", index 0 here) each time."""
+    device = torch.device("cpu", 0)
+    asked = []
+
+    def recording_to_device(batch, to):
+        asked.append(("batch", to))
+        return batch.to(to)
+
+    def recording_load_checkpoint(path, map_location="default", remedy=""):
+        asked.append(("checkpoint", map_location))
+        return None  # no checkpoint yet: a fresh loop
+
+    monkeypatch.setattr(training, "to_device", recording_to_device)
+    monkeypatch.setattr(training, "load_checkpoint", recording_load_checkpoint)
+    run = _Training("build_only", "x", _CheckpointedConfig(), 0, device, True, None, tmp_path / "run.pt")
+    loop = run.resume()
+    loss = run.train_step(loop)
+    assert asked == [("checkpoint", device), ("batch", device)]
+    assert loop.step == 1 and loss is not None and loss > 0
