@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fwbench.variants.kernels import softmax
 from fwbench.variants.kernels.precision import all_finite, compute_dtype
 from fwbench.variants.kernels.softmax import _causal_mask
 
@@ -52,3 +53,20 @@ def test_compute_dtype_is_float64_if_any_tensor_is_float64():
     assert compute_dtype(f16, None, torch.zeros(1, dtype=torch.bfloat16)) == torch.float32
     assert compute_dtype(f32, f16) == torch.float32
     assert compute_dtype(None, f32, f64) == torch.float64 and compute_dtype(f64) == torch.float64
+
+
+def test_softmax_parallel_asks_for_its_mask_on_the_queries_device(monkeypatch):
+    """The mask of a call is made on q's device (a recorder of the device asked for: on a GPU a mask
+    left on the CPU is refused by the fused kernel); the output is the one of the real mask."""
+    asked = []
+
+    def recording_mask(T, P, window, device):
+        asked.append(device)
+        return _causal_mask(T, P, window, device)
+
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=generator) for _ in range(3))
+    expected = softmax.softmax_parallel(q, k, v, window=3)[0]
+    monkeypatch.setattr(softmax, "_causal_mask", recording_mask)
+    assert torch.equal(softmax.softmax_parallel(q, k, v, window=3)[0], expected)
+    assert asked == [q.device]
