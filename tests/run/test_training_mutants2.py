@@ -15,7 +15,7 @@ from torch import nn
 
 from fwbench import tasks
 from fwbench.run import training
-from fwbench.run.training import _Training
+from fwbench.run.training import LoopState, _Training
 
 
 @dataclass(frozen=True)
@@ -88,3 +88,34 @@ def test_a_step_moves_its_batch_and_a_resume_maps_its_checkpoint_to_the_runs_dev
     loss = run.train_step(loop)
     assert asked == [("checkpoint", device), ("batch", device)]
     assert loop.step == 1 and loss is not None and loss > 0
+
+
+class _TwoBranchTask(_BuildOnlyTask):
+    """Its loss reads both layers of the model on the first step and only the first layer after."""
+
+    name: ClassVar[str] = "two_branch"
+
+    def __init__(self):
+        self.steps = 0
+
+    def build_model(self, config, variant):
+        return nn.ModuleDict({"a": nn.Linear(2, 2), "b": nn.Linear(2, 2)})
+
+    def loss(self, model, batch, config):
+        self.steps += 1
+        out = model["a"](batch) + (model["b"](batch) if self.steps == 1 else 0.0)
+        return out.pow(2).mean()
+
+
+def test_a_step_leaves_a_layer_without_a_gradient_where_it_is(monkeypatch):
+    """Gradients are cleared to none before each backward: a layer the second step's loss does not
+    read has no gradient then, so Adam skips it and it keeps its weights (zeroed gradients instead
+    would let Adam's first-step momentum move it again)."""
+    monkeypatch.setitem(tasks.TASKS, "two_branch", _TwoBranchTask())
+    run = _Training("two_branch", "x", _Config(), 0, torch.device("cpu"), True, None, None)
+    loop = LoopState()
+    run.train_step(loop)
+    after_first = {name: p.detach().clone() for name, p in run.model.named_parameters()}
+    run.train_step(loop)
+    for name, p in run.model.named_parameters():
+        assert torch.equal(p, after_first[name]) == name.startswith("b."), name
