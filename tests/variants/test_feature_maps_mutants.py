@@ -100,3 +100,8 @@ def test_a_map_checks_d_key_and_dpfp_its_nu_by_name():
     with pytest.raises(VariantError) as error:
         DPFP(8, nu=16)
     assert str(error.value) == "nu: got 16; expected an integer in [1, 15] (< 2·d_key)"
+
+
+def test_favor_checks_its_m_by_name():
+    with pytest.raises(VariantError, match=r"^m: got 0; expected a positive integer \(>= 1\)$"):
+        Favor(8, m=0)
