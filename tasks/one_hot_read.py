@@ -21,8 +21,8 @@ from fwbench.variants import Attention, FastWeightAttention, SoftmaxAttention
 from fwbench.variants.checks import check_finite
 from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
-from fwbench.variants.kernels.precision import compute_dtype
 from fwbench.variants.kernels.limits import floor_for
+from fwbench.variants.kernels.precision import compute_dtype
 
 
 def reads_one_hot(attention: Attention) -> bool:

@@ -75,6 +75,24 @@ def test_favor_float64_rows_are_the_exact_estimators_for_keys_below_fp32s_window
     torch.testing.assert_close(y, exact, rtol=1e-10, atol=1e-13)
 
 
+def test_favor_float64_write_then_read_and_one_hot_read_are_the_exact_estimators():
+    """The reads without a causal mask (every key written, then read): write_read, read from a state,
+    and the retrieval task's one-hot read, which divides by the floor itself."""
+    from fwbench.tasks.one_hot_read import one_hot_write_read
+
+    attention = build("favor:m=16", D_KEY)
+    q, k = repro_inputs()
+    weights = (favor_features_by_definition(attention.feature_map.omega, q)
+               @ favor_features_by_definition(attention.feature_map.omega, k).mT)
+    exact = weights / weights.sum(-1, keepdim=True)
+    identity = torch.eye(T, dtype=torch.float64).expand(1, 1, T, T)
+    torch.testing.assert_close(attention.write_read(k, identity, q), exact, rtol=1e-10, atol=1e-13)
+    _, state = attention(k, k, identity, form="chunk", chunk_size=2)       # writes every key
+    torch.testing.assert_close(attention.read(q, state), exact, rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(one_hot_write_read(attention, k, torch.arange(T)[None], q, T), exact,
+                               rtol=1e-10, atol=1e-13)
+
+
 DPFP_SPECS = ["dpfp:nu=1", "dpfp:nu=2"]
 
 
