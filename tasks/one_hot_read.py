@@ -21,8 +21,8 @@ from fwbench.variants import Attention, FastWeightAttention, SoftmaxAttention
 from fwbench.variants.checks import check_finite
 from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+from fwbench.variants.kernels.limits import floor_for
 from fwbench.variants.kernels.precision import compute_dtype
-from fwbench.variants.kernels.sum_rule import NORMALIZER_FLOOR
 
 
 def reads_one_hot(attention: Attention) -> bool:
@@ -40,7 +40,8 @@ def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tenso
     q: (B, H, T_q, d_key) queries. Returns (B, H, T_q, S) in fp32 (float64 for float64 inputs).
 
     Softmax: weights softmax(q·k/√d_key) over the T keys (paper Eq. 1–2). Sum rule: weights
-    φ(q)·φ(k_t) / max(Σ_t φ(q)·φ(k_t), floor) (paper Eq. 16–18, the sum rule's normaliser and floor).
+    φ(q)·φ(k_t) / max(Σ_t φ(q)·φ(k_t), floor) (paper Eq. 16–18, the sum rule's normaliser and its
+    floor for the compute dtype, :func:`~variants.kernels.limits.floor_for`).
 
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
@@ -57,7 +58,7 @@ def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tenso
         # K φ(q) (B, H, T, T_q) as the sum rule's kernel forms it: a matrix-vector product over
         # contiguous rows of φ(k) for one query, faster than φ(q) φ(k)ᵀ on CPU
         keys_q = _key_query_scores(attention, k, q).to(dtype)
-        weights = (keys_q / keys_q.sum(dim=2, keepdim=True).clamp(min=NORMALIZER_FLOOR)).mT
+        weights = (keys_q / keys_q.sum(dim=2, keepdim=True).clamp(min=floor_for(dtype))).mT
     columns = values[:, None, None, :].expand(weights.shape)
     return weights.new_zeros(*weights.shape[:-1], S).scatter_add_(-1, columns, weights)
 

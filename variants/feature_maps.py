@@ -22,16 +22,18 @@ from torch import Tensor, nn
 
 from .errors import bad_value
 from .kernels.dpfp import dpfp
+from .kernels.limits import FP32_LIMITS, floor_for, numeric_limits
 from .kernels.precision import compute_dtype
 
 #: Smallest Σφ divided by in the sum normalisation, so that φ(0)/Σφ(0) is 0 rather than NaN (DPFP
 #: maps 0 to 0). A floor rather than an added eps (the paper's code adds 1e-6): an eps dominates the
 #: sum of small features (DPFP of ‖x‖ = 1e-3, FAVOR+ of N(0, 1) inputs at d_key 32) and leaves φ̂
-#: summing to far less than 1; the floor leaves Σφ̂ = 1 wherever Σφ exceeds it.
-SUM_NORM_FLOOR = 1e-30
+#: summing to far less than 1; the floor leaves Σφ̂ = 1 wherever Σφ exceeds it. This is fp32's value
+#: (fp16 and bf16 too); ``floor=None`` takes the compute dtype's, 1e-300 in float64 (:mod:`.kernels.limits`).
+SUM_NORM_FLOOR = FP32_LIMITS.floor
 
 
-def sum_normalize(phi: Tensor, floor: float = SUM_NORM_FLOOR) -> Tensor:
+def sum_normalize(phi: Tensor, floor: float | None = None) -> Tensor:
     """φ̂ = φ(x) / max(Σ_j φ(x)_j, floor) along the last axis (paper Section 4.2, Eq. 23).
 
     (…, d_dot) → (…, d_dot), computed and returned in the wider of φ's dtype and fp32 (float64
@@ -44,6 +46,7 @@ def sum_normalize(phi: Tensor, floor: float = SUM_NORM_FLOOR) -> Tensor:
     with equality only there). Keys whose φ̂ spreads over many features keep a share of v₁.
     """
     phi = phi.to(compute_dtype(phi))
+    floor = floor_for(phi.dtype, floor)  # 1e-30 in fp32, 1e-300 in float64
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
     # three full-size temporaries more, which dominate the delta rule's cost on CPU.
     return phi * phi.sum(dim=-1, keepdim=True).clamp(min=floor).reciprocal()
@@ -169,11 +172,15 @@ class DPFP(FeatureMap):
     Scale: queries (:meth:`for_queries`) and φ̂ (:meth:`normalized`) are computed on a per-token
     power-of-two rescaling, so any scale of those reads the same. Keys of the sum rule are φ(k)
     itself (φ(ck) = c²φ(k); a factor per key would change the weights between keys), so a query's
-    mass zᵀφ(q) scales with the keys' squared size: with every key's entries near 1e-16 it falls
-    below the normaliser's floor 1e-30 (:data:`~variants.kernels.sum_rule.NORMALIZER_FLOOR`, the
-    same in float64) and rows sum to about 1e-3 instead of 1 (N(0, 1)·1e-16 queries and keys,
-    d_key 32, T 32), at 1e-20 to 0 in fp32 and 1e-11 in float64; above ≈ 1e19 in fp32, φ(k) overflows
-    and the read is NaN.
+    mass zᵀφ(q) scales with the keys' squared size and falls below the normaliser's floor for keys
+    small enough. The floor is the compute dtype's (:mod:`~variants.kernels.limits`: 1e-30 in fp32,
+    fp16 and bf16; 1e-300 in float64). Measured with N(0, 1)·c queries and keys (d_key 32, T 32,
+    ν = 1 and 2, the chunk form), rows sum to 1 (to the dtype's precision):
+
+    - fp32: for c from 1e-14 to 1e18; at c = 1e-15 the smallest row sum is 0.04–0.09, at 1e-16
+      about 1e-3, at 1e-20 0; from c ≈ 1e19 φ(k) overflows and the read is NaN;
+    - float64: for c from 1e-148 to 1e153; at c = 1e-150 the smallest row sum is 0.06–0.2, at
+      1e-152 about 1e-5; from c ≈ 1e154 φ(k) overflows and the read is NaN.
     """
 
     name = "dpfp"
@@ -202,7 +209,7 @@ class DPFP(FeatureMap):
         homogeneous of degree 2, so the ratio is unchanged (bit for bit where nothing under- or
         overflows), while φ of the unscaled x would fall below the floor for ‖x‖ ≲ 1e-15 in fp32 (rows
         then no longer sum to 1) and overflow to inf/inf = NaN for ‖x‖ ≳ 1e19."""
-        return dpfp(unit_scaled(x), self.nu, normalize=True, floor=SUM_NORM_FLOOR)
+        return dpfp(unit_scaled(x), self.nu, normalize=True)  # the compute dtype's floor
 
     def for_queries(self, x: Tensor) -> Tensor:
         """φ of x scaled per token by a power of two (:func:`unit_scaled`): φ(x) times a positive
@@ -245,14 +252,16 @@ def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = 
     return torch.cat(blocks, dim=1)
 
 
-#: Window of a FAVOR+ token's largest exponent inside which its features are exactly the
+#: fp32's window of a FAVOR+ token's largest exponent inside which its features are exactly the
 #: estimator's. Above it, features ≤ e^30 keep φ(q)·φ(k) and its sum over 10^6 tokens far below fp32's
-#: largest value (e^88.7); below it, a key would reach no query's mass (see :class:`Favor`).
-FAVOR_MAX_EXPONENT = 30.0
-FAVOR_MIN_EXPONENT = -40.0
-#: The features of a token outside that window are kept within e^-20 (≈ 2e-9) of its largest one,
-#: so that every such key has a feature that meets every query's largest with a product ≥ e^-60.
-FAVOR_FEATURE_RANGE = 20.0
+#: largest value (e^88.7); below it, a key would reach no query's mass (see :class:`Favor`). Float64
+#: computes with its own window, [−600, 300] (:func:`~.kernels.limits.numeric_limits`).
+FAVOR_MAX_EXPONENT = FP32_LIMITS.favor_max_exponent
+FAVOR_MIN_EXPONENT = FP32_LIMITS.favor_min_exponent
+#: In fp32 the features of a token outside that window are kept within e^-20 (≈ 2e-9) of its largest
+#: one, so that every such key has a feature that meets every query's largest with a product ≥ e^-60
+#: (float64: within e^-50, product ≥ e^-650).
+FAVOR_FEATURE_RANGE = FP32_LIMITS.favor_feature_range
 
 
 class Favor(FeatureMap):
@@ -283,10 +292,21 @@ class Favor(FeatureMap):
       scaled as a whole into the window (above: so that nothing overflows; below: so that its
       features do not underflow to 0), and its features are kept within e^-FAVOR_FEATURE_RANGE of
       its largest. Such a key's weight is approximate (the exact one is not representable in
-      fp32), but a query's mass is then ≥ e^-60 per key, far above the normaliser's floor, so rows
-      still sum to 1. N(0, 1) inputs stay inside the window up to d_key ≈ 64; at d_key 128 about a
-      third of the tokens leave it at m = 64 (three fifths at m = 16, a seventh at m = 256), and at
-      d_key 256 all of them, where the Performer's d_key^(-1/4) keeps them inside.
+      the compute dtype), but a query's mass is then ≥ e^(min − range) per key, far above the
+      normaliser's floor, so rows still sum to 1.
+
+    The window, the range and the floor follow the compute dtype
+    (:func:`~variants.kernels.limits.numeric_limits`):
+
+    - fp32 (fp16 and bf16 compute in fp32): window [−40, 30], range 20 (mass ≥ e^-60 per key, floor
+      1e-30). N(0, 1) inputs stay inside the window up to d_key ≈ 64; at d_key 128 about a third of
+      the tokens leave it at m = 64 (three fifths at m = 16, a seventh at m = 256), and at d_key 256
+      all of them, where the Performer's d_key^(-1/4) keeps them inside.
+    - float64: window [−600, 300], range 50 (mass ≥ e^-650 per key, floor 1e-300), so float64
+      features are the estimator's own where fp32 would move them: N(0, 1) inputs stay inside up to
+      d_key 1024 (none of 2000 tokens leaves at m = 16, 64, 256), at d_key 1536 96–99.7 % fall below
+      it, at d_key 2048 all. Keys N(0, 1)·64^-1/4·6 at d_key 64 (exponents ≈ −90 … −145) read exactly
+      the float64 estimator's rows (to 1e-10), where fp32's window moved them (rows off by 0.99).
     """
 
     name = "favor"
@@ -331,10 +351,11 @@ class Favor(FeatureMap):
         # (not detached): for keys it does not cancel (a factor per key changes the weights between keys),
         # so a detached shift gave gradients of another function than the one computed (float64
         # gradcheck of the sum rule failed in every form for keys below the window).
+        limits = numeric_limits(exponent.dtype)  # fp32's window, or float64's wider one
         top = exponent.amax(dim=-1, keepdim=True)
-        shift = top - top.clamp(FAVOR_MIN_EXPONENT, FAVOR_MAX_EXPONENT)
+        shift = top - top.clamp(limits.favor_min_exponent, limits.favor_max_exponent)
         # only a token outside the window (already approximate) gets the floor: inside it, φ is exact
-        floor = torch.where(shift != 0, top - FAVOR_FEATURE_RANGE, float("-inf"))
+        floor = torch.where(shift != 0, top - limits.favor_feature_range, float("-inf"))
         return torch.exp(torch.maximum(exponent, floor) - shift)
 
     def for_queries(self, x: Tensor) -> Tensor:

@@ -12,22 +12,25 @@ from fwbench.analysis.claims_lm import LM_MINIMUM
 from fwbench.analysis.evidence import RETRIEVAL_MINIMUM
 from fwbench.report.markdown import markdown_table
 from fwbench.variants.feature_maps import FAVOR_FEATURE_RANGE, FAVOR_MAX_EXPONENT, FAVOR_MIN_EXPONENT, SUM_NORM_FLOOR
+from fwbench.variants.kernels.limits import FLOAT64_LIMITS
 from fwbench.variants.kernels.sum_rule import NORMALIZER_FLOOR
 
 #: (what, the official code, fwbench, why / consequence): one row per difference.
 DIFFERENCES = [
     ("Sum normalisation of φ (delta rule)", "φ(x) / Σφ(x)",
-     f"φ(x) / max(Σφ(x), {SUM_NORM_FLOOR:g})",
+     f"φ(x) / max(Σφ(x), {SUM_NORM_FLOOR:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
      "keeps φ(0) finite (it reads as 0) without shrinking small masses; it may also remove the path by "
      "which the official FAVOR+ delta runs reached NaN (claim C14 measures how often ours diverge)"),
     ("Sum rule's normaliser", "W φ(q) / (zᵀφ(q) + 1e-6)",
-     f"W φ(q) / max(zᵀφ(q), {NORMALIZER_FLOOR:g})",
+     f"W φ(q) / max(zᵀφ(q), {NORMALIZER_FLOOR:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
      "an added 1e-6 dominates a small attention mass (FAVOR+ on N(0, 1) inputs: ≈ 1e-9) and pulls the "
      "output towards 0; a floor keeps every row normalised"),
     ("FAVOR+ features", "exp(±Ωᵀx − ‖x‖²/2) / √(2m), no cap; Ω redrawn at evaluation too",
      f"the same where a token's largest exponent lies in [{FAVOR_MIN_EXPONENT:g}, {FAVOR_MAX_EXPONENT:g}]; "
      f"outside it the token's features are rescaled as a whole and kept within e^-{FAVOR_FEATURE_RANGE:g} of "
-     "its largest (per token, so causality holds); Ω redrawn every training step, frozen in evaluation",
+     "its largest (per token, so causality holds); float64 computes with its own window "
+     f"[{FLOAT64_LIMITS.favor_min_exponent:g}, {FLOAT64_LIMITS.favor_max_exponent:g}] and range "
+     f"e^-{FLOAT64_LIMITS.favor_feature_range:g}; Ω redrawn every training step, frozen in evaluation",
      "φ never overflows or underflows fp32 (the official code can); evaluation is deterministic"),
     ("Softmax initialisation (retrieval)",
      "two models: softmax draws W_k, W_q Xavier-uniform over the whole-token shapes; the linear family "

@@ -2,7 +2,8 @@
 ``variants/feature_maps.py`` and ``variants/kernels/``):
 
 - FAVOR+ outside its exponent window: features relative to the largest are exactly
-  exp(max(e − max e, −FAVOR_FEATURE_RANGE)), and the largest sits at the window's edge;
+  exp(max(e − max e, −range)), and the largest sits at the window's edge (in float64, so with
+  float64's window and range, :func:`~variants.kernels.limits.numeric_limits`);
 - DPFP's sum normalisation below its floor: φ̂ = φ / floor, with the gradient of that;
 - Ω's draw: a given generator makes it repeatable without touching the global RNG, and every
   column gets its own norm (a shared norm per block would keep the blocks orthogonal but give the
@@ -16,13 +17,14 @@ import math
 import torch
 
 from fwbench.variants import Favor
-from fwbench.variants.feature_maps import (
-    FAVOR_FEATURE_RANGE,
-    FAVOR_MAX_EXPONENT,
-    FAVOR_MIN_EXPONENT,
-    orthogonal_gaussian,
-)
+from fwbench.variants.feature_maps import orthogonal_gaussian
 from fwbench.variants.kernels.dpfp import dpfp
+from fwbench.variants.kernels.limits import numeric_limits
+
+#: These tests compute in float64: its window, range and floor apply.
+LIMITS = numeric_limits(torch.float64)
+FAVOR_MAX_EXPONENT, FAVOR_MIN_EXPONENT = LIMITS.favor_max_exponent, LIMITS.favor_min_exponent
+FAVOR_FEATURE_RANGE = LIMITS.favor_feature_range
 
 
 def test_favor_token_below_the_window_keeps_its_feature_ratios_down_to_the_floor():
@@ -40,8 +42,8 @@ def test_favor_token_below_the_window_keeps_its_feature_ratios_down_to_the_floor
 
 def test_favor_token_above_the_window_is_scaled_to_its_edge_with_the_same_floor():
     torch.manual_seed(0)
-    favor = Favor(256, m=8).double()
-    x = favor.omega[:, :2].T.contiguous()                 # along columns of Ω: exponent ≈ ‖ω‖²/2 ≈ 128
+    favor = Favor(1024, m=8).double()
+    x = favor.omega[:, :2].T.contiguous()                 # along columns of Ω: exponent ≈ ‖ω‖²/2 ≈ 512
     exponent = favor.exponents(x)
     top = exponent.amax(-1, keepdim=True)
     assert (top > FAVOR_MAX_EXPONENT).all()
@@ -67,7 +69,7 @@ def test_favor_gradients_outside_the_window_are_those_of_the_features_computed()
     error ≈ 1 here) and the sum rule's float64 gradcheck failed in every form."""
     torch.manual_seed(0)
     for favor, x in ((Favor(32, m=16).double(), torch.randn(3, 32, dtype=torch.float64) * 10.0),  # below
-                     (Favor(256, m=8).double(), None)):                                               # above
+                     (Favor(1024, m=8).double(), None)):                                              # above
         x = (favor.omega[:, :2].T.contiguous() if x is None else x).requires_grad_(True)
         x_ref = x.detach().clone().requires_grad_(True)
         cotangent = torch.randn(x.shape[0], favor.d_dot, dtype=torch.float64) * favor(x.detach()).reciprocal()
@@ -82,7 +84,7 @@ def test_favor_sum_rule_gradcheck_with_keys_below_the_window():
     torch.manual_seed(0)
     attention = variants.build_attention("favor:m=4", d_key=64).double()
     g = torch.Generator().manual_seed(6)
-    k = torch.randn(1, 1, 4, 64, generator=g, dtype=torch.float64) * 64**-0.25 * 6  # exponents ≈ −90 … −145
+    k = torch.randn(1, 1, 4, 64, generator=g, dtype=torch.float64) * 64**-0.25 * 20  # exponents ≈ −1300 … −1770
     assert (attention.feature_map.exponents(k).amax(-1) < FAVOR_MIN_EXPONENT).all()
     q = torch.randn(1, 1, 4, 64, generator=g, dtype=torch.float64) * 64**-0.25
     v = torch.randn(1, 1, 4, 2, generator=g, dtype=torch.float64)
@@ -92,14 +94,14 @@ def test_favor_sum_rule_gradcheck_with_keys_below_the_window():
 
 
 def test_dpfp_normalisation_below_the_floor_divides_by_the_floor_value_and_gradient():
-    x = torch.tensor([[3e-16, 2e-16, -1e-16, 4e-16], [0.3, 0.2, -0.1, 0.4]], dtype=torch.float64,
+    x = torch.tensor([[3e-151, 2e-151, -1e-151, 4e-151], [0.3, 0.2, -0.1, 0.4]], dtype=torch.float64,
                      requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
     r = torch.cat([torch.relu(x_ref), torch.relu(-x_ref)], dim=-1)
     phi = torch.cat([r * r.roll(i, dims=-1) for i in (1, 2)], dim=-1)
     total = phi.sum(-1, keepdim=True)
-    assert total[0] < 1e-30 < total[1]  # one row below the floor, one above
-    reference = phi / total.clamp(min=1e-30)
+    assert total[0] < LIMITS.floor < total[1]  # one row below float64's floor 1e-300, one above
+    reference = phi / total.clamp(min=LIMITS.floor)
     y = dpfp(x, 2, normalize=True)
     torch.testing.assert_close(y, reference, rtol=1e-12, atol=0)
     cotangent = torch.randn(y.shape, dtype=torch.float64)

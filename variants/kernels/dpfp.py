@@ -14,7 +14,7 @@ comes back in the input's dtype. Under ``create_graph=True`` the backward differ
 The sum normalisation divides by max(Σ_j φ_j, floor) rather than by Σ_j φ_j + eps: an added eps
 would dominate the sum of small inputs (Σφ ≈ ‖x‖², 1e-6 at ‖x‖ = 1e-3) and shrink φ̂ far below
 a unit sum, while the floor leaves φ̂ summing to 1 at every scale where Σφ exceeds it, and still
-maps x = 0 (φ = 0) to φ̂ = 0.
+maps x = 0 (φ = 0) to φ̂ = 0. The floor follows the compute dtype (:mod:`.limits`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .double_backward import grad_by_recomputation
+from .limits import floor_for
 from .precision import compute_dtype
 
 
@@ -39,8 +40,9 @@ def _products(r: Tensor, nu: int) -> Tensor:
 
 class _DPFP(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: Tensor, nu: int, normalize: bool, floor: float) -> Tensor:
+    def forward(ctx, x: Tensor, nu: int, normalize: bool, floor: float | None) -> Tensor:
         x32 = x.to(compute_dtype(x))
+        floor = floor_for(x32.dtype, floor)
         d = x.shape[-1]
         r = x32.new_empty(*x.shape[:-1], 2 * d)
         torch.clamp(x32, min=0, out=r[..., :d])
@@ -92,7 +94,7 @@ class _DPFP(torch.autograd.Function):
         return (grad_r[..., :d] - grad_r[..., d:]).to(ctx.input_dtype), None, None, None
 
 
-def dpfp_composed(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e-30) -> Tensor:
+def dpfp_composed(x: Tensor, nu: int, normalize: bool = False, floor: float | None = None) -> Tensor:
     """:func:`dpfp` written with plain differentiable torch ops (no ``out=``, nothing in place): the
     same values, for second-order gradients (:mod:`.double_backward`) and as a reference. The same
     conventions as the op's backward: relu'(0) = 0, rows below the floor divided by a constant."""
@@ -101,11 +103,12 @@ def dpfp_composed(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e
     # block i: r_j · r_{(j − i) mod 2d}, and torch.roll(r, i)[j] = r[(j − i) mod 2d]
     phi = torch.cat([r * torch.roll(r, shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
     if normalize:
-        phi = phi / phi.sum(dim=-1, keepdim=True).clamp(min=floor)
+        phi = phi / phi.sum(dim=-1, keepdim=True).clamp(min=floor_for(x.dtype, floor))
     return phi
 
 
-def dpfp(x: Tensor, nu: int, normalize: bool = False, floor: float = 1e-30) -> Tensor:
+def dpfp(x: Tensor, nu: int, normalize: bool = False, floor: float | None = None) -> Tensor:
     """DPFP features of x (…, d) → (…, 2·d·ν) in fp32 (float64 for float64 x), divided by
-    max(Σφ, ``floor``) if ``normalize``."""
+    max(Σφ, ``floor``) if ``normalize``; ``floor=None`` takes the compute dtype's (1e-30 in fp32,
+    1e-300 in float64, :mod:`.limits`)."""
     return _DPFP.apply(x, nu, normalize, floor)

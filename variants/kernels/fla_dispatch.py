@@ -57,6 +57,7 @@ from torch import Tensor
 from ..errors import VariantError
 from . import delta_rule, sum_rule
 from .chunking import DEFAULT_CHUNK_SIZE
+from .limits import floor_for
 
 #: Environment variable whose value ``0`` turns the dispatch off (read once, on first use).
 FLA_ENV = "FWBENCH_FLA"
@@ -183,7 +184,7 @@ def _fla_state(W0: Tensor | None) -> Tensor | None:
 
 def fla_sum_rule_chunk(
     kernel: Callable, q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = sum_rule.NORMALIZER_FLOOR,
+    normalize: bool = True, floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The sum rule's chunk form with the numerator from fla's ``chunk_simple_gla`` (``kernel``).
 
@@ -203,7 +204,7 @@ def fla_sum_rule_chunk(
         if z0 is not None:
             z_t = z_t + z0.to(torch.float32)[:, :, None]
         mass = (q.to(torch.float32) * z_t).sum(-1, keepdim=True)           # z_tᵀ q_t
-        y = numerator.to(torch.float32) / mass.clamp(min=floor)
+        y = numerator.to(torch.float32) / mass.clamp(min=floor_for(torch.float32, floor))  # fla: fp32 at most
     return y.to(v.dtype), S.to(torch.float32).mT, z_T
 
 

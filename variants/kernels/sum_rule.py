@@ -16,7 +16,9 @@ The normaliser is guarded by a floor, not by an added eps: z_tᵀ q_t is the que
 attention mass, which can be far below any fixed eps (FAVOR+ features of N(0, 1) inputs at
 d_key 32 give ≈ 1e-9), and an added 1e-6 would then shrink every output towards 0. With a floor
 a row stays normalised for any mass above it, and an empty mass (φ(q) = 0, or no key written;
-the numerator is then 0 too for non-negative features) reads as 0 rather than NaN.
+the numerator is then 0 too for non-negative features) reads as 0 rather than NaN. The floor
+follows the compute dtype (``floor=None``, :mod:`.limits`): 1e-30 in fp32 (fp16 and bf16 too),
+1e-300 in float64, so float64 rows stay normalised for masses fp32 cannot hold.
 
 With NaN or ±inf among the inputs, the masked products inside a chunk go through
 :func:`~.precision.causal_matmul`, so a non-finite token never reaches the outputs before it.
@@ -28,13 +30,15 @@ import torch
 from torch import Tensor
 
 from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
+from .limits import FP32_LIMITS, floor_for
 from .precision import all_finite, causal_matmul, compute_dtype
 
-#: Smallest value of the normaliser zᵀq that the output is divided by (see the module docstring).
-#: Far below any mass the feature maps produce (FAVOR+ guarantees ≥ e^-60 per key, see
-#: :class:`~variants.feature_maps.Favor`), far above fp32's smallest normal number (1.2e-38), so
-#: that 1 / floor and the gradients through it stay finite. The paper's official code adds 1e-6.
-NORMALIZER_FLOOR = 1e-30
+#: fp32's smallest value of the normaliser zᵀq that the output is divided by (see the module
+#: docstring); every kernel's ``floor=None`` takes its compute dtype's (:mod:`.limits`: 1e-30 in fp32,
+#: 1e-300 in float64). Far below any mass the feature maps produce (FAVOR+ guarantees ≥ e^-60 per key
+#: in fp32, see :class:`~variants.feature_maps.Favor`), far above the dtype's smallest normal number,
+#: so that 1 / floor and the gradients through it stay finite. The paper's official code adds 1e-6.
+NORMALIZER_FLOOR = FP32_LIMITS.floor
 
 
 def _initial_state(q: Tensor, v: Tensor, W0: Tensor | None, z0: Tensor | None, dtype: torch.dtype):
@@ -52,13 +56,14 @@ def _masked_product(finite: bool):
 
 def sum_rule_recurrent(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = NORMALIZER_FLOOR,
+    normalize: bool = True, floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One token at a time: O(1) memory per token; the reference the other forms must match.
 
     Returns (y (B, H, T, d_v), W_T, z_T).
     """
     dtype = compute_dtype(q, k, v, W0, z0)
+    floor = floor_for(dtype, floor)
     W, z = _initial_state(q, v, W0, z0, dtype)
     outputs = []
     # unbind, not q[:, :, t]: its backward is one stack instead of a full-size zero gradient per
@@ -76,13 +81,14 @@ def sum_rule_recurrent(
 
 def sum_rule_parallel(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = NORMALIZER_FLOOR,
+    normalize: bool = True, floor: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The masked quadratic form: y = (tril(QKᵀ) V + Q W0ᵀ) / max(tril(QKᵀ) 1 + Q z0, floor).
 
     O(T²) memory; for short sequences and tests. Returns (y, W_T, z_T).
     """
     dtype = compute_dtype(q, k, v, W0, z0)
+    floor = floor_for(dtype, floor)
     W, z = _initial_state(q, v, W0, z0, dtype)
     q32, k32, v32 = q.to(dtype), k.to(dtype), v.to(dtype)
     scores = (q32 @ k32.mT).tril()
@@ -97,7 +103,7 @@ def sum_rule_parallel(
 
 def sum_rule_chunk(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = NORMALIZER_FLOOR, chunk_size: int = DEFAULT_CHUNK_SIZE,
+    normalize: bool = True, floor: float | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Chunkwise-parallel form: masked matmuls inside each chunk, the state carried across.
 
@@ -115,6 +121,7 @@ def sum_rule_chunk(
     Shapes as in the module docstring; returns (y (B, H, T, d_v) in v's dtype, W_T, z_T) fp32.
     """
     dtype = compute_dtype(q, k, v, W0, z0)
+    floor = floor_for(dtype, floor)
     W, z = _initial_state(q, v, W0, z0, dtype)
     B, H, T, d_dot = q.shape
     if T == 0:
@@ -156,7 +163,7 @@ def sum_rule_write(
 
 def sum_rule_write_read(
     q: Tensor, k: Tensor, v: Tensor, W0: Tensor | None = None, z0: Tensor | None = None,
-    normalize: bool = True, floor: float = NORMALIZER_FLOOR,
+    normalize: bool = True, floor: float | None = None,
 ) -> Tensor:
     """Read with queries q after writing all of (k, v), without forming W: y = W_T q / (z_Tᵀ q).
 
@@ -164,6 +171,7 @@ def sum_rule_write_read(
     O(T·d_dot·d_v) write. Shapes as :func:`sum_rule_read` plus k (B, H, T, d_dot), v (B, H, T, d_v).
     """
     dtype = compute_dtype(q, k, v, W0, z0)
+    floor = floor_for(dtype, floor)
     q32 = q.to(dtype)
     keys_q = k.to(dtype) @ q32.mT                                          # K q, (B, H, T, T_q)
     y = keys_q.mT @ v.to(dtype)
@@ -178,11 +186,12 @@ def sum_rule_write_read(
 
 
 def sum_rule_read(
-    q: Tensor, W: Tensor, z: Tensor, normalize: bool = True, floor: float = NORMALIZER_FLOOR
+    q: Tensor, W: Tensor, z: Tensor, normalize: bool = True, floor: float | None = None
 ) -> Tensor:
     """Read the memory with φ-mapped queries q (B, H, T_q, d_dot) without writing: W q / max(zᵀq, floor),
     in the compute dtype of q and the state."""
     dtype = compute_dtype(q, W, z)
+    floor = floor_for(dtype, floor)
     q32 = q.to(dtype)
     y = q32 @ W.to(dtype).mT
     if normalize:
