@@ -1125,6 +1125,22 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--threads", "100000", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C100")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)  # were it accepted, its records would land here, not in the checkout
+    return cli(ctx, "run", "capacity", "--results-dir", "")
+
+
+@row("C101")
+def _(ctx):
+    return cli(ctx, "run", "shakespeare", "--data-dir", "", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C102")
+def _(ctx):
+    return cli(ctx, "sample", "--checkpoint", "")
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
@@ -1141,7 +1157,7 @@ def _(ctx):
 # ------------------------------------------------------------------------------------------------
 
 ROW_LINE = re.compile(
-    r"^\| (?P<id>[A-Z]\d\d) \|(?P<where>[^|]*)\|(?P<input>.*)\| `(?P<answer>[^`]*)` \|(?P<test>[^|]*)\|$"
+    r"^\| (?P<id>[A-Z]\d{2,}) \|(?P<where>[^|]*)\|(?P<input>.*)\| `(?P<answer>[^`]*)` \|(?P<test>[^|]*)\|$"
 )
 
 

@@ -46,10 +46,13 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     :func:`run_settings`. ``None`` leaves the environment as it is.
 
     Raises:
-        FwbenchError: ``data_dir`` is not a directory.
+        FwbenchError: ``data_dir`` is empty (``Path("")`` is the working directory) or not a directory.
     """
     if data_dir is None:
         return
+    if not str(data_dir):  # --data-dir "$UNSET" read the corpus from the working directory
+        raise FwbenchError("--data-dir: got ''; expected a directory holding the data (the empty string would be "
+                           "the working directory)")
     if not Path(data_dir).is_dir():
         raise FwbenchError(f"--data-dir: got {str(data_dir)!r}, which is not a directory")
     os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())

@@ -27,7 +27,8 @@ def load_language_model(path: str | Path, device: torch.device) -> tuple[Decoder
     saved = load_checkpoint(path, device, remedy="expected a checkpoint of a Shakespeare run, "
                                                  "<results-dir>/checkpoints/RUN_ID.pt")
     if saved is None:  # no file there: nothing, or a directory (which "does not exist" would misname)
-        what = "is a directory" if Path(path).is_dir() else "does not exist"
+        # Path("") is the working directory: --checkpoint "$UNSET" is named as what it is
+        what = "is empty" if not str(path) else "is a directory" if Path(path).is_dir() else "does not exist"
         raise FwbenchError(f"--checkpoint: {str(path)!r} {what}; expected a checkpoint file of a Shakespeare run, "
                            "<results-dir>/checkpoints/RUN_ID.pt")
     if saved.get("task") != ShakespeareTask.name:

@@ -52,10 +52,14 @@ class ResultsStore:
     ``fwbench bench`` keeps its records in ``bench.jsonl`` beside the runs).
 
     Raises:
-        FwbenchError: the directory cannot be created or written.
+        FwbenchError: ``directory`` is empty (``Path("")`` is the working directory), or the
+            directory cannot be created or written.
     """
 
     def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
+        if not str(directory):  # --results-dir "$UNSET": records were written to, or read from, the working directory
+            raise FwbenchError("--results-dir: got ''; expected a directory path (the empty string would be the "
+                               "working directory)")
         self.directory = Path(directory)
         self.path = self.directory / records_file
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
