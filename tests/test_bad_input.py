@@ -1141,6 +1141,13 @@ def _(ctx):
     return cli(ctx, "sample", "--checkpoint", "")
 
 
+@row("C103")
+def _(ctx):
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "1", "--cpus-per-run", "2",
+               "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

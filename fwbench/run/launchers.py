@@ -199,6 +199,26 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
+    if options.ray_num_cpus is not None and not (options.ray_address or os.environ.get("RAY_ADDRESS")):
+        check_fits_local_ray(options, {"CPU": options.ray_num_cpus})  # before Ray starts: its CPUs are known
+
+
+def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) -> None:
+    """Refuse a run that asks for more CPUs or GPUs than a local Ray instance holds (``resources``:
+    its totals of ``"CPU"`` and/or ``"GPU"``; a resource not given is not checked). Ray keeps
+    such a task pending for ever, and with the driver's logs off nothing is printed: ``--ray-num-cpus 1
+    --cpus-per-run 2`` hung silently. Only for an instance started here: a cluster given by address
+    may grow (an autoscaler adds nodes on demand).
+
+    Raises:
+        FwbenchError: naming the option, the request and what the instance holds.
+    """
+    for name, key, value in (("--cpus-per-run", "CPU", options.cpus_per_run),
+                             ("--gpus-per-run", "GPU", options.gpus_per_run)):
+        held = resources.get(key, math.inf)
+        if value > held:
+            raise FwbenchError(f"{name}: got {value:g}; expected at most {held:g}, the {key}s of the local Ray instance "
+                               "(no run could ever be scheduled; lower it, or start the instance with more)")
 
 
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,
@@ -213,6 +233,13 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
         # One torch thread per worker unless asked otherwise: idle OpenMP threads fight over cores.
         ray.init(**init_args, include_dashboard=False, log_to_driver=False,
                  runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
+        if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
+            try:
+                totals = ray.cluster_resources()  # no "GPU" entry on a machine without GPUs
+                check_fits_local_ray(options, {key: totals.get(key, 0.0) for key in ("CPU", "GPU")})
+            except FwbenchError:
+                ray.shutdown()
+                raise
     device = options.device
     if device == "auto":
         device = "cuda" if options.gpus_per_run > 0 else "cpu"

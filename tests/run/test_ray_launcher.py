@@ -58,3 +58,29 @@ def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
     assert f"{12 - len(before)} trained now, {len(before)} already" in done.stdout
     after = store.records()
     assert len(after) == 12 and len({r["run_id"] for r in after}) == 12
+
+
+def test_a_run_larger_than_the_local_ray_instance_is_refused_before_ray_starts(tmp_path, capsys):
+    """--ray-num-cpus 1 --cpus-per-run 2 hung silently for ever (Ray keeps an infeasible task pending)."""
+    from fwbench.errors import FwbenchError
+    from fwbench.run.launchers import LaunchOptions, check_fits_local_ray, check_ray_resources
+
+    with pytest.raises(FwbenchError, match=r"^--cpus-per-run: got 2; expected at most 1, the CPUs of the local Ray"):
+        check_ray_resources(LaunchOptions(launcher="ray", cpus_per_run=2.0, ray_num_cpus=1))
+    check_ray_resources(LaunchOptions(launcher="ray", cpus_per_run=1.0, gpus_per_run=1.0, ray_num_cpus=1))  # GPUs unknown yet
+    check_ray_resources(LaunchOptions(launcher="ray", cpus_per_run=2.0, ray_num_cpus=1, ray_address="auto"))  # may grow
+    with pytest.raises(FwbenchError, match=r"^--gpus-per-run: got 0\.5; expected at most 0, the GPUs"):
+        check_fits_local_ray(LaunchOptions(launcher="ray", gpus_per_run=0.5), {"CPU": 2.0, "GPU": 0.0})
+    check_fits_local_ray(LaunchOptions(launcher="ray", cpus_per_run=2.0, gpus_per_run=0.5), {"CPU": 2.0, "GPU": 1.0})
+
+
+@pytest.mark.slow
+def test_a_run_larger_than_the_started_ray_instance_is_refused_once_it_started(tmp_path, capsys):
+    """Without --ray-num-cpus the instance's size is known only once Ray runs: refused then, not a hang."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    status = main(["run", str(grid), "--results-dir", str(tmp_path / "r"), "--quiet", "--launcher", "ray",
+                   "--cpus-per-run", "100000"])
+    assert status == 2
+    assert "--cpus-per-run: got 100000; expected at most" in capsys.readouterr().err
+    assert not ray.is_initialized()
