@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -552,13 +553,33 @@ def _step_times(runner: _Runner) -> None:
     runner.result.extras["step_times"] = rows
 
 
+#: Tensors of shape (B, H, T, d_head) every case holds at once at least: q, k, v and the output.
+CASE_TENSORS = 4
+
+
+def device_memory_bytes(device: torch.device) -> int:
+    """Total memory of ``device``: the GPU's, or this machine's physical memory for a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def max_length(device: torch.device, B: int, H: int, d_head: int) -> int:
+    """The longest T whose :data:`CASE_TENSORS` fp32 tensors (B, H, T, d_head) fit in the device's
+    memory: a longer ``--lengths`` is refused at once, where it raised a traceback from the first
+    case (``--lengths 9223372036854775807``: "Storage size calculation overflowed") or ran out of
+    memory part-way through the suite."""
+    return device_memory_bytes(device) // (CASE_TENSORS * B * H * d_head * 4)
+
+
 def run_bench(profile: str | BenchProfile, device: torch.device, store=None, variants: Iterable[str] | None = None,
               lengths: Iterable[int] | None = None, B: int = 2, H: int = 8, d_head: int = 64,
               quiet: bool = False, extras: bool = True) -> BenchResult:
     """Run a benchmark profile on ``device``; append each record to ``store`` (if given).
 
     Raises:
-        FwbenchError: an unknown profile, variant or non-positive length.
+        FwbenchError: an unknown profile, variant, a non-positive length or one longer than
+            :func:`max_length`.
     """
     if isinstance(profile, str):
         if profile not in PROFILES:
@@ -570,6 +591,10 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     chosen_lengths = tuple(lengths) if lengths else profile.lengths
     if any(not isinstance(T, int) or T < 1 for T in chosen_lengths):
         raise FwbenchError(f"--lengths: got {list(chosen_lengths)}; expected positive integers")
+    longest = max_length(device, B, H, d_head)
+    if max(chosen_lengths) > longest:
+        raise FwbenchError(f"--lengths: got {max(chosen_lengths)}; expected at most {longest} on {device} (its q, k, v "
+                           f"and output, (B={B}, H={H}, T, d_head={d_head}) fp32, would not fit in its memory)")
     runner = _Runner(profile, device, B, H, d_head, quiet, store)
     if runner.fla[0] is None:
         runner.log(f"  fla anchors skipped: {runner.fla[1]}")

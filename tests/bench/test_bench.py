@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import time
 
@@ -267,11 +268,30 @@ def test_bench_command_prints_tables_and_ratios(tmp_path, capsys):
     assert kinds.count("bench-summary") == 1 and kinds.count("bench") > 1
 
 
-@pytest.mark.parametrize("argv", [["--profile", "huge"], ["--variants", "nope"], ["--lengths", "0"]])
+@pytest.mark.parametrize("argv", [["--profile", "huge"], ["--variants", "nope"], ["--lengths", "0"],
+                                  ["--lengths", str(2**63 - 1)]])
 def test_bench_command_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
     code = main(["bench", *argv, "--results-dir", str(tmp_path), "--quiet", "--no-extras"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("fwbench: error:") and err.count("\n") == 1
+
+
+def test_the_longest_bench_length_is_what_four_fp32_inputs_leave_of_the_memory(monkeypatch):
+    """--lengths 2**63 − 1 raised "Storage size calculation overflowed" from the first case."""
+    from fwbench.bench import suite
+    from fwbench.errors import FwbenchError
+
+    monkeypatch.setattr(suite, "device_memory_bytes", lambda device: 64 * 2**30)  # 64 GiB
+    # 4 tensors · B 2 · H 8 · d_head 64 · 4 bytes = 16 KiB per token: 64 GiB / 16 KiB = 4 Mi tokens
+    assert suite.max_length(torch.device("cpu"), 2, 8, 64) == 4 * 2**20
+    with pytest.raises(FwbenchError, match=r"^--lengths: got 4194305; expected at most 4194304 on cpu"):
+        suite.run_bench("quick", torch.device("cpu"), lengths=[32, 4 * 2**20 + 1], variants=["linear"])
+
+
+def test_the_machine_memory_is_read_for_a_cpu():
+    from fwbench.bench.suite import device_memory_bytes
+
+    assert device_memory_bytes(torch.device("cpu")) == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") > 2**30
 
 
 # --------------------------------------------------------------------------------------------
