@@ -13,6 +13,11 @@ e^13.8 to a term's size.
   an output is divided by. Far above the dtype's smallest normal number, so that 1 / floor and the
   gradients through it (ḡ·y / floor) stay finite, with 8 orders of magnitude to spare in both:
   fp32 1e-30 = e^-69.1 (1 / floor = 1e30 < 3.4e38); float64 1e-300 = e^-690.8 (1e300 < 1.8e308).
+  First-order only: a second derivative (``create_graph=True``) divides by the mass squared, which
+  overflows for masses below about 1 / √(largest value) (fp32 ≈ 5e-20, float64 ≈ 7e-155), so second
+  derivatives at masses between that and the floor are NaN (inf − inf), e.g. float64 FAVOR+ keys
+  below its window, or float64 DPFP keys of size 1e-90 (a known gap, see the strict xfail in
+  ``tests/variants/test_double_backward.py``).
 - ``favor_max_exponent``: a FAVOR+ token's largest exponent above which it is scaled down. Features
   ≤ e^M keep a product φ(q)·φ(k) ≤ e^2M and its sum over 10^6 tokens and 2m ≤ 1024 features below
   the largest value: fp32 M = 30, e^(60 + 13.8 + 6.9) = e^80.7 < e^88.7; float64 M = 300,
