@@ -102,6 +102,15 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
             raise FwbenchError(f"--jobs: got {jobs} under torchrun; expected 1 (torchrun starts the processes)")
         context, device = distributed.start(context, device)
         quiet = quiet or not context.is_main
+    if launcher == "local":  # Ray's options would be silently ignored, as --jobs would be under Ray (below)
+        given = [name for name, value, default in (
+            ("--ray-address", getattr(args, "ray_address", None), None),
+            ("--cpus-per-run", getattr(args, "cpus_per_run", 1.0), 1.0),
+            ("--gpus-per-run", getattr(args, "gpus_per_run", 0.0), 0.0),
+            ("--ray-num-cpus", getattr(args, "ray_num_cpus", None), None)) if value != default]
+        if given:
+            raise FwbenchError(f"{given[0]}: given with --launcher local, where it has no effect; expected "
+                               "--launcher ray (it is one of Ray's options), or leave it out")
     if jobs != 1 and launcher != "local":
         raise FwbenchError(f"--jobs: got {jobs} with --launcher {launcher}; expected 1 (worker processes are the "
                            "local launcher's; Ray sizes its own with --cpus-per-run)")

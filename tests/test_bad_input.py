@@ -1153,6 +1153,11 @@ def _(ctx):
     return cli(ctx, "bench", "--lengths", str(2**63 - 1), "--device", "cpu", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C105")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--ray-num-cpus", "4", "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
