@@ -160,12 +160,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from fwbench.report.render import render_report
+    from fwbench.run.store import ResultsStore
 
+    ResultsStore(args.results_dir)  # refuses --results-dir '' (the working directory) before --out is created
     if not Path(args.results_dir).is_dir():
         raise FwbenchError(
             f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
             "that fwbench run wrote to"
         )
+    _make_out_dir(args.out)  # refuses --out '' (the working directory), as reproduce and capacity do
     try:
         path = render_report(args.results_dir, args.out)
     except VariantError as exc:
@@ -225,7 +228,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     if not 0 <= args.seed < 2**63:  # the range of torch's seeds, as fwbench run and sample accept
         raise FwbenchError(f"--seed: got {args.seed}; expected an integer in [0, 2**63)")
     torch.set_num_threads(1)
-    _write_probe(Path(args.out), args.d_key, args.trials, args.seed)
+    _write_probe(_make_out_dir(args.out), args.d_key, args.trials, args.seed)
     return 0
 
 

@@ -1158,6 +1158,15 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--ray-num-cpus", "4", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C106")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)  # were it accepted, the probe would land here, not in the checkout
+    answer = cli(ctx, "probe", "--out", "", "--trials", "1", "--d-key", "4")
+    assert cli(ctx, "report", "--out", "", "--results-dir", str(ctx.tmp_path)) == answer
+    assert not list(ctx.tmp_path.iterdir())
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
