@@ -1167,6 +1167,15 @@ def _(ctx):
     return answer
 
 
+@row("C107")
+def _(ctx):
+    (ctx.tmp_path / "grids.toml").mkdir()
+    assert cli(ctx, "run", str(ctx.tmp_path / "grids.toml"), "--results-dir", str(ctx.tmp_path)) == (
+        f"exit 2: fwbench: error: grid: {str(ctx.tmp_path / 'grids.toml')!r} is a directory; expected a .toml grid "
+        "file or a bundled grid name")
+    return cli(ctx, "run", "", "--results-dir", str(ctx.tmp_path))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

@@ -138,12 +138,15 @@ def available_grids() -> list[str]:
 def grid_path(name_or_path: str | Path) -> Path:
     """Resolve a bundled grid name or a file path. Raises :class:`FwbenchError` if neither exists."""
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    # Path("") is ".", the working directory: '' (an unset variable) was named "file '.' does not exist"
+    if str(name_or_path) and (path.suffix == ".toml" or path.exists()):
+        if path.is_dir():
+            raise FwbenchError(f"grid: {str(path)!r} is a directory; expected a .toml grid file or a bundled grid name")
         if not path.is_file():
             raise FwbenchError(f"grid: file {str(path)!r} does not exist")
         return path
     bundled = GRID_DIR / f"{name_or_path}.toml"
-    if not bundled.is_file():
+    if not str(name_or_path) or not bundled.is_file():
         raise FwbenchError(
             f"grid: got {str(name_or_path)!r}; expected a path to a .toml file or one of {', '.join(available_grids())}"
         )
