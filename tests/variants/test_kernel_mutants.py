@@ -1,0 +1,99 @@
+"""Values the kernels' surviving mutants changed and no other test saw (issue 14 item 14).
+
+Each test names the mutants it was written against; ``docs/mutation_h-mutB.md`` lists them all, with
+the ones that are equivalent and why. References are independent of the code under test: plain
+autograd through another form of the same rule in float64, or a float64 loop.
+
+- The delta rule's fused write-then-read (:func:`delta_rule_write_read`) has a hand-written
+  backward. Its gradients come back each in its own input's dtype, computed in the compute dtype:
+  with one input in float64 and the others fp32 the float64 input's gradient equals plain
+  autograd's float64 gradient to 1e-12 (a detour through another input's fp32 would miss by ~1e-8),
+  and the fp32 inputs' gradients are that gradient rounded once.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fwbench.variants import VariantError
+from fwbench.variants.kernels import delta_rule_chunk, delta_rule_read, delta_rule_write_read
+
+#: float64 arithmetic agrees with float64 arithmetic to ~1e-15; one rounding to fp32 leaves ~1e-8.
+FLOAT64_TOL = 1e-12
+#: a float64 gradient rounded once to fp32: relative error ≤ 2⁻²⁴ ≈ 6e-8.
+ROUNDED_TOL = 1e-6
+
+DELTA_ARGS = ("q", "k", "v", "beta", "W0")
+
+
+def delta_inputs(wide: str | None, *, T: int = 10, T_q: int = 2, d_dot: int = 4, d_v: int = 3, seed: int = 3):
+    """Arguments of :func:`delta_rule_write_read`: fp32, the one named ``wide`` float64 with values
+    fp32 cannot hold. Queries and keys positive and sum-normalised (φ-mapped), β in (0, 1)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def features(*shape):
+        x = F.elu(torch.randn(*shape, generator=g, dtype=torch.float64)) + 1.0
+        return x / x.sum(-1, keepdim=True)
+
+    given = {
+        "q": features(2, 2, T_q, d_dot),
+        "k": features(2, 2, T, d_dot),
+        "v": torch.randn(2, 2, T, d_v, generator=g, dtype=torch.float64),
+        "beta": torch.rand(2, 2, T, generator=g, dtype=torch.float64),
+        "W0": 0.3 * torch.randn(2, 2, d_v, d_dot, generator=g, dtype=torch.float64),
+    }
+    return {name: x if name == wide else x.float() for name, x in given.items()}
+
+
+def reference_delta_gradients(given: dict, grad_y: torch.Tensor, names=DELTA_ARGS) -> tuple[torch.Tensor, ...]:
+    """Plain autograd through the chunkwise write and the read, all in float64."""
+    wide = {name: x.detach().double().requires_grad_(name in names) for name, x in given.items()}
+    _, W = delta_rule_chunk(None, wide["k"], wide["v"], wide["beta"], wide["W0"], chunk_size=3)
+    y = delta_rule_read(wide["q"], W)
+    return torch.autograd.grad(y, [wide[name] for name in names], grad_y.double())
+
+
+@pytest.mark.parametrize("wide", DELTA_ARGS)
+def test_delta_write_read_gradients_come_back_in_their_inputs_dtypes(wide):
+    """Mutants ``_DeltaWriteRead.backward`` 119, 210, 225, 245 (a gradient cast to another input's
+    dtype: q's to k's, k's to v's, β's to W0's, v's to β's)."""
+    given = {name: x.requires_grad_() for name, x in delta_inputs(wide).items()}
+    y = delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
+    assert y.dtype == torch.float64
+    grad_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    grads = torch.autograd.grad(y, [given[name] for name in DELTA_ARGS], grad_y)
+    expected = reference_delta_gradients(given, grad_y)
+    for name, grad, ref in zip(DELTA_ARGS, grads, expected, strict=True):
+        x = given[name]
+        assert grad.dtype == x.dtype, f"{name}: {grad.dtype}"
+        tol = FLOAT64_TOL if x.dtype == torch.float64 else ROUNDED_TOL
+        torch.testing.assert_close(grad, ref.to(x.dtype), rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("name", DELTA_ARGS)
+def test_delta_write_read_gives_the_gradient_of_one_input_alone(name):
+    """Only ``name`` requires a gradient; two queries. Mutants ``_DeltaWriteRead.backward`` 120
+    and 211 (a gradient not asked for returned as ``""``: autograd refuses it) and 138 (the
+    broadcast rank-1 terms of the key gradient, right only for one query, taken for two)."""
+    given = delta_inputs(None)
+    given[name].requires_grad_()
+    y = delta_rule_write_read(*(given[arg] for arg in DELTA_ARGS), chunk_size=4)
+    grad_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(8))
+    (grad,) = torch.autograd.grad(y, given[name], grad_y)
+    (expected,) = reference_delta_gradients(given, grad_y, (name,))
+    assert grad.dtype == torch.float32
+    torch.testing.assert_close(grad.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_delta_write_read_refuses_second_order_gradients_with_its_whole_message():
+    """Mutants ``_DeltaWriteRead.backward`` 2, 3, 5, 6 (the error's text changed)."""
+    given = {name: x.requires_grad_() for name, x in delta_inputs(None).items()}
+    y = delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
+    with pytest.raises(VariantError) as raised:
+        torch.autograd.grad(y.sum(), given["k"], create_graph=True)
+    assert str(raised.value) == (
+        "write_read: second-order gradients (create_graph=True) are not supported by the delta rule's "
+        "fused write-then-read; use read(q, write(k, v, beta)) instead"
+    )
