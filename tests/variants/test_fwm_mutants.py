@@ -1,0 +1,93 @@
+"""Values of the FWM rule that its surviving mutants changed and no other test saw (issue 14 item
+14; ``docs/mutation_h-mutB.md`` lists them all). The reference is the float64 loop of the rule's
+equations, ``fwm_naive`` of ``test_fwm_rule.py``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_fwm_rule import fwm_naive
+
+from fwbench.variants.kernels import fwm_rule_recurrent, fwm_rule_write
+
+B, H, T, D_DOT, D_V = 2, 2, 5, 4, 3
+FWM_ARGS = ("q", "k", "v", "beta", "W0")
+
+
+def fwm_args(T: int, wide: str | None = None, seed: int = 4) -> dict[str, torch.Tensor]:
+    """fp32 arguments of the FWM rule, the one named ``wide`` in float64 with values fp32 cannot hold."""
+    g = torch.Generator().manual_seed(seed)
+    given = {
+        "q": torch.rand(B, H, T, D_DOT, generator=g, dtype=torch.float64),
+        "k": torch.rand(B, H, T, D_DOT, generator=g, dtype=torch.float64),
+        "v": torch.randn(B, H, T, D_V, generator=g, dtype=torch.float64),
+        "beta": torch.rand(B, H, T, generator=g, dtype=torch.float64),
+        "W0": 0.2 * torch.randn(B, H, D_V, D_DOT, generator=g, dtype=torch.float64),
+    }
+    return {name: x if name == wide else x.float() for name, x in given.items()}
+
+
+@pytest.mark.parametrize("wide", [None, *FWM_ARGS])
+@pytest.mark.parametrize("carried", ["W0", "zeros", "non-finite W0"])
+def test_an_empty_fwm_sequence_returns_the_carried_state_in_the_compute_dtype(wide, carried):
+    """T = 0: nothing is written, the state is W0 (zeros without one, NaN and inf as given) in the
+    wider of the arguments' dtypes and fp32, and the reads are an empty tensor in v's dtype.
+    Mutants ``fwm_rule_recurrent`` 1 and 4–22, ``fwm_rule_write`` 1 and 3–19 (the T = 0 branch: the
+    token axis, its state built without k, v or W0, or in a dtype missing one argument)."""
+    given = fwm_args(0, wide)
+    if carried == "zeros":
+        given["W0"] = None
+    elif carried == "non-finite W0":
+        given["W0"][0, 1, 2, 3], given["W0"][1, 0, 0, 0] = float("nan"), float("inf")
+
+    def carried_state(args: tuple[str, ...]) -> torch.Tensor:
+        dtype = torch.float64 if wide in args and given[wide] is not None else torch.float32
+        return torch.zeros(B, H, D_V, D_DOT, dtype=dtype) if given["W0"] is None else given["W0"].to(dtype)
+
+    def assert_equal(W: torch.Tensor, expected: torch.Tensor) -> None:
+        assert W.dtype == expected.dtype and torch.equal(W.isnan(), expected.isnan())
+        assert torch.equal(torch.nan_to_num(W), torch.nan_to_num(expected))
+
+    y, W = fwm_rule_recurrent(*(given[name] for name in FWM_ARGS))
+    assert y.shape == (B, H, 0, D_V) and y.dtype == given["v"].dtype
+    assert_equal(W, carried_state(FWM_ARGS))
+    assert_equal(fwm_rule_write(*(given[name] for name in FWM_ARGS[1:])), carried_state(FWM_ARGS[1:]))
+
+
+def test_an_fwm_write_of_one_token_writes_it():
+    """Mutant ``fwm_rule_write`` 3 (``T == 1`` taken for the empty sequence: one token not written)."""
+    given = fwm_args(1)
+    W = fwm_rule_write(given["k"], given["v"], given["beta"], given["W0"])
+    _, expected = fwm_naive(*(given[name] for name in FWM_ARGS))
+    torch.testing.assert_close(W.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_the_fwm_recurrence_layer_norms_with_the_given_eps():
+    """eps = 0.5, far from torch's default 1e-5. Mutant ``fwm_rule_recurrent`` 40 (eps not passed)."""
+    given = fwm_args(T)
+    y, _ = fwm_rule_recurrent(*(given[name] for name in FWM_ARGS), eps=0.5)
+    expected, _ = fwm_naive(*(given[name] for name in FWM_ARGS), eps=0.5)
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_fwm_value_that_overflows_a_chunk_is_scanned_token_by_token_also_under_autograd():
+    """A finite value whose square overflows fp32 in the chunked scan (3e19 in every entry of v at
+    token 3): with gradients recorded, the outputs are those without (token-by-token scan), and the
+    first-order gradients under create_graph=True are those without it, finite before that token.
+    Mutants ``_FlushedScan.forward`` 13 and ``backward`` 3 (the chunk size not passed on: the
+    default, 16, scans the overflowing chunk whole)."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.rand(2, 1, 1, 6, 4, generator=g).unbind(0)
+    v = torch.randn(1, 1, 6, 3, generator=g)
+    v[0, 0, 3] = 3e19
+    beta = torch.ones(1, 1, 6)
+    y_plain, W_plain = fwm_rule_recurrent(q, k, v, beta)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v, beta)]
+    y, W = fwm_rule_recurrent(*inputs)
+    assert torch.equal(y, y_plain) and torch.equal(W, W_plain)
+    loss = y[:, :, :3].sum()
+    first = torch.autograd.grad(loss, inputs, retain_graph=True)
+    graphed = torch.autograd.grad(loss, inputs, create_graph=True)
+    for name, a, b in zip(("q", "k", "v", "beta"), first, graphed, strict=True):
+        assert torch.isfinite(a[:, :, :3]).all() and torch.isfinite(b[:, :, :3]).all(), name
+        torch.testing.assert_close(b[:, :, :3], a[:, :, :3], rtol=1e-6, atol=1e-7, msg=name)
