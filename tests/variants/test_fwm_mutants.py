@@ -91,3 +91,93 @@ def test_an_fwm_value_that_overflows_a_chunk_is_scanned_token_by_token_also_unde
     for name, a, b in zip(("q", "k", "v", "beta"), first, graphed, strict=True):
         assert torch.isfinite(a[:, :, :3]).all() and torch.isfinite(b[:, :, :3]).all(), name
         torch.testing.assert_close(b[:, :, :3], a[:, :, :3], rtol=1e-6, atol=1e-7, msg=name)
+
+
+def token_by_token(q, k, v, beta, W0):
+    """The FWM rule one call per token, the state carried: reads (B, H, T, d_v) and W_T."""
+    reads, W = [], W0
+    for t in range(k.shape[2]):
+        y_t, W = fwm_rule_recurrent(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1],
+                                    beta[:, :, t : t + 1], W)
+        reads.append(y_t)
+    return torch.cat(reads, dim=2), W
+
+
+def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
+    """Equal bit for bit, NaN where NaN, ±inf where ±inf."""
+    assert torch.equal(actual.isnan(), expected.isnan()), what
+    assert torch.equal(actual.nan_to_num(), expected.nan_to_num()), what
+
+
+#: (argument, token, entry, value) planted in the inputs of a 12-token sequence of batch row 0, head 0
+#: (``None`` entry: the whole token); a second plant where a case has two.
+TOKEN_CASES = {
+    # a query so large that q·W0 overflows: only its own read is non-finite, W stays finite, and the
+    # whole scan is redone token by token (mutants ``_scan`` 24, 26: only W checked for overflow)
+    "huge query": [("q", 5, None, 3e38)],
+    # a key whose products overflow mid-chunk: token by token, not in chunks of 2 (mutant ``_scan`` 40)
+    "huge key": [("k", 10, None, 1e23)],
+    # a NaN query, then a value that overflows: the reads from the NaN on come from a token-by-token
+    # scan of the inputs as given (mutant ``_scan`` 97: chunks of 2)
+    "NaN query, then a huge value": [("q", 0, 0, float("nan")), ("v", 4, None, 1e29)],
+    # a NaN at the last token reaches the final state (mutant ``_scan`` 106: the state of the
+    # sequences reached before the last token)
+    "NaN value at the last token": [("v", 11, 2, float("nan"))],
+}
+
+
+@pytest.mark.parametrize("case", TOKEN_CASES)
+@pytest.mark.parametrize("carried", [False, True])
+def test_fwm_reads_and_state_equal_a_token_by_token_pass(case, carried):
+    """Bit for bit where the kernel scans token by token (the whole sequence after an overflow;
+    from the first NaN on in the sequence that holds it), to fp32 rounding elsewhere; non-finite
+    exactly where the token-by-token pass is."""
+    g = torch.Generator().manual_seed(6)
+    given = {"q": torch.rand(1, 2, 12, D_DOT, generator=g), "k": torch.rand(1, 2, 12, D_DOT, generator=g),
+             "v": torch.randn(1, 2, 12, D_V, generator=g), "beta": torch.rand(1, 2, 12, generator=g),
+             "W0": 0.3 * torch.randn(1, 2, D_V, D_DOT, generator=g) if carried else None}
+    exact = torch.ones(1, 2, 12, dtype=torch.bool)
+    for name, t, entry, value in TOKEN_CASES[case]:
+        given[name][(0, 0, t) if entry is None else (0, 0, t, entry)] = value
+    nans = [t for _, t, _, value in TOKEN_CASES[case] if value != value]
+    if nans:  # the chunked scan of the finite stand-ins gives the tokens before the first NaN
+        exact[:] = False
+        exact[0, 0, min(nans):] = True
+    y, W = fwm_rule_recurrent(*(given[name] for name in FWM_ARGS))
+    y_steps, W_steps = token_by_token(*(given[name] for name in FWM_ARGS))
+    assert_same(y[exact], y_steps[exact], "reads scanned token by token")
+    assert torch.equal(y.isfinite(), y_steps.isfinite())
+    torch.testing.assert_close(y[~exact], y_steps[~exact], rtol=1e-5, atol=1e-5)
+    assert_same(W[0, 0], W_steps[0, 0], "state of the planted sequence")
+    torch.testing.assert_close(W[0, 1], W_steps[0, 1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("where", "value"), [("k", 1e23), ("v", float("nan"))], ids=["huge key", "NaN value"])
+@pytest.mark.parametrize("carried", [False, True])
+def test_an_fwm_write_equals_a_token_by_token_pass(where, value, carried):
+    """A write alone (no reads to check for overflow): the state of the sequence holding the value
+    is the token-by-token pass's, bit for bit. Mutants ``_scan`` 25, 27 (overflow checked only in the
+    reads, which a write has none of), 32 (W0 dropped from the token-by-token rescan), 107 (the
+    missing reads of a write treated as a tensor)."""
+    g = torch.Generator().manual_seed(7)
+    k, v, beta = torch.rand(1, 2, 8, D_DOT, generator=g), torch.randn(1, 2, 8, D_V, generator=g), torch.rand(1, 2, 8, generator=g)
+    W0 = 0.3 * torch.randn(1, 2, D_V, D_DOT, generator=g) if carried else None
+    (k if where == "k" else v)[0, 0, 3] = value
+    W = fwm_rule_write(k, v, beta, W0)
+    _, W_steps = token_by_token(torch.rand(1, 2, 8, D_DOT, generator=g), k, v, beta, W0)
+    assert_same(W[0, 0], W_steps[0, 0], "state of the sequence holding the value")
+    torch.testing.assert_close(W[0, 1], W_steps[0, 1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_fwm_backward_runs_with_denormals_flushed():
+    """The backward of the chunked scan runs with denormals flushed (their arithmetic is tens of times
+    slower on x86), so a gradient of the state of size 1e-39 gives exactly zero gradients. Mutants
+    ``_scan_in_chunks`` 2, 3 (the flushing autograd function skipped when gradients are recorded)."""
+    if not torch.set_flush_denormal(False):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    given = {name: x.requires_grad_() for name, x in fwm_args(T).items() if name != "q"}
+    W = fwm_rule_write(given["k"], given["v"], given["beta"], given["W0"])
+    grads = torch.autograd.grad(W, list(given.values()), torch.full_like(W, 1e-39), retain_graph=True)
+    assert all(torch.equal(grad, torch.zeros_like(grad)) for grad in grads)
+    grads = torch.autograd.grad(W, list(given.values()), torch.full_like(W, 1e-30))  # not denormal: not flushed
+    assert all(grad.abs().max() > 0 for grad in grads)
