@@ -181,3 +181,21 @@ def test_the_fwm_backward_runs_with_denormals_flushed():
     assert all(torch.equal(grad, torch.zeros_like(grad)) for grad in grads)
     grads = torch.autograd.grad(W, list(given.values()), torch.full_like(W, 1e-30))  # not denormal: not flushed
     assert all(grad.abs().max() > 0 for grad in grads)
+
+
+@pytest.mark.parametrize("carried", [False, True])
+def test_the_clean_scan_before_a_nan_falls_back_token_by_token_after_an_overflow(carried):
+    """A NaN query at token 1 and a value at token 4 whose square overflows fp32 (found writing the
+    tests above: read 0 was NaN). The reads before the NaN come from the scan of the finite
+    stand-ins, which holds the huge value too: it must scan token by token as a finite input's scan
+    does, or the overflow reaches read 0 through the chunk's masked products."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.rand(1, 2, 12, D_DOT, generator=g), torch.rand(1, 2, 12, D_DOT, generator=g)
+    v, beta = torch.randn(1, 2, 12, D_V, generator=g), torch.rand(1, 2, 12, generator=g)
+    W0 = 0.3 * torch.randn(1, 2, D_V, D_DOT, generator=g) if carried else None
+    q[0, 0, 1, 0], v[0, 0, 4] = float("nan"), 1e29
+    y, W = fwm_rule_recurrent(q, k, v, beta, W0)
+    y_steps, W_steps = token_by_token(q, k, v, beta, W0)
+    assert torch.isfinite(y[0, 0, 0]).all()
+    assert_same(y[0, 0], y_steps[0, 0], "reads of the sequence holding the NaN")
+    assert_same(W[0, 0], W_steps[0, 0], "its state")
