@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from fwbench.variants import VariantError
-from fwbench.variants.kernels import delta_rule_chunk, delta_rule_read, delta_rule_write_read
+from fwbench.variants.kernels import delta_rule_chunk, delta_rule_read, delta_rule_write_read, sum_rule_chunk
+from fwbench.variants.kernels.fla_dispatch import sum_rule_chunk_dispatch
 
 #: float64 arithmetic agrees with float64 arithmetic to ~1e-15; one rounding to fp32 leaves ~1e-8.
 FLOAT64_TOL = 1e-12
@@ -97,3 +98,17 @@ def test_delta_write_read_refuses_second_order_gradients_with_its_whole_message(
         "write_read: second-order gradients (create_graph=True) are not supported by the delta rule's "
         "fused write-then-read; use read(q, write(k, v, beta)) instead"
     )
+
+
+@pytest.mark.parametrize("chunk_size", [3, 7])
+def test_the_sum_rule_dispatch_without_fla_passes_its_chunk_size_on(chunk_size):
+    """Without fla (CPU) the dispatch is :func:`sum_rule_chunk` with the chunk size given: the same
+    bits, where the default chunk size (32: two chunks of 20 for 40 tokens) rounds otherwise.
+    Mutant ``fla_dispatch.sum_rule_chunk_dispatch`` 35 (the chunk size not passed on)."""
+    g = torch.Generator().manual_seed(5)
+    q, k = (F.elu(torch.randn(2, 2, 40, 6, generator=g)) + 1 for _ in range(2))
+    v = torch.randn(2, 2, 40, 5, generator=g)
+    got = sum_rule_chunk_dispatch(q, k, v, chunk_size=chunk_size)
+    expected = sum_rule_chunk(q, k, v, chunk_size=chunk_size)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert not torch.equal(got[0], sum_rule_chunk(q, k, v)[0])  # the chunk size shows in the bits
