@@ -41,3 +41,19 @@ def test_dpfp_second_derivatives_keep_the_normalisation_and_its_floor(normalize,
     expected = first_and_second(lambda x: paper_dpfp(x, 2, normalize, floor))
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_dpfp_second_order_path_of_an_fp16_input_computes_in_fp32():
+    """fp16 keys near ±200: their features (4e4 each) sum past fp16's largest value (65504), not
+    fp32's. The op computes in fp32, and so must its recomputation under create_graph=True: the
+    first-order gradient it gives equals the fast backward's (both fp32, rounded once to fp16).
+    Mutant ``dpfp_composed`` 4 (the composed features in the input's own dtype: an inf sum, NaN
+    gradients)."""
+    g = torch.Generator().manual_seed(13)
+    x = (200 * torch.randn(2, 3, 4, generator=g).sign() + torch.randn(2, 3, 4, generator=g)).half().requires_grad_()
+    grad = torch.randn(2, 3, 8 * 2, generator=g)
+    (fast,) = torch.autograd.grad(dpfp(x, 2, True), x, grad)
+    (graphed,) = torch.autograd.grad(dpfp(x, 2, True), x, grad, create_graph=True)
+    assert fast.dtype == graphed.dtype == torch.float16
+    assert torch.isfinite(graphed).all()
+    torch.testing.assert_close(graphed, fast, rtol=2e-3, atol=1e-6)
