@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from fwbench.variants import VariantError
 from fwbench.variants.kernels import delta_rule_chunk, delta_rule_read, delta_rule_write_read, sum_rule_chunk
+from fwbench.variants.kernels.chunking import chunk_length, split_chunks
 from fwbench.variants.kernels.fla_dispatch import sum_rule_chunk_dispatch
 
 #: float64 arithmetic agrees with float64 arithmetic to ~1e-15; one rounding to fp32 leaves ~1e-8.
@@ -112,3 +113,28 @@ def test_the_sum_rule_dispatch_without_fla_passes_its_chunk_size_on(chunk_size):
     expected = sum_rule_chunk(q, k, v, chunk_size=chunk_size)
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
     assert not torch.equal(got[0], sum_rule_chunk(q, k, v)[0])  # the chunk size shows in the bits
+
+
+@pytest.mark.parametrize(("T", "chunk_size", "C"), [(120, 32, 30), (40, 32, 20), (33, 32, 17), (5, 32, 5),
+                                                    (64, 32, 32), (1, 1, 1), (7, 3, 3)])
+def test_chunk_length_balances_the_chunks(T, chunk_size, C):
+    """C = ⌈T / N⌉ with N = ⌈T / chunk_size⌉, worked by hand (the chunking module's mutants had not
+    run when this was written: its integer divisions and signs)."""
+    assert chunk_length(T, chunk_size) == C
+
+
+def test_split_chunks_pads_the_tail_with_zeros_in_the_compute_dtype():
+    """7 tokens in chunks of at most 3: 3 chunks of 3, two zero rows of padding; d = 5 differs from
+    B, H and T so that a size read from the wrong axis shows. The dtype: the widest of the tensors
+    and fp32, or the one given."""
+    g = torch.Generator().manual_seed(2)
+    x, y = torch.randn(2, 3, 7, 5, generator=g), torch.randn(2, 3, 7, 1, generator=g, dtype=torch.float64)
+    (chunks,) = split_chunks([x], 3)
+    assert chunks.shape == (2, 3, 3, 3, 5) and chunks.dtype == torch.float32
+    flat = chunks.reshape(2, 3, 9, 5)
+    assert torch.equal(flat[:, :, :7], x) and torch.equal(flat[:, :, 7:], torch.zeros(2, 3, 2, 5))
+    (half,) = split_chunks([x.bfloat16()], 3)
+    assert half.dtype == torch.float32 and torch.equal(half, split_chunks([x.bfloat16().float()], 3)[0])
+    xs, ys = split_chunks([x, y], 4)
+    assert xs.dtype == ys.dtype == torch.float64 and xs.shape == (2, 3, 2, 4, 5) and ys.shape == (2, 3, 2, 4, 1)
+    assert split_chunks([x], 3, torch.float64)[0].dtype == torch.float64
