@@ -18,7 +18,15 @@ import torch
 import torch.nn.functional as F
 
 from fwbench.variants import VariantError
-from fwbench.variants.kernels import delta_rule_chunk, delta_rule_read, delta_rule_write_read, sum_rule_chunk
+from fwbench.variants.kernels import (
+    delta_rule_chunk,
+    delta_rule_parallel,
+    delta_rule_read,
+    delta_rule_recurrent,
+    delta_rule_write_read,
+    sum_rule_chunk,
+    sum_rule_recurrent,
+)
 from fwbench.variants.kernels.chunking import chunk_length, split_chunks
 from fwbench.variants.kernels.fla_dispatch import sum_rule_chunk_dispatch
 
@@ -138,3 +146,36 @@ def test_split_chunks_pads_the_tail_with_zeros_in_the_compute_dtype():
     xs, ys = split_chunks([x, y], 4)
     assert xs.dtype == ys.dtype == torch.float64 and xs.shape == (2, 3, 2, 4, 5) and ys.shape == (2, 3, 2, 4, 1)
     assert split_chunks([x], 3, torch.float64)[0].dtype == torch.float64
+
+
+@pytest.mark.parametrize("wide", [None, "q", "k", "v", "W0", "z0"])
+def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_the_compute_dtype(wide):
+    """T = 0: the state is W0 (z0) cast to the compute dtype (zeros without), y empty in v's dtype.
+    Mutant ``sum_rule.sum_rule_recurrent`` 18 (the initial state in dtype None: W0 kept in its own
+    dtype); ``delta_rule.delta_rule_parallel`` 21 (T = 0 taken down the general path)."""
+    g = torch.Generator().manual_seed(4)
+    given = {"q": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
+             "k": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
+             "v": torch.randn(2, 2, 0, 3, generator=g, dtype=torch.float64),
+             "beta": torch.rand(2, 2, 0, generator=g, dtype=torch.float64),
+             "W0": torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64),
+             "z0": torch.rand(2, 2, 4, generator=g, dtype=torch.float64)}
+    given = {name: x if name == wide else x.float() for name, x in given.items()}
+    dtype = torch.float32 if wide is None else torch.float64
+    y, W, z = sum_rule_recurrent(given["q"], given["k"], given["v"], given["W0"], given["z0"])
+    assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
+    assert W.dtype == z.dtype == dtype
+    assert torch.equal(W, given["W0"].to(dtype)) and torch.equal(z, given["z0"].to(dtype))
+    for form in (delta_rule_parallel, delta_rule_recurrent):
+        y, W = form(given["q"], given["k"], given["v"], given["beta"], given["W0"] if wide != "z0" else None)
+        expected = given["W0"].to(dtype) if wide != "z0" else torch.zeros(2, 2, 3, 4)
+        assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
+        assert W.dtype == expected.dtype and torch.equal(W, expected), form.__name__
+
+
+def test_the_sum_recurrence_refuses_queries_keys_and_values_of_different_lengths():
+    """Mutants ``sum_rule.sum_rule_recurrent`` 28, 32, 42 (``zip(strict=True)`` relaxed: the longer
+    sequences silently cut to the shortest)."""
+    q, k, v = torch.rand(1, 1, 5, 4), torch.rand(1, 1, 6, 4), torch.randn(1, 1, 6, 3)
+    with pytest.raises(ValueError, match="zip"):
+        sum_rule_recurrent(q, k, v)
