@@ -17,16 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fwbench.variants import VariantError
-from fwbench.variants.kernels import (
-    delta_rule_chunk,
-    delta_rule_parallel,
-    delta_rule_read,
-    delta_rule_recurrent,
-    delta_rule_write_read,
-    sum_rule_chunk,
-    sum_rule_recurrent,
-)
+from fwbench.variants import VariantError, kernels
 from fwbench.variants.kernels.chunking import chunk_length, split_chunks
 from fwbench.variants.kernels.fla_dispatch import sum_rule_chunk_dispatch
 
@@ -60,8 +51,8 @@ def delta_inputs(wide: str | None, *, T: int = 10, T_q: int = 2, d_dot: int = 4,
 def reference_delta_gradients(given: dict, grad_y: torch.Tensor, names=DELTA_ARGS) -> tuple[torch.Tensor, ...]:
     """Plain autograd through the chunkwise write and the read, all in float64."""
     wide = {name: x.detach().double().requires_grad_(name in names) for name, x in given.items()}
-    _, W = delta_rule_chunk(None, wide["k"], wide["v"], wide["beta"], wide["W0"], chunk_size=3)
-    y = delta_rule_read(wide["q"], W)
+    _, W = kernels.delta_rule_chunk(None, wide["k"], wide["v"], wide["beta"], wide["W0"], chunk_size=3)
+    y = kernels.delta_rule_read(wide["q"], W)
     return torch.autograd.grad(y, [wide[name] for name in names], grad_y.double())
 
 
@@ -70,7 +61,7 @@ def test_delta_write_read_gradients_come_back_in_their_inputs_dtypes(wide):
     """Mutants ``_DeltaWriteRead.backward`` 119, 210, 225, 245 (a gradient cast to another input's
     dtype: q's to k's, k's to v's, β's to W0's, v's to β's)."""
     given = {name: x.requires_grad_() for name, x in delta_inputs(wide).items()}
-    y = delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
+    y = kernels.delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
     assert y.dtype == torch.float64
     grad_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     grads = torch.autograd.grad(y, [given[name] for name in DELTA_ARGS], grad_y)
@@ -89,7 +80,7 @@ def test_delta_write_read_gives_the_gradient_of_one_input_alone(name):
     broadcast rank-1 terms of the key gradient, right only for one query, taken for two)."""
     given = delta_inputs(None)
     given[name].requires_grad_()
-    y = delta_rule_write_read(*(given[arg] for arg in DELTA_ARGS), chunk_size=4)
+    y = kernels.delta_rule_write_read(*(given[arg] for arg in DELTA_ARGS), chunk_size=4)
     grad_y = torch.randn(y.shape, generator=torch.Generator().manual_seed(8))
     (grad,) = torch.autograd.grad(y, given[name], grad_y)
     (expected,) = reference_delta_gradients(given, grad_y, (name,))
@@ -100,7 +91,7 @@ def test_delta_write_read_gives_the_gradient_of_one_input_alone(name):
 def test_delta_write_read_refuses_second_order_gradients_with_its_whole_message():
     """Mutants ``_DeltaWriteRead.backward`` 2, 3, 5, 6 (the error's text changed)."""
     given = {name: x.requires_grad_() for name, x in delta_inputs(None).items()}
-    y = delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
+    y = kernels.delta_rule_write_read(*(given[name] for name in DELTA_ARGS), chunk_size=4)
     with pytest.raises(VariantError) as raised:
         torch.autograd.grad(y.sum(), given["k"], create_graph=True)
     assert str(raised.value) == (
@@ -118,9 +109,9 @@ def test_the_sum_rule_dispatch_without_fla_passes_its_chunk_size_on(chunk_size):
     q, k = (F.elu(torch.randn(2, 2, 40, 6, generator=g)) + 1 for _ in range(2))
     v = torch.randn(2, 2, 40, 5, generator=g)
     got = sum_rule_chunk_dispatch(q, k, v, chunk_size=chunk_size)
-    expected = sum_rule_chunk(q, k, v, chunk_size=chunk_size)
+    expected = kernels.sum_rule_chunk(q, k, v, chunk_size=chunk_size)
     assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-    assert not torch.equal(got[0], sum_rule_chunk(q, k, v)[0])  # the chunk size shows in the bits
+    assert not torch.equal(got[0], kernels.sum_rule_chunk(q, k, v)[0])  # the chunk size shows in the bits
 
 
 @pytest.mark.parametrize(("T", "chunk_size", "C"), [(120, 32, 30), (40, 32, 20), (33, 32, 17), (5, 32, 5),
@@ -162,11 +153,11 @@ def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_th
              "z0": torch.rand(2, 2, 4, generator=g, dtype=torch.float64)}
     given = {name: x if name == wide else x.float() for name, x in given.items()}
     dtype = torch.float32 if wide is None else torch.float64
-    y, W, z = sum_rule_recurrent(given["q"], given["k"], given["v"], given["W0"], given["z0"])
+    y, W, z = kernels.sum_rule_recurrent(given["q"], given["k"], given["v"], given["W0"], given["z0"])
     assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
     assert W.dtype == z.dtype == dtype
     assert torch.equal(W, given["W0"].to(dtype)) and torch.equal(z, given["z0"].to(dtype))
-    for form in (delta_rule_parallel, delta_rule_recurrent):
+    for form in (kernels.delta_rule_parallel, kernels.delta_rule_recurrent):
         y, W = form(given["q"], given["k"], given["v"], given["beta"], given["W0"] if wide != "z0" else None)
         expected = given["W0"].to(dtype) if wide != "z0" else torch.zeros(2, 2, 3, 4)
         assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
@@ -178,4 +169,4 @@ def test_the_sum_recurrence_refuses_queries_keys_and_values_of_different_lengths
     sequences silently cut to the shortest)."""
     q, k, v = torch.rand(1, 1, 5, 4), torch.rand(1, 1, 6, 4), torch.randn(1, 1, 6, 3)
     with pytest.raises(ValueError, match="zip"):
-        sum_rule_recurrent(q, k, v)
+        kernels.sum_rule_recurrent(q, k, v)
