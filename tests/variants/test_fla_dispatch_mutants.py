@@ -40,6 +40,26 @@ def test_each_decision_gives_its_whole_reason(on_cpu, monkeypatch, rule, inputs,
     assert decision == (backend, reason)
 
 
+@pytest.mark.parametrize(("q_dtype", "k_dtype", "backend"), [
+    (torch.bfloat16, torch.float16, "ours"),   # a key in neither v's dtype nor fp32
+    (torch.float16, torch.bfloat16, "ours"),   # a query in neither
+    (torch.bfloat16, torch.float32, "fla"),    # each in v's dtype or fp32: fla casts both to v's
+    (torch.float32, torch.bfloat16, "fla"),
+])
+def test_queries_and_keys_are_each_checked_against_v_dtype_and_fp32(on_cpu, q_dtype, k_dtype, backend):  # noqa: F811
+    """v in bf16. Mutants ``decide`` 33, 34 (``or`` → ``and`` between the query's and the key's
+    checks) and 38 (the rule for unequal q and k dtypes applied to 16-bit v instead of fp32 v)."""
+    q, _, v = _tensors(torch.bfloat16, phi_dtype=q_dtype)
+    _, k, _ = _tensors(torch.bfloat16, phi_dtype=k_dtype)
+    assert fla_dispatch.decide("sum", q, k, v).backend == backend
+
+
+@pytest.mark.parametrize(("d_v", "backend"), [(9, "ours"), (4, "fla"), (8, "fla")])
+def test_an_odd_value_size_in_16_bit_stays_with_ours(on_cpu, d_v, backend):  # noqa: F811
+    """Mutant ``decide`` 100 (``d_v % 3`` for ``d_v % 2``: 9 passes, 4 is refused)."""
+    assert fla_dispatch.decide("sum", *_tensors(torch.bfloat16, d_v=d_v)).backend == backend
+
+
 def test_the_decisions_before_fla_is_asked_give_their_whole_reasons(monkeypatch):
     monkeypatch.setattr(fla_dispatch, "_enabled", False)
     assert fla_dispatch.decide("sum", *_tensors(torch.bfloat16)) == (
