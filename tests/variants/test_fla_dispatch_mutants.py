@@ -10,7 +10,7 @@ import torch
 from test_fla_dispatch import _tensors, on_cpu  # noqa: F401 (on_cpu is a fixture)
 
 from fwbench.variants import VariantError
-from fwbench.variants.kernels import fla_dispatch
+from fwbench.variants.kernels import delta_rule_chunk, fla_dispatch
 
 
 @pytest.mark.parametrize(("rule", "inputs", "tf32", "backend", "reason"), [
@@ -58,6 +58,21 @@ def test_queries_and_keys_are_each_checked_against_v_dtype_and_fp32(on_cpu, q_dt
 def test_an_odd_value_size_in_16_bit_stays_with_ours(on_cpu, d_v, backend):  # noqa: F811
     """Mutant ``decide`` 100 (``d_v % 3`` for ``d_v % 2``: 9 passes, 4 is refused)."""
     assert fla_dispatch.decide("sum", *_tensors(torch.bfloat16, d_v=d_v)).backend == backend
+
+
+@pytest.mark.parametrize(("dtype", "d_dot"), [(torch.float32, 8), (torch.bfloat16, 384)])
+def test_the_delta_dispatch_asks_for_the_delta_rule(on_cpu, monkeypatch, dtype, d_dot):  # noqa: F811
+    """fp32 with TF32 allowed, or d_dot 384 in bf16: fla would take the sum rule's call, not the delta
+    rule's, which stays with ours (the same bits as :func:`delta_rule_chunk`). Mutants
+    ``delta_rule_chunk_dispatch`` 1, 9, 10 (the rule passed to ``decide`` as None, ``"XXdeltaXX"``,
+    ``"DELTA"``: read as the sum rule)."""
+    monkeypatch.setattr(fla_dispatch, "tf32_allowed", lambda: True)
+    q, k, v = (x.to(dtype) for x in _tensors(torch.float32, d_dot=d_dot))
+    beta = torch.full(q.shape[:3], 0.5, dtype=dtype)
+    y, W = fla_dispatch.delta_rule_chunk_dispatch(q / d_dot, k / d_dot, v, beta)
+    assert on_cpu.calls == {"sum": 0, "delta": 0}
+    y_ours, W_ours = delta_rule_chunk(q / d_dot, k / d_dot, v, beta)
+    assert torch.equal(y, y_ours) and torch.equal(W, W_ours)
 
 
 def test_the_decisions_before_fla_is_asked_give_their_whole_reasons(monkeypatch):
