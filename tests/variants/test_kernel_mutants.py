@@ -139,11 +139,12 @@ def test_split_chunks_pads_the_tail_with_zeros_in_the_compute_dtype():
     assert split_chunks([x], 3, torch.float64)[0].dtype == torch.float64
 
 
-@pytest.mark.parametrize("wide", [None, "q", "k", "v", "W0", "z0"])
+@pytest.mark.parametrize("wide", [None, "q", "k", "v", "beta", "W0", "z0"])
 def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_the_compute_dtype(wide):
     """T = 0: the state is W0 (z0) cast to the compute dtype (zeros without), y empty in v's dtype.
-    Mutant ``sum_rule.sum_rule_recurrent`` 18 (the initial state in dtype None: W0 kept in its own
-    dtype); ``delta_rule.delta_rule_parallel`` 21 (T = 0 taken down the general path)."""
+    Mutants ``sum_rule.sum_rule_recurrent`` 18 (the initial state in dtype None: W0 kept in its own
+    dtype), ``delta_rule._initial_state`` 7, 12 (zeros in k's dtype); ``delta_rule.delta_rule_parallel``
+    21 (T = 0 taken down the general path) survives it: that path gives the same."""
     g = torch.Generator().manual_seed(4)
     given = {"q": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
              "k": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
@@ -152,21 +153,26 @@ def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_th
              "W0": torch.randn(2, 2, 3, 4, generator=g, dtype=torch.float64),
              "z0": torch.rand(2, 2, 4, generator=g, dtype=torch.float64)}
     given = {name: x if name == wide else x.float() for name, x in given.items()}
-    dtype = torch.float32 if wide is None else torch.float64
+    dtype = torch.float64 if wide in ("q", "k", "v", "W0", "z0") else torch.float32
     y, W, z = kernels.sum_rule_recurrent(given["q"], given["k"], given["v"], given["W0"], given["z0"])
     assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
     assert W.dtype == z.dtype == dtype
     assert torch.equal(W, given["W0"].to(dtype)) and torch.equal(z, given["z0"].to(dtype))
     for form in (kernels.delta_rule_parallel, kernels.delta_rule_recurrent):
-        y, W = form(given["q"], given["k"], given["v"], given["beta"], given["W0"] if wide != "z0" else None)
-        expected = given["W0"].to(dtype) if wide != "z0" else torch.zeros(2, 2, 3, 4)
+        y, W = form(given["q"], given["k"], given["v"], given["beta"], given["W0"])
         assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
+        delta_dtype = torch.float64 if wide in ("q", "k", "v", "beta", "W0") else torch.float32
+        assert W.dtype == delta_dtype and torch.equal(W, given["W0"].to(delta_dtype)), form.__name__
+        _, W = form(given["q"], given["k"], given["v"], given["beta"])  # zeros, in the compute dtype of the rest
+        expected = torch.zeros(2, 2, 3, 4, dtype=torch.float64 if wide in ("q", "k", "v", "beta") else torch.float32)
         assert W.dtype == expected.dtype and torch.equal(W, expected), form.__name__
 
 
-def test_the_sum_recurrence_refuses_queries_keys_and_values_of_different_lengths():
-    """Mutants ``sum_rule.sum_rule_recurrent`` 28, 32, 42 (``zip(strict=True)`` relaxed: the longer
-    sequences silently cut to the shortest)."""
+def test_the_recurrences_refuse_queries_keys_and_values_of_different_lengths():
+    """Mutants ``sum_rule.sum_rule_recurrent`` 28, 32, 42 and ``delta_rule.delta_rule_recurrent`` 23,
+    25, 29 (``zip(strict=True)`` relaxed: the longer sequences silently cut to the shortest)."""
     q, k, v = torch.rand(1, 1, 5, 4), torch.rand(1, 1, 6, 4), torch.randn(1, 1, 6, 3)
     with pytest.raises(ValueError, match="zip"):
         kernels.sum_rule_recurrent(q, k, v)
+    with pytest.raises(ValueError, match="zip"):
+        kernels.delta_rule_recurrent(q, k, v, torch.rand(1, 1, 6))
