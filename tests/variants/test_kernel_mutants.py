@@ -143,8 +143,9 @@ def test_split_chunks_pads_the_tail_with_zeros_in_the_compute_dtype():
 def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_the_compute_dtype(wide):
     """T = 0: the state is W0 (z0) cast to the compute dtype (zeros without), y empty in v's dtype.
     Mutants ``sum_rule.sum_rule_recurrent`` 18 (the initial state in dtype None: W0 kept in its own
-    dtype), ``delta_rule._initial_state`` 7, 12 (zeros in k's dtype); ``delta_rule.delta_rule_parallel``
-    21 (T = 0 taken down the general path) survives it: that path gives the same."""
+    dtype), ``delta_rule._initial_state`` 7, 12 (zeros in k's dtype), ``delta_rule.delta_rule_chunk``'s
+    T = 0 branch (a write's reads not None, the state's dtype); ``delta_rule.delta_rule_parallel`` 21
+    (T = 0 taken down the general path) survives it: that path gives the same."""
     g = torch.Generator().manual_seed(4)
     given = {"q": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
              "k": torch.rand(2, 2, 0, 4, generator=g, dtype=torch.float64),
@@ -158,7 +159,10 @@ def test_the_sum_and_delta_recurrences_of_an_empty_sequence_keep_the_state_in_th
     assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
     assert W.dtype == z.dtype == dtype
     assert torch.equal(W, given["W0"].to(dtype)) and torch.equal(z, given["z0"].to(dtype))
-    for form in (kernels.delta_rule_parallel, kernels.delta_rule_recurrent):
+    chunk_write = kernels.delta_rule_chunk(None, given["k"], given["v"], given["beta"], given["W0"])
+    assert chunk_write[0] is None and torch.equal(chunk_write[1], given["W0"].to(torch.float64 if wide in (
+        "k", "v", "beta", "W0") else torch.float32))  # a write: no reads, and q has no say in the dtype
+    for form in (kernels.delta_rule_parallel, kernels.delta_rule_recurrent, kernels.delta_rule_chunk):
         y, W = form(given["q"], given["k"], given["v"], given["beta"], given["W0"])
         assert y.shape == (2, 2, 0, 3) and y.dtype == given["v"].dtype
         delta_dtype = torch.float64 if wide in ("q", "k", "v", "beta", "W0") else torch.float32
