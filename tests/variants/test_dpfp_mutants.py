@@ -57,3 +57,17 @@ def test_dpfp_second_order_path_of_an_fp16_input_computes_in_fp32():
     assert fast.dtype == graphed.dtype == torch.float16
     assert torch.isfinite(graphed).all()
     torch.testing.assert_close(graphed, fast, rtol=2e-3, atol=1e-6)
+
+
+def test_a_feature_sum_exactly_at_the_floor_is_differentiated_as_torch_clamp_does():
+    """x = (1, 1) and (0.5, 2) with ν = 1 have Σφ = 1 exactly; with floor 1 the division is by Σφ
+    itself as far as the gradient goes (``clamp(min=floor)`` passes the gradient at equality), so
+    φ̂ = φ / Σφ is scale-free and the gradient is 0. Mutant ``_DPFP.forward`` 43 (``<=`` for ``<``:
+    those rows treated as divided by a constant)."""
+    x = torch.tensor([[1.0, 1.0], [0.5, 2.0]], dtype=torch.float64, requires_grad=True)
+    grad = torch.tensor([[0.3, -1.0, 0.7, 0.2], [1.0, 0.5, -0.5, 2.0]], dtype=torch.float64)
+    assert torch.equal(paper_dpfp(x, 1, False, 0.0).sum(-1), torch.ones(2, dtype=torch.float64))
+    (got,) = torch.autograd.grad(dpfp(x, 1, True, 1.0), x, grad)
+    (expected,) = torch.autograd.grad(paper_dpfp(x, 1, True, 1.0), x, grad)
+    assert torch.equal(expected, torch.zeros_like(x))
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-15)
