@@ -180,3 +180,14 @@ def test_the_recurrences_refuse_queries_keys_and_values_of_different_lengths():
         kernels.sum_rule_recurrent(q, k, v)
     with pytest.raises(ValueError, match="zip"):
         kernels.delta_rule_recurrent(q, k, v, torch.rand(1, 1, 6))
+
+
+@pytest.mark.parametrize("with_reads", [True, False])
+def test_the_delta_chunk_form_leaves_the_callers_state_unchanged(with_reads):
+    """Without autograd the chunk scan updates its state in place, on a copy: W0 is left as given.
+    Mutant ``delta_rule._chunk_scan`` 66 (the copy made only when recording)."""
+    given = delta_inputs(None, T=9, T_q=9)
+    W0 = given["W0"].clone()
+    with torch.no_grad():
+        kernels.delta_rule_chunk(given["q"] if with_reads else None, given["k"], given["v"], given["beta"], W0, chunk_size=4)
+    assert torch.equal(W0, given["W0"])
