@@ -191,3 +191,15 @@ def test_the_delta_chunk_form_leaves_the_callers_state_unchanged(with_reads):
     with torch.no_grad():
         kernels.delta_rule_chunk(given["q"] if with_reads else None, given["k"], given["v"], given["beta"], W0, chunk_size=4)
     assert torch.equal(W0, given["W0"])
+
+
+def test_the_delta_chunk_forms_rescan_after_an_overflow_keeps_the_carried_state():
+    """A key of 1e20 at token 5 is finite, but K Kᵀ overflows fp32, so the chunk form scans again
+    with the masked product: from W0 still. The reads before that token are the recurrence's.
+    Mutant ``delta_rule.delta_rule_chunk`` 62 (W0 dropped from the rescan)."""
+    given = delta_inputs(None, T=9, T_q=9)
+    given["k"][0, 1, 5] = 1e20
+    y, _ = kernels.delta_rule_chunk(given["q"], given["k"], given["v"], given["beta"], given["W0"], chunk_size=4)
+    expected, _ = kernels.delta_rule_recurrent(given["q"], given["k"], given["v"], given["beta"], given["W0"])
+    torch.testing.assert_close(y[:, :, :5], expected[:, :, :5], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y[1], expected[1], rtol=1e-5, atol=1e-6)
