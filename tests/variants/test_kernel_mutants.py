@@ -194,12 +194,14 @@ def test_the_delta_chunk_form_leaves_the_callers_state_unchanged(with_reads):
 
 
 def test_the_delta_chunk_forms_rescan_after_an_overflow_keeps_the_carried_state():
-    """A key of 1e20 at token 5 is finite, but K Kᵀ overflows fp32, so the chunk form scans again
-    with the masked product: from W0 still. The reads before that token are the recurrence's.
-    Mutant ``delta_rule.delta_rule_chunk`` 62 (W0 dropped from the rescan)."""
+    """A key of 1e20 at token 4 is finite, but products with it overflow fp32 inside its chunk
+    (tokens 3–5), and the plain product's zeros carry them back to token 3; the chunk form then scans
+    again with the masked product, from W0 still. The reads before that token are the recurrence's.
+    Mutants ``delta_rule.delta_rule_chunk`` 54–56 (the rescan skipped) and 57–66 (the rescan without
+    W0, or broken)."""
     given = delta_inputs(None, T=9, T_q=9)
-    given["k"][0, 1, 5] = 1e20
+    given["k"][0, 1, 4] = 1e20
     y, _ = kernels.delta_rule_chunk(given["q"], given["k"], given["v"], given["beta"], given["W0"], chunk_size=4)
     expected, _ = kernels.delta_rule_recurrent(given["q"], given["k"], given["v"], given["beta"], given["W0"])
-    torch.testing.assert_close(y[:, :, :5], expected[:, :, :5], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(y[:, :, :4], expected[:, :, :4], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(y[1], expected[1], rtol=1e-5, atol=1e-6)
