@@ -196,6 +196,16 @@ def _reached_by_non_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor,
     return bad.cumsum(dim=-1) > 0
 
 
+def _scan_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
+    """:func:`_scan` on finite inputs: in chunks, or token by token where a chunk overflows."""
+    reads, W = _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
+    if all_finite(reads, W):
+        return reads, W
+    # finite inputs, yet a product overflowed inside a chunk (a value near 1e19 squares past fp32's
+    # range): 0·inf would carry it back to earlier reads, so scan token by token, as the recurrence
+    return _scan_in_chunks(q, k, v, beta, W0, 1)
+
+
 def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
     """All writes (and reads) on (B, H, T, ·) inputs, with denormals flushed (see
     :func:`denormals_flushed`). Returns (raw reads W_t q_t (B, H, T, d_v) or None; W_T (B, H, d_v, d_dot)).
@@ -206,20 +216,16 @@ def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | Non
     same chunked scan with the non-finite values read as 0 (the same chunks and shapes as without
     them: the same numbers), and from the first token that holds one they are those of a scan one
     token per chunk on the inputs as given (as the token-by-token recurrence). Finite inputs whose
-    chunked scan overflows are scanned one token per chunk throughout."""
+    chunked scan overflows are scanned one token per chunk throughout (also the finite stand-ins:
+    a huge value after a NaN must not reach the reads before the NaN)."""
     if all_finite(q, k, v, beta, W0):
-        reads, W = _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
-        if all_finite(reads, W):
-            return reads, W
-        # finite inputs, yet a product overflowed inside a chunk (a value near 1e19 squares past fp32's
-        # range): 0·inf would carry it back to earlier reads, so scan token by token, as the recurrence
-        return _scan_in_chunks(q, k, v, beta, W0, 1)
+        return _scan_finite(q, k, v, beta, W0)
     reached = _reached_by_non_finite(q, k, v, beta, W0)
 
     def finite(x: Tensor | None) -> Tensor | None:
         return None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
-    reads_clean, W_clean = _scan_in_chunks(finite(q), finite(k), finite(v), finite(beta), finite(W0), FWM_CHUNK_SIZE)
+    reads_clean, W_clean = _scan_finite(finite(q), finite(k), finite(v), finite(beta), finite(W0))
     reads_given, W_given = _scan_in_chunks(q, k, v, beta, W0, 1)
     W = torch.where(reached[..., -1, None, None], W_given, W_clean)
     return (None if q is None else torch.where(reached[..., None], reads_given, reads_clean)), W
