@@ -1176,6 +1176,23 @@ def _(ctx):
     return cli(ctx, "run", "", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C108")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    answer = cli(ctx, "probe", "--trials", "99999999999999", "--out", "out")
+    assert cli(ctx, "probe", "--d-key", "100000000", "--out", "out").startswith(
+        "exit 2: fwbench: error: --d-key, --trials: got 100000000, 4; expected smaller values")
+    assert not list(ctx.tmp_path.iterdir())  # refused before the output directory is made
+    return answer
+
+
+@row("C109")
+def _(ctx):
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

@@ -180,11 +180,16 @@ def check_ray_resources(options: LaunchOptions) -> None:
     """Refuse Ray resources that Ray itself answers with a traceback, a crash or a hang: CPUs per run
     that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
     outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
-    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum.
+    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum;
+    and an empty ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as no address
+    and silently ran every run on a Ray instance started on this machine instead of the cluster.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
     """
+    if options.ray_address == "":
+        raise FwbenchError("--ray-address: got ''; expected a Ray cluster address such as auto or HOST:6379 (leave "
+                           "the option out to use $RAY_ADDRESS or start a local instance)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(
