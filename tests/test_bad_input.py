@@ -930,6 +930,12 @@ def _(ctx):
     return f"no error: gradgradcheck {checked} (every variant and form: tests/variants/test_double_backward.py)"
 
 
+@row("L82")
+def _(ctx):
+    assert variants.build_attention("favor:m=65536", d_key=D_KEY).d_dot == 2 * 65536  # the largest accepted
+    return raised(VariantError, variants.build_attention, "favor:m=9223372036854775807", d_key=D_KEY)
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""
