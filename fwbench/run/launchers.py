@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fwbench.errors import FwbenchError
-from fwbench.run.environment import apply_run_settings, resolve_device, run_settings
+from fwbench.run.environment import apply_run_settings, portable_argv, resolve_device, run_settings
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
@@ -259,7 +259,7 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             done, _ = ray.wait(list(pending), num_returns=1)
             spec = pending.pop(done[0])
             try:
-                yield ray.get(done[0])
+                yield with_driver_argv(ray.get(done[0]))
             except Exception as exc:  # the worker process died (OOM, node lost)
                 yield failed_record(spec, exc)
     finally:
@@ -267,6 +267,18 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
+
+
+def with_driver_argv(record: dict, argv: list[str] | None = None) -> dict:
+    """``record`` with its ``environment.argv`` set to the command line of this (the driver's) process,
+    ``argv`` or ``sys.argv[1:]``, made portable. A Ray worker's own argv is Ray's
+    (``--node-ip-address=…``, ``--raylet-name=/tmp/ray/session_…``): recorded as it was, the record
+    of a Ray run said nothing of the command that asked for it. (Local worker processes are started
+    with spawn, which gives them the parent's ``sys.argv``.) A record without an environment (a
+    failed run) is returned as it is."""
+    if "environment" in record:
+        record["environment"]["argv"] = portable_argv(sys.argv[1:] if argv is None else argv)
+    return record
 
 
 def launch(specs: list[RunSpec], options: LaunchOptions, on_progress) -> Iterator[dict]:
