@@ -220,6 +220,26 @@ def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> 
     print(f"probe written to {csv} and {figure} ({seconds:.1f} s)", flush=True)
 
 
+def _check_probe_fits(d_key: int, trials: int) -> None:
+    """Refuse a probe whose tensors cannot fit in this machine's memory: ``--trials 10**14`` or
+    ``--d-key 10**8`` raised an allocation traceback ("DefaultCPUAllocator: can't allocate memory")
+    after the output directory was made.
+
+    Raises:
+        FwbenchError: :func:`~fwbench.report.probe.probe_bytes` exceeds the physical memory.
+    """
+    import torch
+
+    from fwbench.bench.suite import device_memory_bytes
+    from fwbench.report.probe import probe_bytes
+
+    needed, held = probe_bytes(d_key, trials), device_memory_bytes(torch.device("cpu"))
+    if needed > held:
+        raise FwbenchError(f"--d-key, --trials: got {d_key}, {trials}; expected smaller values (the probe's keys, "
+                           f"features and values, at least {needed / 2**30:.3g} GiB in fp32, would not fit in this "
+                           f"machine's {held / 2**30:.3g} GiB of memory)")
+
+
 def _cmd_probe(args: argparse.Namespace) -> int:
     import torch
 
@@ -227,6 +247,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
     if not 0 <= args.seed < 2**63:  # the range of torch's seeds, as fwbench run and sample accept
         raise FwbenchError(f"--seed: got {args.seed}; expected an integer in [0, 2**63)")
+    _check_probe_fits(args.d_key, args.trials)
     torch.set_num_threads(1)
     _write_probe(_make_out_dir(args.out), args.d_key, args.trials, args.seed)
     return 0

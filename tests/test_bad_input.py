@@ -930,6 +930,12 @@ def _(ctx):
     return f"no error: gradgradcheck {checked} (every variant and form: tests/variants/test_double_backward.py)"
 
 
+@row("L82")
+def _(ctx):
+    assert variants.build_attention("favor:m=65536", d_key=D_KEY).d_dot == 2 * 65536  # the largest accepted
+    return raised(VariantError, variants.build_attention, "favor:m=9223372036854775807", d_key=D_KEY)
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""
@@ -1174,6 +1180,23 @@ def _(ctx):
         f"exit 2: fwbench: error: grid: {str(ctx.tmp_path / 'grids.toml')!r} is a directory; expected a .toml grid "
         "file or a bundled grid name")
     return cli(ctx, "run", "", "--results-dir", str(ctx.tmp_path))
+
+
+@row("C108")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    answer = cli(ctx, "probe", "--trials", "99999999999999", "--out", "out")
+    assert cli(ctx, "probe", "--d-key", "100000000", "--out", "out").startswith(
+        "exit 2: fwbench: error: --d-key, --trials: got 100000000, 4; expected smaller values")
+    assert not list(ctx.tmp_path.iterdir())  # refused before the output directory is made
+    return answer
+
+
+@row("C109")
+def _(ctx):
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
 
 
 @row("G83")

@@ -262,6 +262,11 @@ FAVOR_MIN_EXPONENT = FP32_LIMITS.favor_min_exponent
 #: one, so that every such key has a feature that meets every query's largest with a product ≥ e^-60
 #: (float64: within e^-50, product ≥ e^-650).
 FAVOR_FEATURE_RANGE = FP32_LIMITS.favor_feature_range
+#: The most random features m a FAVOR+ map accepts: its window keeps a sum over 10^6 tokens and
+#: 2m ≤ 2^17 features of products ≤ e^60 below fp32's largest value (e^(60 + 13.8 + 11.8) = e^85.6 <
+#: e^88.7; float64 likewise, :mod:`~.kernels.limits`), and Ω (d_key, m) is drawn in ⌈m / d_key⌉ QR
+#: blocks, so a larger m (``favor:m=9223372036854775807``) hung in the draw before running out of memory.
+FAVOR_MAX_FEATURES = 2**16
 
 
 class Favor(FeatureMap):
@@ -314,6 +319,9 @@ class Favor(FeatureMap):
     def __init__(self, d_key: int, m: int = 64):
         super().__init__(d_key)
         self.m = positive_int("m", m)
+        if self.m > FAVOR_MAX_FEATURES:  # Ω is drawn in ⌈m / d_key⌉ QR blocks: m = 2**63 - 1 never returned
+            raise bad_value("m", m, f"an integer in [1, {FAVOR_MAX_FEATURES}] (FAVOR+'s overflow window holds "
+                            "for at most that many random features)")
         self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
 
     @classmethod

@@ -34,7 +34,7 @@ import torch  # noqa: E402
 
 from fwbench.report.figure_style import legend_below, plain_ticks, save  # noqa: E402
 from fwbench.run.strict_json import write_csv  # noqa: E402
-from fwbench.variants import build_attention, parse_spec  # noqa: E402
+from fwbench.variants import build_attention, d_dot_of, parse_spec  # noqa: E402
 
 #: Variants probed by default: every feature map of the paper with every update rule.
 PROBE_VARIANTS = [
@@ -52,6 +52,21 @@ PROBE_COLUMNS = ["variant", "rule", "d_key", "d_dot", "S", "S_over_d_dot", "tria
 def least_squares_bound(S: int, d_dot: int) -> float:
     """≈ error of the best d_dot-column linear memory for S random values: max(0, 1 − d_dot/S)."""
     return max(0.0, 1.0 - d_dot / S)
+
+
+def probe_bytes(d_key: int, trials: int, variants: list[str] | None = None,
+                ratios: tuple[float, ...] = PROBE_RATIOS) -> int:
+    """A lower bound on the fp32 bytes the probe holds at once for its largest (variant, S): the keys
+    (trials, 1, S, d_key), their features (trials, 1, S, d_dot) and the values and read-out
+    (trials, 1, S, PROBE_D_VALUE), at S = max(ratios) · d_dot, plus a d_key × d_dot projection (FAVOR+'s
+    Ω). Computed from the specs alone (nothing is allocated), so that ``fwbench probe`` can refuse
+    a ``--d-key`` or ``--trials`` that cannot fit before it starts."""
+    largest = 0
+    for spec in variants or PROBE_VARIANTS:
+        d_dot = d_dot_of(spec, d_key) or d_key
+        S = max(2, round(max(ratios) * d_dot))
+        largest = max(largest, trials * S * (d_key + d_dot + 2 * PROBE_D_VALUE) + d_key * d_dot)
+    return 4 * largest
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from fwbench.errors import FwbenchError
-from fwbench.run.environment import apply_run_settings, resolve_device, run_settings
+from fwbench.run.environment import apply_run_settings, portable_argv, resolve_device, run_settings
 from fwbench.run.execute import execute
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
@@ -180,11 +180,16 @@ def check_ray_resources(options: LaunchOptions) -> None:
     """Refuse Ray resources that Ray itself answers with a traceback, a crash or a hang: CPUs per run
     that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
     outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
-    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum.
+    than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum;
+    and an empty ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as no address
+    and silently ran every run on a Ray instance started on this machine instead of the cluster.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
     """
+    if options.ray_address == "":
+        raise FwbenchError("--ray-address: got ''; expected a Ray cluster address such as auto or HOST:6379 (leave "
+                           "the option out to use $RAY_ADDRESS or start a local instance)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(
@@ -254,7 +259,7 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             done, _ = ray.wait(list(pending), num_returns=1)
             spec = pending.pop(done[0])
             try:
-                yield ray.get(done[0])
+                yield with_driver_argv(ray.get(done[0]))
             except Exception as exc:  # the worker process died (OOM, node lost)
                 yield failed_record(spec, exc)
     finally:
@@ -262,6 +267,18 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             ray.cancel(ref, force=True)
         if started_here:
             ray.shutdown()
+
+
+def with_driver_argv(record: dict, argv: list[str] | None = None) -> dict:
+    """``record`` with its ``environment.argv`` set to the command line of this (the driver's) process,
+    ``argv`` or ``sys.argv[1:]``, made portable. A Ray worker's own argv is Ray's
+    (``--node-ip-address=…``, ``--raylet-name=/tmp/ray/session_…``): recorded as it was, the record
+    of a Ray run said nothing of the command that asked for it. (Local worker processes are started
+    with spawn, which gives them the parent's ``sys.argv``.) A record without an environment (a
+    failed run) is returned as it is."""
+    if "environment" in record:
+        record["environment"]["argv"] = portable_argv(sys.argv[1:] if argv is None else argv)
+    return record
 
 
 def launch(specs: list[RunSpec], options: LaunchOptions, on_progress) -> Iterator[dict]:

@@ -155,3 +155,13 @@ def test_report_renders_when_every_mqar_run_diverged(tmp_path, capsys):
     assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
     mqar = (out / "REPORT.md").read_text().split("## Multi-query associative recall")[1].split("\n## ")[0]
     assert "| 4 | — (diverged) |" in mqar
+
+
+def test_probe_bytes_counts_the_largest_variant_by_hand():
+    """DPFP ν=3 is the widest default variant at d_key 64: d_dot = 2·64·3 = 384, S = 4·384 = 1536;
+    keys (64) + features (384) + values and read-out (2·64) per pair and trial, plus a 64 × 384 Ω."""
+    from fwbench.report.probe import probe_bytes
+
+    assert probe_bytes(64, 4) == 4 * (4 * 1536 * (64 + 384 + 2 * 64) + 64 * 384)
+    # FAVOR+ (d_dot 2m = 128, whatever d_key) is the widest at a small d_key: S = 512
+    assert probe_bytes(4, 1, variants=["favor:m=64", "linear"]) == 4 * (512 * (4 + 128 + 128) + 4 * 128)

@@ -33,6 +33,19 @@ def test_ray_launcher_gives_the_same_records_as_local(tmp_path):
     local_records, ray_records = ResultsStore(local).records(), ResultsStore(remote).records()
     assert len(ray_records) == 6
     assert comparable_records(ray_records) == comparable_records(local_records)
+    # the command line recorded is the driver's (here pytest's, as in the local records), not the Ray worker's
+    assert {tuple(r["environment"]["argv"]) for r in ray_records} == {tuple(local_records[0]["environment"]["argv"])}
+
+
+def test_a_ray_record_names_the_drivers_command_line_not_the_workers(tmp_path, monkeypatch):
+    from fwbench.run.launchers import with_driver_argv
+
+    monkeypatch.chdir(tmp_path)
+    worker = {"run_id": "x", "environment": {"argv": ["--node-ip-address=192.0.2.2", "--raylet-name=/tmp/ray/s"]}}
+    record = with_driver_argv(worker, ["run", "capacity", f"--results-dir={tmp_path / 'r'}", "--launcher", "ray"])
+    assert record["environment"]["argv"] == ["run", "capacity", "--results-dir=r", "--launcher", "ray"]
+    failed = {"run_id": "y", "status": "failed", "error": "boom"}
+    assert with_driver_argv(dict(failed), ["run"]) == failed  # no environment: nothing to set
 
 
 @pytest.mark.slow

@@ -19,9 +19,10 @@ e^13.8 to a term's size.
   below its window, or float64 DPFP keys of size 1e-90 (a known gap, see the strict xfail in
   ``tests/variants/test_double_backward.py``).
 - ``favor_max_exponent``: a FAVOR+ token's largest exponent above which it is scaled down. Features
-  ≤ e^M keep a product φ(q)·φ(k) ≤ e^2M and its sum over 10^6 tokens and 2m ≤ 1024 features below
-  the largest value: fp32 M = 30, e^(60 + 13.8 + 6.9) = e^80.7 < e^88.7; float64 M = 300,
-  e^(600 + 13.8 + 6.9) = e^620.7 < e^709.8.
+  ≤ e^M keep a product φ(q)·φ(k) ≤ e^2M and its sum over 10^6 tokens and 2m ≤ 2^17 features
+  (``FAVOR_MAX_FEATURES`` m ≤ 2^16 in :mod:`variants.feature_maps`) below the largest value: fp32
+  M = 30, e^(60 + 13.8 + 11.8) = e^85.6 < e^88.7; float64 M = 300, e^(600 + 13.8 + 11.8) = e^625.6
+  < e^709.8.
 - ``favor_min_exponent`` and ``favor_feature_range``: a token whose largest exponent lies below the
   minimum is scaled up to it, and its features are kept within e^-range of its largest, so that
   each such key meets every query's largest feature (1 for the sum rule's queries) with a product
