@@ -1,5 +1,5 @@
 """Values of the DPFP feature map's op that its surviving mutants changed and no other test saw
-(issue 14 item 14; ``docs/mutation_h-mutB.md`` lists them all)."""
+(issue 14 item 14; ``docs/mutation.md`` lists them all)."""
 
 from __future__ import annotations
 

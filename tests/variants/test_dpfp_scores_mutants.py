@@ -1,5 +1,5 @@
 """Values of :func:`dpfp_query_scores` that its surviving mutants changed and no other test saw
-(issue 14 item 14; ``docs/mutation_h-mutB.md`` lists them all).
+(issue 14 item 14; ``docs/mutation.md`` lists them all).
 
 The reference is φ(k)·φ(q) with φ written out by the paper's definition (Eq. 27–28) in float64,
 differentiated by plain autograd.

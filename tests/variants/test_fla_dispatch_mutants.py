@@ -1,5 +1,5 @@
 """The fla dispatch's decisions word for word, and its switch read in-process (issue 14 item 14;
-``docs/mutation_h-mutB.md``). ``test_fla_dispatch.py`` checks a key phrase of each reason and reads
+``docs/mutation.md``). ``test_fla_dispatch.py`` checks a key phrase of each reason and reads
 the switch in fresh processes (a slow test): a reason's text changed around the phrase, or the
 switch's parsing changed, went unseen."""
 

@@ -1,5 +1,5 @@
 """Values of the FWM rule that its surviving mutants changed and no other test saw (issue 14 item
-14; ``docs/mutation_h-mutB.md`` lists them all). The reference is the float64 loop of the rule's
+14; ``docs/mutation.md`` lists them all). The reference is the float64 loop of the rule's
 equations, ``fwm_naive`` of ``test_fwm_rule.py``."""
 
 from __future__ import annotations

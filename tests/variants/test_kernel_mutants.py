@@ -1,6 +1,6 @@
 """Values the kernels' surviving mutants changed and no other test saw (issue 14 item 14).
 
-Each test names the mutants it was written against; ``docs/mutation_h-mutB.md`` lists them all, with
+Each test names the mutants it was written against; ``docs/mutation.md`` lists them all, with
 the ones that are equivalent and why. References are independent of the code under test: plain
 autograd through another form of the same rule in float64, or a float64 loop.
 
