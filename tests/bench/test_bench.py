@@ -276,6 +276,20 @@ def test_bench_command_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
     assert code == 2 and err.startswith("fwbench: error:") and err.count("\n") == 1
 
 
+def test_bench_command_refuses_a_file_as_results_dir_before_timing_anything(tmp_path, capsys, monkeypatch):
+    """`fwbench bench --results-dir FILE` timed the matmul peak and the first case before the first
+    append named the option; nothing is timed now."""
+    from fwbench.bench import command
+
+    monkeypatch.setattr(command, "run_bench", lambda *a, **k: pytest.fail("run_bench called"))
+    blocker = tmp_path / "results"
+    blocker.write_text("a file, not a directory")
+    code = main(["bench", "--lengths", "8", "--results-dir", str(blocker), "--quiet", "--no-extras"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"fwbench: error: --results-dir: got {str(blocker)!r}, which is a file")
+
+
 def test_the_longest_bench_length_is_what_four_fp32_inputs_leave_of_the_memory(monkeypatch):
     """--lengths 2**63 − 1 raised "Storage size calculation overflowed" from the first case."""
     from fwbench.bench import suite
