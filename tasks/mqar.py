@@ -203,8 +203,12 @@ class MQARTask:
             raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
-        generate_mqar(1, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
-                      torch.Generator().manual_seed(0), config.random_non_queries)
+        try:  # one sequence drawn: the generator's own constraints between the sizes
+            generate_mqar(1, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
+                          torch.Generator().manual_seed(0), config.random_non_queries)
+        except (RuntimeError, OverflowError) as exc:  # sizes torch cannot index (vocab_size = 2**63 - 1): a traceback
+            raise ValueError(f"vocab_size, seq_len: got {config.vocab_size}, {config.seq_len}; expected sizes one "
+                             f"sequence can be drawn at (torch: {str(exc).splitlines()[0]})") from None
 
     def build_model(self, config: MQARConfig, variant: str) -> MQARModel:
         parse_spec(variant)
