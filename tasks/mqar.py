@@ -85,8 +85,9 @@ def power_law_probabilities(space: int, power_a: float) -> Tensor:
     i = torch.arange(1, space + 1, dtype=torch.float64)
     terms = power_a * i ** (power_a - 1)
     p = terms / terms.sum()
-    if not bool(torch.isfinite(p).all()) or bool((terms.abs() < torch.finfo(terms.dtype).tiny).any()):
-        # i^(a−1) overflows float64 for a large a (a ≈ 400 at 240 gaps), and a · i^(a−1) is subnormal or 0
+    if not bool(torch.isfinite(terms.sum())) or bool((terms.abs() < torch.finfo(terms.dtype).tiny).any()):
+        # i^(a−1) overflows float64 for a large a (a ≈ 400 at 240 gaps), or only their sum does (a = 129.5:
+        # finite terms / inf gave p = 0 everywhere, finite, so it went unnoticed), and a · i^(a−1) is subnormal or 0
         # for a subnormal a (a = 5e-324 put all the mass on gap 1, not ∝ 1/i): the same law from its logarithm
         # (the factor a cancels), shifted so that the largest term is exp(0) (i = space for a > 1, i = 1
         # for a < 1)

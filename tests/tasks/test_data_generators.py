@@ -159,6 +159,18 @@ def test_power_law_of_a_large_exponent_is_computed_from_its_logarithm():
         0.01 * i ** (0.01 - 1) for i in range(1, 6)), rtol=1e-15, atol=0)
 
 
+@pytest.mark.parametrize("a", [129.5, 129.6])
+def test_power_law_whose_terms_are_finite_but_whose_sum_overflows_sums_to_one(a):
+    """At 240 gaps, a = 129.5 keeps every a · i^(a−1) finite (≤ 1.8e308) but their sum overflows:
+    terms / inf gave p = 0 at every gap (finite, so the log-space path was not taken). Reference:
+    the same law from (i / 240)^(a−1) in Python floats, which nothing overflows."""
+    ratios = [(i / 240) ** (a - 1) for i in range(1, 241)]
+    expected = torch.tensor([r / sum(ratios) for r in ratios], dtype=torch.float64)
+    p = power_law_probabilities(240, a)
+    torch.testing.assert_close(p, expected, rtol=1e-12, atol=1e-300)
+    assert abs(float(p.sum()) - 1.0) < 1e-12
+
+
 @pytest.mark.parametrize("a", [5e-324, 1e-310])
 def test_power_law_of_a_subnormal_exponent_is_one_over_i(a):
     """a = 5e-324 (accepted: a > 0): a · i^(a−1) underflowed to 0 beyond gap 1, which then held all
