@@ -40,6 +40,11 @@ def pytest_configure(config):
 def _plant_slowdown(target: str) -> None:
     """Replace MODULE:FUNCTION with a version that calls it twice and returns the second result."""
     module_name, _, function_name = target.partition(":")
+    if not module_name.startswith("fwbench."):
+        # `variants.kernels.delta_rule` (the file's path) imports a second copy of the module, which no
+        # case calls: the plant would do nothing and the gate stay green
+        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION with the module as "
+                                "fwbench imports it, e.g. fwbench.variants.kernels.delta_rule:delta_rule_chunk")
     try:
         module = importlib.import_module(module_name)
         original = getattr(module, function_name)
