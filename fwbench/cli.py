@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fwbench.bench.command import add_bench_parser
 from fwbench.bench.estimate_command import add_estimate_parser
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, set_torch_threads, use_data_dir
 from fwbench.run.grid import paper_grids_with
@@ -186,8 +186,7 @@ def _make_out_dir(out: str | Path) -> Path:
         FwbenchError: ``out`` is empty (``Path("")`` is the working directory: ``--out "$UNSET"`` wrote
             there) or cannot be created as a directory.
     """
-    if not str(out):
-        raise FwbenchError("--out: got ''; expected a directory path (the empty string would be the working directory)")
+    refuse_empty_path("--out", out, "a directory path")
     try:
         Path(out).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

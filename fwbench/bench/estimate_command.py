@@ -18,7 +18,7 @@ import sys
 from fwbench.bench.estimate import estimate, format_estimate, measure_eval_seconds, measure_step_seconds, run_seconds
 from fwbench.bench.estimate_against import compare, format_cells, format_comparison, total
 from fwbench.bench.schedule import grids_wall_seconds
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.environment import set_torch_threads, use_data_dir
 
 #: The grid name that stands for every grid ``fwbench reproduce`` runs.
@@ -104,8 +104,7 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     """
     from fwbench.run.store import ResultsStore
 
-    if not results_dir:
-        raise FwbenchError("--against: got ''; expected a results directory that fwbench run wrote")
+    refuse_empty_path("--against", results_dir, "a results directory that fwbench run wrote")
 
     store = ResultsStore(results_dir)
     if not store.path.is_file():

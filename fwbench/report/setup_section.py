@@ -11,23 +11,22 @@ from fwbench.analysis.capacity import DIVERGENCE_POLICY
 from fwbench.analysis.claims_lm import LM_MINIMUM
 from fwbench.analysis.evidence import RETRIEVAL_MINIMUM
 from fwbench.report.markdown import markdown_table
-from fwbench.variants.feature_maps import FAVOR_FEATURE_RANGE, FAVOR_MAX_EXPONENT, FAVOR_MIN_EXPONENT, SUM_NORM_FLOOR
-from fwbench.variants.kernels.limits import FLOAT64_LIMITS
-from fwbench.variants.kernels.sum_rule import NORMALIZER_FLOOR
+from fwbench.variants.kernels.limits import FLOAT64_LIMITS, FP32_LIMITS
 
 #: (what, the official code, fwbench, why / consequence): one row per difference.
 DIFFERENCES = [
     ("Sum normalisation of φ (delta rule)", "φ(x) / Σφ(x)",
-     f"φ(x) / max(Σφ(x), {SUM_NORM_FLOOR:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
+     f"φ(x) / max(Σφ(x), {FP32_LIMITS.floor:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
      "keeps φ(0) finite (it reads as 0) without shrinking small masses; it may also remove the path by "
      "which the official FAVOR+ delta runs reached NaN (claim C14 measures how often ours diverge)"),
     ("Sum rule's normaliser", "W φ(q) / (zᵀφ(q) + 1e-6)",
-     f"W φ(q) / max(zᵀφ(q), {NORMALIZER_FLOOR:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
+     f"W φ(q) / max(zᵀφ(q), {FP32_LIMITS.floor:g}) ({FLOAT64_LIMITS.floor:g} in float64)",
      "an added 1e-6 dominates a small attention mass (FAVOR+ on N(0, 1) inputs: ≈ 1e-9) and pulls the "
      "output towards 0; a floor keeps every row normalised"),
     ("FAVOR+ features", "exp(±Ωᵀx − ‖x‖²/2) / √(2m), no cap; Ω redrawn at evaluation too",
-     f"the same where a token's largest exponent lies in [{FAVOR_MIN_EXPONENT:g}, {FAVOR_MAX_EXPONENT:g}]; "
-     f"outside it the token's features are rescaled as a whole and kept within e^-{FAVOR_FEATURE_RANGE:g} of "
+     "the same where a token's largest exponent lies in "
+     f"[{FP32_LIMITS.favor_min_exponent:g}, {FP32_LIMITS.favor_max_exponent:g}]; "
+     f"outside it the token's features are rescaled as a whole and kept within e^-{FP32_LIMITS.favor_feature_range:g} of "
      "its largest (per token, so causality holds); float64 computes with its own window "
      f"[{FLOAT64_LIMITS.favor_min_exponent:g}, {FLOAT64_LIMITS.favor_max_exponent:g}] and range "
      f"e^-{FLOAT64_LIMITS.favor_feature_range:g}; Ω redrawn every training step, frozen in evaluation",

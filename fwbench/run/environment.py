@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
 from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 from fwbench.variants.kernels.fla_dispatch import FLA_ENV
@@ -50,9 +50,7 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     """
     if data_dir is None:
         return
-    if not str(data_dir):  # --data-dir "$UNSET" read the corpus from the working directory
-        raise FwbenchError("--data-dir: got ''; expected a directory holding the data (the empty string would be "
-                           "the working directory)")
+    refuse_empty_path("--data-dir", data_dir, "a directory holding the data")
     if not Path(data_dir).is_dir():
         raise FwbenchError(f"--data-dir: got {str(data_dir)!r}, which is not a directory")
     os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.strict_json import strict_dumps
 
 RECORDS_FILE = "runs.jsonl"
@@ -57,9 +57,7 @@ class ResultsStore:
     """
 
     def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
-        if not str(directory):  # --results-dir "$UNSET": records were written to, or read from, the working directory
-            raise FwbenchError("--results-dir: got ''; expected a directory path (the empty string would be the "
-                               "working directory)")
+        refuse_empty_path("--results-dir", directory, "a directory path")
         self.directory = Path(directory)
         self.path = self.directory / records_file
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
