@@ -1210,7 +1210,6 @@ def _(ctx):
                            "train_segments = 1\ntruncated_bptt = [true, false]\n")
 
 
-
 @row("G85")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace("vocab_size = 16", "vocab_size = 9223372036854775807"))
