@@ -67,6 +67,28 @@ def test_second_derivatives_are_those_of_the_feature_product():
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_second_derivatives_of_fp32_keys_beside_float64_features_are_float64():
+    # the forward computes in the wider dtype; the recomputed product for second order must too, or
+    # the Hessian of fp32 keys would be φ(k) rounded to fp32 (relative error ~1e-7, not ~1e-16)
+    generator = torch.Generator().manual_seed(11)
+    k32 = torch.randn(2, 1, 6, 4, generator=generator).mul_(1 / 3)
+    q = torch.randn(2, 1, 1, 4, dtype=torch.float64, generator=generator)
+    weights = torch.randn(2, 1, 6, 1, dtype=torch.float64, generator=generator)
+
+    def hessian_vector(k: torch.Tensor, scores) -> tuple[torch.Tensor, ...]:
+        q_leaf = q.clone().requires_grad_()
+        out = scores(k, q_leaf)
+        (grad_q,) = torch.autograd.grad((out * weights).sum().pow(2), (q_leaf,), create_graph=True)
+        return torch.autograd.grad(grad_q.pow(2).sum(), (k, q_leaf))
+
+    k_fast, k_ref = k32.clone().requires_grad_(), k32.double().requires_grad_()
+    fast = hessian_vector(k_fast, lambda k, q: dpfp_query_scores(k, naive_dpfp(q, 2), 2))
+    reference = hessian_vector(k_ref, lambda k, q: naive_dpfp(k, 2) @ naive_dpfp(q, 2).mT)
+    assert fast[0].dtype == torch.float32
+    torch.testing.assert_close(fast[0], reference[0].float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(fast[1], reference[1], rtol=1e-13, atol=1e-13)
+
+
 def test_bad_shapes_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match="phi_q: got shape"):
         dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 8), 1)

@@ -123,7 +123,8 @@ class _DPFPQueryScores(torch.autograd.Function):
 def _scores_composed(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
     """The op's value as the product of plain differentiable DPFP features (for second derivatives)."""
     dtype = compute_dtype(k, phi_q)
-    return dpfp_composed(k, nu).to(dtype) @ phi_q.to(dtype).mT
+    # φ(k) in the wider dtype: fp32 keys beside a float64 φ(q) must not round the second order to fp32
+    return dpfp_composed(k.to(dtype), nu) @ phi_q.to(dtype).mT
 
 
 def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
