@@ -220,6 +220,12 @@ class MQARTask:
         """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
         return acting_config(config, variant, config.form)
 
+    def chunked_tokens(self, config: MQARConfig) -> int:
+        """Tokens T of every chunked attention call of a run, training and evaluation alike
+        (``seq_len``), so chunk sizes with equal
+        :func:`~fwbench.variants.kernels.chunking.chunk_length` at T act alike."""
+        return config.seq_len
+
     def _batch(self, config: MQARConfig, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
         inputs, labels = generate_mqar(batch, config.vocab_size, config.seq_len, config.num_kv_pairs,
                                        config.power_a, generator, config.random_non_queries)

@@ -342,6 +342,12 @@ class RetrievalTask:
         :func:`fwbench.tasks.base.acting_config`)."""
         return acting_config(config, variant, write_read_path(config.form))
 
+    def chunked_tokens(self, config: RetrievalConfig) -> int:
+        """Tokens T of every chunked write of a run, training and evaluation alike: the sequence
+        (S in Setting 1, 2S in Setting 2), so chunk sizes with equal
+        :func:`~fwbench.variants.kernels.chunking.chunk_length` at T act alike."""
+        return config.sequence_length
+
     def train_batch(self, config: RetrievalConfig, generator: torch.Generator) -> dict[str, Tensor]:
         return sample_batch(config.setting, config.S, config.batch_size, generator)
 

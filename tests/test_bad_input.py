@@ -1210,6 +1210,12 @@ def _(ctx):
                            "train_segments = 1\ntruncated_bptt = [true, false]\n")
 
 
+@row("G86")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"\nS = 3', 'variant = "linear-delta"\nsetting = 2\n'
+                                             'S = 60\nchunk_size = [60, 64]'))
+
+
 @row("G85")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace("vocab_size = 16", "vocab_size = 9223372036854775807"))

@@ -48,6 +48,7 @@ from fwbench.errors import FwbenchError
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
+from fwbench.variants.kernels.chunking import chunk_length
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
@@ -239,7 +240,8 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
 
     Raises:
         FwbenchError: unknown profile (lists the profiles), typo'd key (lists the allowed keys),
-            wrong value type, bad variant spec, invalid task config, or an empty product.
+            wrong value type, bad variant spec, invalid task config, an empty product, or two runs
+            whose chunk sizes give the same chunks (:func:`_refuse_equal_chunking`).
     """
     if profile not in grid.profiles:
         raise FwbenchError(f"--profile: got {profile!r}; grid {grid.name} has {', '.join(grid.profiles)}")
@@ -255,6 +257,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         where = f"grid {grid.name} profile {profile} block {index}"
         for spec in _expand_block(grid, profile, block, seeds, where):
             specs.setdefault(spec.run_id, spec)
+    _refuse_equal_chunking(f"grid {grid.name} profile {profile}", list(specs.values()))
     return list(specs.values())
 
 
@@ -301,7 +304,39 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         if spec.run_id in seen:
             raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
         seen[spec.run_id] = spec
+    _refuse_equal_chunking(where, specs)
     return specs
+
+
+def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
+    """Refuse two cells whose chunk sizes cut every call's T tokens into the same chunks.
+
+    The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
+    at T = 120, chunk sizes 60 to 119 all run 2 chunks of 60 tokens and compute the same numbers, yet
+    the run id hashes the chunk size as given (hashing the chunk length would re-key every committed
+    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``.
+
+    Raises:
+        FwbenchError: two cells that differ only in chunk sizes with equal chunk lengths.
+    """
+    seen: dict[tuple, RunSpec] = {}
+    for spec in specs:
+        task = TASKS[spec.task]
+        if not hasattr(task, "chunked_tokens") or not hasattr(task, "acting_config"):
+            continue
+        acting = task.acting_config(spec.task_config(), spec.variant)
+        if "chunk_size" not in acting:
+            continue
+        T = task.chunked_tokens(spec.task_config())
+        length = chunk_length(T, acting["chunk_size"])
+        key = (spec.variant, spec.seed, json.dumps({**acting, "chunk_size": length}, sort_keys=True))
+        first = seen.setdefault(key, spec)
+        if first is not spec:
+            sizes = (task.acting_config(first.task_config(), first.variant)["chunk_size"], acting["chunk_size"])
+            raise FwbenchError(
+                f"{where}: the run {spec.label} appears twice: chunk_size {sizes[0]} and {sizes[1]} both cut its "
+                f"T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at most {length} "
+                "tokens (the chunk forms balance their chunks), which compute the same numbers; list one of them")
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:

@@ -1,0 +1,75 @@
+"""Chunk sizes that give the same balanced chunks compute the same numbers, so a grid listing two of
+them for one run (two run ids, one computation: issue 14's kind 12) is refused; chunk sizes that
+give other chunks are kept."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from fwbench.errors import FwbenchError
+from fwbench.run.grid import expand, load_grid
+from fwbench.tasks import MQARConfig, RetrievalConfig
+from fwbench.tasks.mqar import MQARTask
+from fwbench.tasks.retrieval import RetrievalTask
+
+GRID = """\
+name = "g"
+task = "retrieval"
+[defaults]
+eval_every = 2
+eval_sequences = 2
+batch_size = 2
+max_steps = 2
+d_key = 4
+setting = 2
+S = 60
+seed = 1
+"""
+
+
+def grid(tmp_path, profile: str):
+    path = tmp_path / "g.toml"
+    path.write_text(GRID + profile)
+    return path
+
+
+def losses_and_grads(task, config, variant: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = task.build_model(config, variant)
+    loss = task.loss(model, task.train_batch(config, torch.Generator().manual_seed(0)), config)
+    loss.backward()
+    return [loss.detach(), *(p.grad for p in model.parameters() if p.grad is not None)]
+
+
+@pytest.mark.parametrize(("task", "config", "sizes"), [
+    (RetrievalTask(), RetrievalConfig(setting=2, S=60, d_key=8, batch_size=4), (60, 64, 119)),  # T=120: 2 × 60
+    (RetrievalTask(), RetrievalConfig(setting=1, S=10, d_key=8, batch_size=4), (10, 24)),       # one chunk of 10
+    (MQARTask(), MQARConfig(vocab_size=32, seq_len=16, num_kv_pairs=2, d_model=16), (8, 9, 15)),  # 2 × 8
+])
+def test_chunk_sizes_with_equal_chunk_lengths_compute_the_same_numbers(task, config, sizes):
+    results = [losses_and_grads(task, replace(config, chunk_size=size), "linear-delta") for size in sizes]
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
+def test_a_grid_listing_two_chunk_sizes_with_equal_chunks_is_refused(tmp_path):
+    with pytest.raises(FwbenchError, match=r"chunk_size 60 and 64 both cut its T=120 tokens into 2 chunks of at "
+                                           r"most 60 tokens .* list one of them"):
+        load_grid(grid(tmp_path, '[profiles.quick]\nvariant = "linear-delta"\nchunk_size = [60, 64]\n'))
+
+
+def test_the_refusal_spans_the_blocks_of_a_profile(tmp_path):
+    blocks = ('[[profiles.quick]]\nvariant = "linear-delta"\nchunk_size = 60\n'
+              '[[profiles.quick]]\nvariant = "linear-delta"\nchunk_size = 100\n')
+    with pytest.raises(FwbenchError, match=r"profile quick: the run linear-delta .* chunk_size 60 and 100"):
+        load_grid(grid(tmp_path, blocks))
+
+
+def test_chunk_sizes_with_other_chunks_and_other_runs_are_kept(tmp_path):
+    profile = '[profiles.quick]\nvariant = ["linear-delta", "dpfp-delta:nu=1"]\nchunk_size = [32, 64]\nseed = [1, 2]\n'
+    specs = expand(load_grid(grid(tmp_path, profile)), "quick")  # 30 vs 60 tokens per chunk
+    assert len(specs) == 8 and len({spec.run_id for spec in specs}) == 8
