@@ -75,13 +75,17 @@ def _chunk(W0: Tensor, K: Tensor, V: Tensor, beta: Tensor, Q: Tensor | None) -> 
     log_scale = W0.new_zeros(N)                             # L_{t−1}
     errors: list[Tensor] = []                               # e_i
     logs_before: list[Tensor] = []                          # L_{i−1}
+    # per-token operands as unbound views: the backward of x[:, t] zero-fills all of x once per
+    # token and adds it up, where unbind's stacks the C gradients once
+    from_state_t, gram_columns, key_norms_t = from_state.unbind(1), gram.unbind(2), key_norms.unbind(1)
+    values_t, beta_t = V.unbind(1), beta.unbind(1)
     for t in range(C):
-        u = torch.exp(-log_scale)[:, None] * from_state[:, t]
+        u = torch.exp(-log_scale)[:, None] * from_state_t[t]
         if t:
             decay = torch.exp(torch.stack(logs_before, dim=1) - log_scale[:, None])     # (N, t)
-            u = u + ((decay * gram[:, :t, t])[:, None, :] @ torch.stack(errors, dim=1)).squeeze(1)
-        e = beta[:, t, None] * (V[:, t] - u)
-        written = squared_norm + 2.0 * (e * u).sum(-1) + e.pow(2).sum(-1) * key_norms[:, t]
+            u = u + ((decay * gram_columns[t][:, :t])[:, None, :] @ torch.stack(errors, dim=1)).squeeze(1)
+        e = beta_t[t][:, None] * (values_t[t] - u)
+        written = squared_norm + 2.0 * (e * u).sum(-1) + e.pow(2).sum(-1) * key_norms_t[t]
         # s² = max(1, ‖W'‖²), clamped as the plain loop is, so the gradients follow torch's convention
         clamped = written.clamp(min=1.0)
         squared_norm = written / clamped
@@ -124,9 +128,11 @@ def _scan_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tenso
     k_, v_, b_ = flat(k, d_dot), flat(v, d_v), flat(beta)
     q_ = None if q is None else flat(q, d_dot)
     reads = []
-    for start in range(0, T, chunk_size):
-        part = slice(start, start + chunk_size)
-        W, chunk_reads = _chunk(W, k_[:, part], v_[:, part], b_[:, part], None if q_ is None else q_[:, part])
+    # split, not a slice per chunk: a slice's backward zero-fills the whole (B·H, T, ·) input per chunk
+    parts = [x.split(chunk_size, dim=1) for x in (k_, v_, b_)]
+    queries = [None] * len(parts[0]) if q_ is None else q_.split(chunk_size, dim=1)
+    for k_part, v_part, b_part, q_part in zip(*parts, queries):
+        W, chunk_reads = _chunk(W, k_part, v_part, b_part, q_part)
         reads.append(chunk_reads)
     y = None if q is None else torch.cat(reads, dim=1).view(B, H, T, d_v)
     return y, W.view(B, H, d_v, d_dot)
