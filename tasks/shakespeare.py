@@ -288,6 +288,8 @@ class ShakespeareTask:
             inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
         if not config.stream_eval and not config.sliding_stride:
             inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
+        if config.sample_tokens == 0:
+            inactive["temperature"] = "sample_tokens=0 samples no character"
         return inactive
 
     def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:

@@ -1214,6 +1214,17 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace("vocab_size = 16", "vocab_size = 9223372036854775807"))
 
+
+@row("G86")
+def _(ctx):
+    return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
+                           "sample_tokens = 0\ntemperature = [0.5, 1.0]\n")
+
+
+@row("G87")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace("eval_every = 2", "eval_every = [3, 100]"))
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -321,6 +321,9 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
         if key in inactive:
             reasons.append(f"{key} ({values}) has no effect: {inactive[key]}")
+        elif key == "eval_every" and min(first.config[key], second.config[key]) > first.config.get("max_steps", math.inf):
+            reasons.append(f"eval_every ({values}) has no effect: both exceed max_steps={first.config['max_steps']}, so "
+                           "the run is evaluated at its last step only")
         elif key in acting:
             reasons.append(f"{key} {values} act alike for variant {first.variant} (both run with {key}={acting[key]!r})")
         elif key == "chunk_size":
