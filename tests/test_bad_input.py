@@ -1199,6 +1199,13 @@ def _(ctx):
     return answer
 
 
+@row("C110")
+def _(ctx):
+    ctx.monkeypatch.setattr("fwbench.bench.suite.matmul_peak_gflops", lambda *a, **k: pytest.fail("timed first"))
+    return cli(ctx, "bench", "--variants", "linear", "favor:m=65537", "--lengths", "16", "--no-extras", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
@@ -1224,6 +1231,14 @@ def _(ctx):
 @row("G87")
 def _(ctx):
     return grid_error(ctx, TINY_GRID.replace("eval_every = 2", "eval_every = [3, 100]"))
+
+
+@row("G88")
+def _(ctx):
+    assert grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "dpfp:nu=6"').replace(
+        "d_key = 4", "d_key = 3")).startswith(
+        "FwbenchError: grid one profile quick: variant dpfp:nu=6 at d_key 3: nu: got 6; expected an integer in [1, 5]")
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "favor:m=65537"'))
 
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
