@@ -1206,6 +1206,14 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C111")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    answer = cli(ctx, "probe", "--d-key", "1", "--out", "out")
+    assert not list(ctx.tmp_path.iterdir())  # refused before the output directory is made
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")

@@ -70,6 +70,13 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.d_key = positive_int("d_key", d_key)
 
+    @classmethod
+    def check_parameters(cls, d_key: int, **params: int) -> None:
+        """Raise :class:`VariantError` for a d_key or parameters this map refuses, without building it
+        (:func:`variants.registry.check_spec`: the grid loader and ``fwbench bench`` refuse such a spec
+        before anything runs). Maps with parameters extend it; their ``__init__`` runs the same checks."""
+        positive_int("d_key", d_key)
+
     @property
     def d_dot(self) -> int:
         """Output size of φ (the number of columns of the fast weight W)."""
@@ -186,10 +193,16 @@ class DPFP(FeatureMap):
     name = "dpfp"
 
     def __init__(self, d_key: int, nu: int = 1):
+        self.check_parameters(d_key, nu)
         super().__init__(d_key)
-        self.nu = positive_int("nu", nu)
-        if self.nu >= 2 * self.d_key:
-            raise bad_value("nu", nu, f"an integer in [1, {2 * self.d_key - 1}] (< 2·d_key)")
+        self.nu = int(nu)
+
+    @classmethod
+    def check_parameters(cls, d_key: int, nu: int = 1) -> None:
+        """d_key and ν positive integers, ν < 2·d_key (roll i pairs coordinate j with j − i mod 2·d_key)."""
+        super().check_parameters(d_key)
+        if positive_int("nu", nu) >= 2 * d_key:
+            raise bad_value("nu", nu, f"an integer in [1, {2 * d_key - 1}] (< 2·d_key)")
 
     @classmethod
     def output_size(cls, d_key: int, nu: int = 1) -> int:
@@ -317,12 +330,18 @@ class Favor(FeatureMap):
     name = "favor"
 
     def __init__(self, d_key: int, m: int = 64):
+        self.check_parameters(d_key, m)
         super().__init__(d_key)
-        self.m = positive_int("m", m)
-        if self.m > FAVOR_MAX_FEATURES:  # Ω is drawn in ⌈m / d_key⌉ QR blocks: m = 2**63 - 1 never returned
+        self.m = int(m)
+        self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
+
+    @classmethod
+    def check_parameters(cls, d_key: int, m: int = 64) -> None:
+        """d_key and m positive integers, m ≤ :data:`FAVOR_MAX_FEATURES`."""
+        super().check_parameters(d_key)
+        if positive_int("m", m) > FAVOR_MAX_FEATURES:  # Ω is drawn in ⌈m / d_key⌉ QR blocks: m = 2**63 - 1 never returned
             raise bad_value("m", m, f"an integer in [1, {FAVOR_MAX_FEATURES}] (FAVOR+'s overflow window holds "
                             "for at most that many random features)")
-        self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
 
     @classmethod
     def output_size(cls, d_key: int, m: int = 64) -> int:

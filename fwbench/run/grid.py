@@ -39,8 +39,6 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -49,7 +47,8 @@ except ModuleNotFoundError:  # Python 3.10
 from fwbench.errors import FwbenchError
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
-from fwbench.variants import VariantError, build_attention, import_variant_modules, parse_spec
+from fwbench.variants import VariantError, import_variant_modules, parse_spec
+from fwbench.variants.registry import check_spec
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
@@ -297,9 +296,9 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             spec.run_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
         except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
-        if hasattr(config, "d_key"):
+        if hasattr(config, "d_key"):  # DPFP's ν < 2·d_key, FAVOR+'s m ≤ 2**16: checked when a run built its model
             try:
-                check_builds(variant, config.d_key)
+                check_spec(variant, config.d_key)
             except VariantError as exc:
                 raise FwbenchError(f"{where}: variant {variant} at d_key {config.d_key}: {exc}") from None
         specs.append(spec)
@@ -309,20 +308,6 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
         seen[spec.run_id] = spec
     return specs
-
-
-@functools.cache
-def check_builds(variant: str, d_key: int) -> None:
-    """Build ``variant``'s attention at ``d_key`` once (the global RNG left as it was), so that the
-    feature map's own checks refuse a grid cell when the grid loads: a spec parses whatever its
-    parameters' size, and DPFP's ν < 2·d_key or FAVOR+'s m ≤ 2**16 were checked only when each run
-    built its model, a failed record per seed after the grid had started.
-
-    Raises:
-        VariantError: the feature map refuses its parameters at this d_key.
-    """
-    with torch.random.fork_rng(devices=[]):
-        build_attention(variant, d_key)
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:
