@@ -1214,6 +1214,14 @@ def _(ctx):
     return answer
 
 
+@row("C112")
+def _(ctx):
+    ctx.monkeypatch.setenv("FWBENCH_PACK", "²")
+    answer = cli(ctx, "run", "capacity", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
