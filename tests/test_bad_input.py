@@ -1222,6 +1222,15 @@ def _(ctx):
     return answer
 
 
+@row("C113")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the local launcher's check on a CUDA machine
+    ctx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert cli(ctx, "run", "capacity", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: --device: got 'cuda:²'; expected cuda:N with N < 2")
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r"))
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
