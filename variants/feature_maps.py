@@ -181,13 +181,17 @@ class DPFP(FeatureMap):
     itself (φ(ck) = c²φ(k); a factor per key would change the weights between keys), so a query's
     mass zᵀφ(q) scales with the keys' squared size and falls below the normaliser's floor for keys
     small enough. The floor is the compute dtype's (:mod:`~variants.kernels.limits`: 1e-30 in fp32,
-    fp16 and bf16; 1e-300 in float64). Measured with N(0, 1)·c queries and keys (d_key 32, T 32,
-    ν = 1 and 2, the chunk form), rows sum to 1 (to the dtype's precision):
+    fp16 and bf16; 1e-300 in float64). A row falls short of 1 once its mass, c² times the query's
+    overlap with the keys before it, nears the floor, so the scale where that starts depends on the
+    data. Measured with N(0, 1)·c queries and keys (d_key 32, T 32, ν = 1 and 2, the chunk form,
+    32 seeds), every row sums to 1 (to the dtype's precision):
 
-    - fp32: for c from 1e-14 to 1e18; at c = 1e-15 the smallest row sum is 0.04–0.09, at 1e-16
-      about 1e-3, at 1e-20 0; from c ≈ 1e19 φ(k) overflows and the read is NaN;
-    - float64: for c from 1e-148 to 1e153; at c = 1e-150 the smallest row sum is 0.06–0.2, at
-      1e-152 about 1e-5; from c ≈ 1e154 φ(k) overflows and the read is NaN.
+    - fp32: for c from 1e-13 to 1e18; at c = 1e-14 a few seeds have a row below 1 (down to 0.01),
+      at 1e-15 every seed does (smallest row sums 7e-5 to 0.5), at 1e-16 they are about 1e-3 or
+      less, at 1e-20 0; from c ≈ 1e19 φ(k) overflows and the read is NaN;
+    - float64: for c from 1e-147 to 1e153; at c = 1e-148 one seed has a row at 0.9 (ν = 1), at
+      1e-150 every seed has one (smallest row sums 1e-4 to 0.5), at 1e-152 1e-5 or less; from c ≈ 1e154 φ(k) overflows
+      and the read is NaN.
     """
 
     name = "dpfp"
