@@ -1231,6 +1231,16 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C114")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    (ctx.tmp_path / "notes.txt").write_text("x = 1\n")
+    (ctx.tmp_path / "mine").mkdir()
+    assert cli(ctx, "probe", "--variant-module", "mine/", "--out", "out").startswith(
+        f"exit 2: fwbench: error: --variant-module: {str(ctx.tmp_path / 'mine')!r} is a directory; expected a .py file")
+    return cli(ctx, "probe", "--variant-module", "./notes.txt", "--out", "out")
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
