@@ -219,6 +219,24 @@ def _write_probe(out: Path, d_key: int = 64, trials: int = 4, seed: int = 0) -> 
     print(f"probe written to {csv} and {figure} ({seconds:.1f} s)", flush=True)
 
 
+def _check_probe_variants(d_key: int) -> None:
+    """Refuse a ``--d-key`` a probed variant cannot be built at (``--d-key 1``: DPFP ν = 2 needs
+    ν < 2·d_key), before the output directory is made; it was refused part-way through the probe
+    with a line that did not name the option.
+
+    Raises:
+        FwbenchError: naming ``--d-key`` and the variant's reason.
+    """
+    from fwbench.report.probe import PROBE_VARIANTS
+    from fwbench.variants.registry import check_spec
+
+    for spec in PROBE_VARIANTS:
+        try:
+            check_spec(spec, d_key)
+        except VariantError as exc:
+            raise FwbenchError(f"--d-key: got {d_key}; expected a key size every probed variant takes ({spec}: {exc})") from None
+
+
 def _check_probe_fits(d_key: int, trials: int) -> None:
     """Refuse a probe whose tensors cannot fit in this machine's memory: ``--trials 10**14`` or
     ``--d-key 10**8`` raised an allocation traceback ("DefaultCPUAllocator: can't allocate memory")
@@ -246,6 +264,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
         raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
     if not 0 <= args.seed < 2**63:  # the range of torch's seeds, as fwbench run and sample accept
         raise FwbenchError(f"--seed: got {args.seed}; expected an integer in [0, 2**63)")
+    _check_probe_variants(args.d_key)
     _check_probe_fits(args.d_key, args.trials)
     torch.set_num_threads(1)
     _write_probe(_make_out_dir(args.out), args.d_key, args.trials, args.seed)

@@ -98,10 +98,17 @@ def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:
     (softmax, FWM, the parallel and recurrent forms; see :func:`variants.chunk_size_in_use`).
     ``path``: the attention form the task's model runs, or ``write`` / ``write_read``.
 
+    ``eval_every`` > ``max_steps`` is written as ``max_steps + 1``: no such value reaches a scheduled
+    evaluation, so each evaluates the run at its last step only (the loop always evaluates the model
+    it ends with) and they name one run. (``eval_every = max_steps`` is a run of its own: its one
+    evaluation is the scheduled one, whose curve point holds the step's training loss.)
+
     Raises:
         VariantError: a form the variant's rule has no kernel for (``config.form`` or ``path``).
     """
     acting = asdict(config)
+    if acting.get("eval_every") is not None and acting.get("max_steps") is not None:
+        acting["eval_every"] = min(acting["eval_every"], acting["max_steps"] + 1)
     if "form" in acting:
         chunk_size_in_use(variant, acting["form"])  # refuses a form the rule has no kernel for
     if "chunk_size" in acting:

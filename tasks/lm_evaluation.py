@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fwbench.variants.kernels.precision import compute_dtype
+
 LN2 = math.log(2.0)
 
 
@@ -59,7 +61,8 @@ def evenly_spaced(items: list, count: int) -> list:
 @torch.no_grad()
 def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: bool,
                  batch_size: int = 64, max_segments: int = 0) -> Tensor:
-    """Cross-entropy (nats) of every predicted token of ``ids`` (1-D int64), as a 1-D fp32 tensor.
+    """Cross-entropy (nats) of every predicted token of ``ids`` (1-D int64), as a 1-D fp32 tensor
+    (float64 for a float64 model).
 
     Entry i is the loss of predicting ids[i + 1] from what came before it: all previous tokens of
     its segment (``carry=False``) or of the whole stream (``carry=True``).
@@ -81,7 +84,7 @@ def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: 
         for start in starts:
             window = ids[start : start + context + 1].to(device)
             logits, states = model(window[None, :-1], states)
-            losses.append(F.cross_entropy(logits[0].float(), window[1:], reduction="none"))
+            losses.append(F.cross_entropy(logits[0].to(compute_dtype(logits)), window[1:], reduction="none"))
     else:
         chosen = evenly_spaced(starts, max_segments)
         full = [s for s in chosen if s + context + 1 <= ids.numel()]
@@ -90,12 +93,12 @@ def token_losses(model, ids: Tensor, context: int, device: torch.device, carry: 
             group = torch.tensor(full[first : first + batch_size])
             windows = ids[group[:, None] + torch.arange(context + 1)].to(device)
             logits, _ = model(windows[:, :-1])
-            per_token = F.cross_entropy(logits.float().transpose(1, 2), windows[:, 1:], reduction="none")
+            per_token = F.cross_entropy(logits.to(compute_dtype(logits)).transpose(1, 2), windows[:, 1:], reduction="none")
             losses.append(per_token.reshape(-1))
         for start in tail:
             window = ids[start:].to(device)
             logits, _ = model(window[None, :-1])
-            losses.append(F.cross_entropy(logits[0].float(), window[1:], reduction="none"))
+            losses.append(F.cross_entropy(logits[0].to(compute_dtype(logits)), window[1:], reduction="none"))
     model.train(was_training)
     return torch.cat(losses).cpu() if losses else torch.zeros(0)
 
@@ -201,7 +204,7 @@ def sliding_window_losses(model, ids: Tensor, context: int, stride: int, device:
         group = slice(first, first + batch_size)
         inputs = torch.stack([ids[s : e + 1] for s, e in zip(starts[group], ends[group], strict=True)]).to(device)
         logits, _ = model(inputs[:, :-1])
-        per_token = F.cross_entropy(logits.float().transpose(1, 2), inputs[:, 1:], reduction="none")
+        per_token = F.cross_entropy(logits.to(compute_dtype(logits)).transpose(1, 2), inputs[:, 1:], reduction="none")
         for row, (start, scored) in enumerate(zip(starts[group], scored_from[group], strict=True)):
             losses.append(per_token[row, scored - start :])
     model.train(was_training)

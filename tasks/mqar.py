@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import AttentionLayer, parse_spec
+from fwbench.variants.kernels.precision import compute_dtype
 
 #: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
 IGNORE = -100
@@ -236,7 +237,7 @@ class MQARTask:
 
     def loss(self, model: MQARModel, batch: dict[str, Tensor], config: MQARConfig) -> Tensor:
         logits, labels = model(batch["inputs"], batch["labels"])
-        return F.cross_entropy(logits.float(), labels)
+        return F.cross_entropy(logits.to(compute_dtype(logits)), labels)  # fp32, float64 for a float64 model
 
     @torch.no_grad()
     def evaluate(self, model: MQARModel, config: MQARConfig, generator: torch.Generator,
@@ -244,6 +245,6 @@ class MQARTask:
         """Cross-entropy (nats) and accuracy over the query positions of fresh sequences."""
         batch = self._batch(config, config.eval_sequences, generator)
         logits, labels = model(batch["inputs"].to(device), batch["labels"].to(device))
-        loss = F.cross_entropy(logits.float(), labels)
+        loss = F.cross_entropy(logits.to(compute_dtype(logits)), labels)
         accuracy = (logits.argmax(-1) == labels).float().mean()
         return {"loss": loss.item(), "accuracy": accuracy.item()}

@@ -30,6 +30,7 @@ from torch.nn.utils import skip_init
 
 from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import build_attention, parse_spec, write_read_path
+from fwbench.variants.kernels.precision import compute_dtype
 
 from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 
@@ -278,8 +279,9 @@ def row_sums(table_a: Tensor, ids_a: Tensor, table_b: Tensor, ids_b: Tensor) -> 
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:
-    """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given), in fp32: 0.5 is
-    the loss of a memory that outputs nothing; NaN for zero queries (the mean of nothing).
+    """½‖v − v̂‖² per query, averaged over queries (over ``mask``-ed ones if given), in fp32 (float64
+    for float64 predictions, as the kernels compute): 0.5 is the loss of a memory that outputs
+    nothing; NaN for zero queries (the mean of nothing).
 
     predicted: (B, Q, S) scores; targets: (B, Q) integer value ids in [0, S); mask: (B, Q) or ``None``.
 
@@ -295,7 +297,8 @@ def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | No
         low, high = torch.aminmax(targets)
         if low < 0 or high >= S:
             raise ValueError(f"targets: got ids in [{int(low)}, {int(high)}]; expected ids in [0, {S})")
-    predicted = predicted.float()  # a sum over many queries in fp16 overflows
+    # a sum over many queries in fp16 overflows; a float64 model's loss (and gradient) stays float64
+    predicted = predicted.to(compute_dtype(predicted))
     # scatter_ rather than one_hot: one_hot checks the ids' range with two host syncs per call
     try:
         codes = predicted.new_zeros(*targets.shape, S).scatter_(-1, targets[..., None].long(), 1.0)

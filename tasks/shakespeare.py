@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fwbench.tasks.base import acting_config, check_fields
 from fwbench.variants import parse_spec
+from fwbench.variants.kernels.precision import compute_dtype
 
 from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
 from .lm_evaluation import (
@@ -287,6 +288,8 @@ class ShakespeareTask:
             inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
         if not config.stream_eval and not config.sliding_stride:
             inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
+        if config.sample_tokens == 0:
+            inactive["temperature"] = "sample_tokens=0 samples no character"
         return inactive
 
     def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:
@@ -325,7 +328,8 @@ class ShakespeareTask:
             logits = torch.cat(pieces, dim=1)
         else:
             logits, _ = model(inputs)
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        # fp32 (float64 for a float64 model: .float() rounded its loss and gradients to fp32)
+        return F.cross_entropy(logits.to(compute_dtype(logits)).reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     @torch.no_grad()
     def evaluate(self, model: DecoderLM, config: ShakespeareConfig, generator: torch.Generator,

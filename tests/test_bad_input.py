@@ -1199,6 +1199,48 @@ def _(ctx):
     return answer
 
 
+@row("C110")
+def _(ctx):
+    ctx.monkeypatch.setattr("fwbench.bench.suite.matmul_peak_gflops", lambda *a, **k: pytest.fail("timed first"))
+    return cli(ctx, "bench", "--variants", "linear", "favor:m=65537", "--lengths", "16", "--no-extras", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C111")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    answer = cli(ctx, "probe", "--d-key", "1", "--out", "out")
+    assert not list(ctx.tmp_path.iterdir())  # refused before the output directory is made
+    return answer
+
+
+@row("C112")
+def _(ctx):
+    ctx.monkeypatch.setenv("FWBENCH_PACK", "²")
+    answer = cli(ctx, "run", "capacity", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made
+    return answer
+
+
+@row("C113")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the local launcher's check on a CUDA machine
+    ctx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert cli(ctx, "run", "capacity", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: --device: got 'cuda:²'; expected cuda:N with N < 2")
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C114")
+def _(ctx):
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    (ctx.tmp_path / "notes.txt").write_text("x = 1\n")
+    (ctx.tmp_path / "mine").mkdir()
+    assert cli(ctx, "probe", "--variant-module", "mine/", "--out", "out").startswith(
+        f"exit 2: fwbench: error: --variant-module: {str(ctx.tmp_path / 'mine')!r} is a directory; expected a .py file")
+    return cli(ctx, "probe", "--variant-module", "./notes.txt", "--out", "out")
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
@@ -1210,7 +1252,7 @@ def _(ctx):
                            "train_segments = 1\ntruncated_bptt = [true, false]\n")
 
 
-@row("G86")
+@row("G95")
 def _(ctx):
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"\nS = 3', 'variant = "linear-delta"\nsetting = 2\n'
                                              'S = 60\nchunk_size = [60, 64]'))
@@ -1219,6 +1261,25 @@ def _(ctx):
 @row("G85")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace("vocab_size = 16", "vocab_size = 9223372036854775807"))
+
+
+@row("G86")
+def _(ctx):
+    return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
+                           "sample_tokens = 0\ntemperature = [0.5, 1.0]\n")
+
+
+@row("G87")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace("eval_every = 2", "eval_every = [3, 100]"))
+
+
+@row("G88")
+def _(ctx):
+    assert grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "dpfp:nu=6"').replace(
+        "d_key = 4", "d_key = 3")).startswith(
+        "FwbenchError: grid one profile quick: variant dpfp:nu=6 at d_key 3: nu: got 6; expected an integer in [1, 5]")
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "favor:m=65537"'))
 
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.

@@ -70,6 +70,13 @@ class FeatureMap(nn.Module):
         super().__init__()
         self.d_key = positive_int("d_key", d_key)
 
+    @classmethod
+    def check_parameters(cls, d_key: int, **params: int) -> None:
+        """Raise :class:`VariantError` for a d_key or parameters this map refuses, without building it
+        (:func:`variants.registry.check_spec`: the grid loader and ``fwbench bench`` refuse such a spec
+        before anything runs). Maps with parameters extend it; their ``__init__`` runs the same checks."""
+        positive_int("d_key", d_key)
+
     @property
     def d_dot(self) -> int:
         """Output size of φ (the number of columns of the fast weight W)."""
@@ -174,22 +181,32 @@ class DPFP(FeatureMap):
     itself (φ(ck) = c²φ(k); a factor per key would change the weights between keys), so a query's
     mass zᵀφ(q) scales with the keys' squared size and falls below the normaliser's floor for keys
     small enough. The floor is the compute dtype's (:mod:`~variants.kernels.limits`: 1e-30 in fp32,
-    fp16 and bf16; 1e-300 in float64). Measured with N(0, 1)·c queries and keys (d_key 32, T 32,
-    ν = 1 and 2, the chunk form), rows sum to 1 (to the dtype's precision):
+    fp16 and bf16; 1e-300 in float64). A row falls short of 1 once its mass, c² times the query's
+    overlap with the keys before it, nears the floor, so the scale where that starts depends on the
+    data. Measured with N(0, 1)·c queries and keys (d_key 32, T 32, ν = 1 and 2, the chunk form,
+    32 seeds), every row sums to 1 (to the dtype's precision):
 
-    - fp32: for c from 1e-14 to 1e18; at c = 1e-15 the smallest row sum is 0.04–0.09, at 1e-16
-      about 1e-3, at 1e-20 0; from c ≈ 1e19 φ(k) overflows and the read is NaN;
-    - float64: for c from 1e-148 to 1e153; at c = 1e-150 the smallest row sum is 0.06–0.2, at
-      1e-152 about 1e-5; from c ≈ 1e154 φ(k) overflows and the read is NaN.
+    - fp32: for c from 1e-13 to 1e18; at c = 1e-14 a few seeds have a row below 1 (down to 0.01),
+      at 1e-15 every seed does (smallest row sums 7e-5 to 0.5), at 1e-16 they are below 0.01,
+      at 1e-20 0; from c ≈ 1e19 φ(k) overflows and the read is NaN;
+    - float64: for c from 1e-147 to 1e153; at c = 1e-148 one seed has a row at 0.9 (ν = 1), at
+      1e-150 every seed has one (smallest row sums 1e-4 to 0.5), at 1e-152 they are below 1e-4;
+      from c ≈ 1e154 φ(k) overflows and the read is NaN.
     """
 
     name = "dpfp"
 
     def __init__(self, d_key: int, nu: int = 1):
+        self.check_parameters(d_key, nu)
         super().__init__(d_key)
-        self.nu = positive_int("nu", nu)
-        if self.nu >= 2 * self.d_key:
-            raise bad_value("nu", nu, f"an integer in [1, {2 * self.d_key - 1}] (< 2·d_key)")
+        self.nu = int(nu)
+
+    @classmethod
+    def check_parameters(cls, d_key: int, nu: int = 1) -> None:
+        """d_key and ν positive integers, ν < 2·d_key (roll i pairs coordinate j with j − i mod 2·d_key)."""
+        super().check_parameters(d_key)
+        if positive_int("nu", nu) >= 2 * d_key:
+            raise bad_value("nu", nu, f"an integer in [1, {2 * d_key - 1}] (< 2·d_key)")
 
     @classmethod
     def output_size(cls, d_key: int, nu: int = 1) -> int:
@@ -317,12 +334,18 @@ class Favor(FeatureMap):
     name = "favor"
 
     def __init__(self, d_key: int, m: int = 64):
+        self.check_parameters(d_key, m)
         super().__init__(d_key)
-        self.m = positive_int("m", m)
-        if self.m > FAVOR_MAX_FEATURES:  # Ω is drawn in ⌈m / d_key⌉ QR blocks: m = 2**63 - 1 never returned
+        self.m = int(m)
+        self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
+
+    @classmethod
+    def check_parameters(cls, d_key: int, m: int = 64) -> None:
+        """d_key and m positive integers, m ≤ :data:`FAVOR_MAX_FEATURES`."""
+        super().check_parameters(d_key)
+        if positive_int("m", m) > FAVOR_MAX_FEATURES:  # Ω is drawn in ⌈m / d_key⌉ QR blocks: m = 2**63 - 1 never returned
             raise bad_value("m", m, f"an integer in [1, {FAVOR_MAX_FEATURES}] (FAVOR+'s overflow window holds "
                             "for at most that many random features)")
-        self.register_buffer("omega", orthogonal_gaussian(self.d_key, self.m))
 
     @classmethod
     def output_size(cls, d_key: int, m: int = 64) -> int:

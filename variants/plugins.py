@@ -33,7 +33,8 @@ def resolve_variant_module(entry: str, relative_to: str | Path | None = None,
     the setting in errors (``variant_modules`` in a grid, ``--variant-module`` on the command line).
 
     Raises:
-        VariantError: an empty entry, or a file that does not exist.
+        VariantError: an empty entry, a file that does not exist, a directory, or a file whose name
+            does not end in ``.py`` (Python has no loader for it: importing raised an AttributeError).
     """
     if not isinstance(entry, str) or not entry.strip():
         raise VariantError(f"{argument}: got {entry!r}; expected a path to a .py file or a module name")
@@ -44,9 +45,14 @@ def resolve_variant_module(entry: str, relative_to: str | Path | None = None,
     if not path.is_absolute() and relative_to is not None:
         path = Path(relative_to) / path
     path = path.resolve()
+    where = f" (relative paths are read from {relative_to})" if relative_to is not None else ""
+    if path.is_dir():  # "does not exist" would misname it
+        raise VariantError(f"{argument}: {str(path)!r} is a directory; expected a .py file{where}")
     if not path.is_file():
-        where = f" (relative paths are read from {relative_to})" if relative_to is not None else ""
         raise VariantError(f"{argument}: file {str(path)!r} does not exist; expected a .py file{where}")
+    if path.suffix != ".py":
+        raise VariantError(f"{argument}: file {str(path)!r} is not a .py file; expected a .py file (Python imports "
+                           "no other) or a module name")
     return str(path)
 
 

@@ -258,6 +258,22 @@ def d_dot_of(spec: str | VariantSpec, d_key: int) -> int | None:
         return factory(d_key, **spec.params).d_dot
 
 
+def check_spec(spec: str | VariantSpec, d_key: int) -> VariantSpec:
+    """``spec`` parsed, with its feature map's parameter checks run at ``d_key`` without building
+    tensors (:meth:`FeatureMap.check_parameters`: DPFP's ν < 2·d_key, FAVOR+'s m ≤ 2**16), so a
+    grid or a benchmark refuses it before anything runs; a spec parses whatever its parameters'
+    size. A plain factory (not a :class:`FeatureMap` class) is not checked: it would have to be built.
+
+    Raises:
+        VariantError: a bad spec, or parameters its feature map refuses at ``d_key``.
+    """
+    spec = parse_spec(spec)
+    factory = spec.info.feature_map
+    if isinstance(factory, type) and issubclass(factory, FeatureMap):
+        factory.check_parameters(d_key, **spec.params)
+    return spec
+
+
 def chunk_size_in_use(spec: str | VariantSpec, path: str, chunk_size: int | None = None) -> int | None:
     """The chunk size ``spec``'s attention runs ``path`` with when built with ``chunk_size``
     (``None``: the rule's default for the path), or ``None`` where no chunk size acts there.

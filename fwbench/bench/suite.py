@@ -43,8 +43,9 @@ from fwbench.bench.measure import (
 from fwbench.bench.regression import retrieval_step
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import describe_environment
-from fwbench.variants import DEFAULT_CHUNK_SIZE, build_attention, parse_spec
+from fwbench.variants import DEFAULT_CHUNK_SIZE, VariantError, build_attention, parse_spec
 from fwbench.variants.kernels import delta_rule_chunk
+from fwbench.variants.registry import check_spec
 
 FORWARD, FORWARD_BACKWARD = "forward", "forward+backward"
 MODES = (FORWARD, FORWARD_BACKWARD)
@@ -588,6 +589,10 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     chosen = tuple(variants) if variants else profile.variants
     for spec in chosen:
         parse_spec(spec)  # VariantError names the bad spec
+        try:  # and the feature map's own checks (FAVOR+'s m, DPFP's ν) before the matmul peak is timed
+            check_spec(spec, d_head)
+        except VariantError as exc:
+            raise FwbenchError(f"--variants: {spec} at d_head {d_head}: {exc}") from None
     chosen_lengths = tuple(lengths) if lengths else profile.lengths
     if any(not isinstance(T, int) or T < 1 for T in chosen_lengths):
         raise FwbenchError(f"--lengths: got {list(chosen_lengths)}; expected positive integers")

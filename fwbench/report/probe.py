@@ -85,7 +85,9 @@ def probe_variant(spec: str, d_key: int = 64, ratios: tuple[float, ...] = PROBE_
     rows = []
     for ratio in ratios:
         S = max(2, round(ratio * d_dot))
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + S)
+        # modulo torch's seed range (2**64): --seed 2**63 - 1, which the command accepts, overflowed
+        # manual_seed ("Overflow when unpacking long long"); every seed that fitted keeps its stream
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + S) % 2**64)
         torch.manual_seed(seed)  # FAVOR+ draws its features from the global RNG
         attention.redraw_features()
         keys = torch.randn(trials, 1, S, d_key, generator=generator)

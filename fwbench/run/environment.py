@@ -76,6 +76,13 @@ def set_torch_threads(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+def _is_index(text: str) -> bool:
+    """Whether ``text`` is a device index int() reads: ASCII digits only (str.isdigit() admits
+    '²', which int() refuses: ``--device cuda:²`` raised a ValueError traceback on a CUDA machine and
+    reached every Ray worker as a device that cannot exist)."""
+    return text.isascii() and text.isdigit()
+
+
 def check_device_name(device: str) -> str:
     """Validate a device name without needing the device here (Ray workers resolve it remotely).
 
@@ -83,7 +90,7 @@ def check_device_name(device: str) -> str:
         FwbenchError: not one of auto, cpu, cuda, cuda:N.
     """
     index = device.partition(":")[2] if device.startswith("cuda:") else ""
-    if device in DEVICE_CHOICES or (device.startswith("cuda:") and index.isdigit()):
+    if device in DEVICE_CHOICES or (device.startswith("cuda:") and _is_index(index)):
         return device
     raise FwbenchError(f"--device: got {device!r}; expected one of auto, cpu, cuda, cuda:N")
 
@@ -105,7 +112,7 @@ def resolve_device(device: str) -> torch.device:
                 "use --device cpu (or auto)"
             )
         index = device.partition(":")[2]
-        if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
+        if index and (not _is_index(index) or int(index) >= torch.cuda.device_count()):
             raise FwbenchError(f"--device: got {device!r}; expected cuda:N with N < {torch.cuda.device_count()}")
         return torch.device(device)
     raise FwbenchError(f"--device: got {device!r}; expected one of auto, cpu, cuda, cuda:N")

@@ -49,6 +49,7 @@ from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
 from fwbench.variants.kernels.chunking import chunk_length
+from fwbench.variants.registry import check_spec
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 #: The grids ``fwbench reproduce`` runs, in order: together they regenerate the paper's claims
@@ -298,6 +299,11 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             spec.run_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
         except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
+        if hasattr(config, "d_key"):  # DPFP's ν < 2·d_key, FAVOR+'s m ≤ 2**16: checked when a run built its model
+            try:
+                check_spec(variant, config.d_key)
+            except VariantError as exc:
+                raise FwbenchError(f"{where}: variant {variant} at d_key {config.d_key}: {exc}") from None
         specs.append(spec)
     seen: dict[str, RunSpec] = {}
     for spec in specs:
@@ -356,6 +362,9 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
         if key in inactive:
             reasons.append(f"{key} ({values}) has no effect: {inactive[key]}")
+        elif key == "eval_every" and min(first.config[key], second.config[key]) > first.config.get("max_steps", math.inf):
+            reasons.append(f"eval_every ({values}) has no effect: both exceed max_steps={first.config['max_steps']}, so "
+                           "the run is evaluated at its last step only")
         elif key in acting:
             reasons.append(f"{key} {values} act alike for variant {first.variant} (both run with {key}={acting[key]!r})")
         elif key == "chunk_size":

@@ -52,7 +52,7 @@ def pack_policy(enabled: bool = True) -> PackPolicy:
         return PackPolicy(max_runs=1)
     if value in ("", "auto"):
         return PackPolicy()
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):  # str.isdigit() admits '²', which int() refuses (a traceback)
         raise FwbenchError(f"$FWBENCH_PACK: got {value!r}; expected auto or a non-negative integer (0 or 1: no packing)")
     return PackPolicy(max_runs=max(int(value), 1), forced=True)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fwbench.cli import main
-from fwbench.report.probe import least_squares_bound, probe_variant, run_probe
+from fwbench.report.probe import PROBE_D_VALUE, least_squares_bound, probe_variant, run_probe
 from fwbench.run.grid import PAPER_GRIDS
 
 TINY_SETTING2 = """
@@ -165,3 +165,25 @@ def test_probe_bytes_counts_the_largest_variant_by_hand():
     assert probe_bytes(64, 4) == 4 * (4 * 1536 * (64 + 384 + 2 * 64) + 64 * 384)
     # FAVOR+ (d_dot 2m = 128, whatever d_key) is the widest at a small d_key: S = 512
     assert probe_bytes(4, 1, variants=["favor:m=64", "linear"]) == 4 * (512 * (4 + 128 + 128) + 4 * 128)
+
+
+def test_probe_at_the_largest_accepted_seed_reads_its_keys_by_a_naive_sum_rule():
+    """``--seed`` accepts [0, 2**63); seed · 1_000_003 + S overflowed torch's seed range for seeds
+    ≳ 1.8e13 (a traceback). The keys of each S are drawn from that value modulo 2**64, and the error
+    is 1 − cos² between the values and a naive sum-rule read, Σ_s φ(k_s)·φ(q) v_s / Σ_s φ(k_s)·φ(q)."""
+    seed, d_key, trials = 2**63 - 1, 4, 2
+    rows = probe_variant("linear", d_key=d_key, ratios=(0.5, 2.0), trials=trials, seed=seed)
+    for row in rows:
+        S = row["S"]
+        generator = torch.Generator().manual_seed((seed * 1_000_003 + S) % 2**64)
+        keys = torch.randn(trials, S, d_key, generator=generator).double()
+        values = torch.randn(trials, S, PROBE_D_VALUE, generator=generator).double()
+        phi = torch.nn.functional.elu(keys) + 1
+        errors = []
+        for trial in range(trials):
+            for query in range(S):
+                weights = torch.stack([phi[trial, s] @ phi[trial, query] for s in range(S)])
+                read = (weights[:, None] * values[trial]).sum(0) / weights.sum()
+                cosine = read @ values[trial, query] / (read.norm() * values[trial, query].norm())
+                errors.append(1 - cosine**2)
+        assert row["error"] == pytest.approx(torch.stack(errors).mean().item(), abs=1e-5)

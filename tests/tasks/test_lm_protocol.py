@@ -164,11 +164,13 @@ def test_protocol_fields_are_checked_with_one_clear_line(fields, expected):
     ({"train_segments": 1}, {"train_segments": 2}, "truncated_bptt", True),
     ({"schedule": "constant"}, {"schedule": "noam"}, "warmup_steps", 7),
     ({"stream_eval": False, "sliding_stride": 0}, {"stream_eval": False, "sliding_stride": 8}, "stream_characters", 4096),
+    ({"sample_tokens": 0}, {"sample_tokens": 5}, "temperature", 1.3),
 ])
 def test_run_id_hashes_a_key_only_where_it_acts(where_inactive, where_active, key, value):
-    """truncated_bptt at one segment, warmup_steps under a constant schedule and stream_characters
-    with no stream evaluation change nothing a run computes: such a run has the id of the one with the
-    key at its default (so runs at the default keep their ids); where the key acts, the id changes."""
+    """truncated_bptt at one segment, warmup_steps under a constant schedule, stream_characters
+    with no stream evaluation and temperature with no character sampled change nothing a run
+    computes: such a run has the id of the one with the key at its default (so runs at the default
+    keep their ids); where the key acts, the id changes."""
     from dataclasses import asdict
 
     from fwbench.run.grid import RunSpec

@@ -281,3 +281,27 @@ def test_elu_shift_changes_no_bit_for_tokens_with_a_coordinate_above_the_thresho
     feature_map = module("linear").feature_map
     assert torch.equal(feature_map.for_queries(q), F.elu(q) + 1.0)
     assert torch.equal(feature_map.normalized(q), sum_normalize(F.elu(q) + 1.0))
+
+
+@pytest.mark.parametrize(("dtype", "safe", "short"), [(torch.float32, (1e-13, 1e18), 1e-15),
+                                                      (torch.float64, (1e-147, 1e153), 1e-150)])
+@pytest.mark.parametrize("nu", [1, 2])
+def test_dpfp_rows_sum_to_one_over_the_scales_its_docstring_states(dtype, safe, short, nu):
+    """The DPFP docstring's ranges, over its 32 seeds: every row sums to 1 at both ends of the stated
+    range; two decades below, every seed has a row short of 1; in fp32 one decade below, some seed
+    does already (the docstring said 1e-14 was safe: seed 2 read a row summing to 0.69 at ν = 2,
+    break-it finding h-break14g)."""
+    attention = variants.build_attention(f"dpfp:nu={nu}", 32, form="chunk").to(dtype)
+    identity = torch.eye(32, dtype=dtype)[None, None]
+
+    def smallest_row_sum(scale: float, seed: int) -> float:
+        g = torch.Generator().manual_seed(seed)
+        q, k = (torch.randn(1, 1, 32, 32, generator=g, dtype=torch.float64) * scale for _ in range(2))
+        y, _ = attention(q.to(dtype), k.to(dtype), identity)
+        return y.double().sum(-1).min().item()
+
+    for scale in safe:
+        assert all(abs(smallest_row_sum(scale, seed) - 1) < 1e-5 for seed in range(32)), scale
+    assert all(smallest_row_sum(short, seed) < 0.95 for seed in range(32))
+    if dtype == torch.float32:
+        assert min(smallest_row_sum(1e-14, seed) for seed in range(32)) < 0.95
