@@ -277,6 +277,16 @@ class ShakespeareTask:
         if corpus.valid.numel() < config.context + 1:  # every run of the grid would fail alike: a setup error
             raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
                               f"validation characters; expected at least context + 1 = {config.context + 1}")
+        longest = max(CARRIED_MULTIPLES) * config.sequence_length
+        stream = min(config.stream_characters or corpus.valid.numel(), corpus.valid.numel())
+        if config.stream_eval and stream < longest + 1:
+            # validate() checks a stream_characters it is given; the split itself may be shorter: the carried
+            # evaluation then read the whole stream at every length and recorded carried_ppl_16x for a length
+            # it never carried
+            raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
+                              f"validation characters (stream_characters={config.stream_characters}); the long-context "
+                              f"evaluation needs at least {max(CARRIED_MULTIPLES)} × context × train_segments + 1 = "
+                              f"{longest + 1} (or stream_eval = false)")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
     def inactive_keys(self, config: ShakespeareConfig) -> dict[str, str]:

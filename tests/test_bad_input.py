@@ -11,6 +11,7 @@ the table cannot drift from the code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
+from fwbench.tasks.corpus import CorpusError
+from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask
 from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 from fwbench.variants.kernels import fla_dispatch
 
@@ -1239,6 +1242,16 @@ def _(ctx):
     assert cli(ctx, "probe", "--variant-module", "mine/", "--out", "out").startswith(
         f"exit 2: fwbench: error: --variant-module: {str(ctx.tmp_path / 'mine')!r} is a directory; expected a .py file")
     return cli(ctx, "probe", "--variant-module", "./notes.txt", "--out", "out")
+
+
+@row("H81")
+def _(ctx):
+    text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
+    (ctx.tmp_path / "input.txt").write_text(text)
+    task = ShakespeareTask(data_dir=ctx.tmp_path, sha256=hashlib.sha256(text.encode()).hexdigest())
+    config = ShakespeareConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, context=16,
+                               train_fraction=(len(text) - 200 + 0.5) / len(text))
+    return raised(CorpusError, task.build_model, config, "linear")
 
 
 @row("G83")
