@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fwbench.tasks.base import acting_config, check_fields
+from fwbench.tasks.base import check_fields, forward_acting_config
 from fwbench.variants import parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -307,7 +307,7 @@ class ShakespeareTask:
         of :meth:`inactive_keys` is hashed at its default value, whatever the grid gave it, so that its
         values name one run (a grid that varies it is refused as naming a run twice) and runs that
         leave it at its default keep their ids."""
-        acting = acting_config(config, variant, config.form)
+        acting = forward_acting_config(config, variant)
         defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
         for key in self.inactive_keys(config):
             acting[key] = defaults[key]

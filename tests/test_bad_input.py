@@ -1265,6 +1265,11 @@ def _(ctx):
                            "train_segments = 1\ntruncated_bptt = [true, false]\n")
 
 
+@row("G89")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = "softmax"\nform = ["auto", "parallel"]'))
+
+
 @row("G85")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace("vocab_size = 16", "vocab_size = 9223372036854775807"))
