@@ -14,7 +14,7 @@ import torch
 
 from fwbench.run.grid import RunSpec
 from fwbench.run.training import fit
-from fwbench.tasks import MQARConfig, ShakespeareConfig
+from fwbench.tasks import MQARConfig, RetrievalConfig, ShakespeareConfig
 from fwbench.variants.registry import form_in_use
 
 CONFIGS = {"mqar": MQARConfig(vocab_size=16, seq_len=16, num_kv_pairs=2, d_model=8, batch_size=4, eval_sequences=8,
@@ -44,3 +44,22 @@ def test_softmax_forms_that_share_an_id_compute_the_same_record():
     results = [fit("mqar", "softmax", replace(CONFIGS["mqar"], form=form), 1, torch.device("cpu"))
                for form in ("auto", "parallel", "chunk")]
     assert results[0].curve == results[1].curve == results[2].curve
+
+
+def retrieval_id(variant: str, form: str) -> str:
+    return RunSpec("g", "retrieval", variant, 1, asdict(RetrievalConfig(setting=2, S=5, form=form))).run_id
+
+
+def test_retrieval_softmax_forms_that_write_alike_share_a_run_id():
+    """Every form writes softmax's cache alike (write_read reads after write()): parallel, chunk and
+    recurrent name one run; auto without a window reads through the one-hot path, a run of its own."""
+    assert len({retrieval_id("softmax", form) for form in ("parallel", "chunk", "recurrent")}) == 1
+    assert retrieval_id("softmax", "auto") != retrieval_id("softmax", "chunk")
+    assert len({retrieval_id("softmax:window=3", form) for form in ("auto", "parallel", "chunk", "recurrent")}) == 1
+    assert retrieval_id("softmax", "auto") == RunSpec("g", "retrieval", "softmax", 1,
+                                                      asdict(RetrievalConfig(setting=2, S=5))).run_id
+    torch.set_num_threads(1)
+    config = RetrievalConfig(setting=2, S=5, d_key=8, batch_size=4, eval_sequences=4, eval_every=3, max_steps=3)
+    curves = [fit("retrieval", "softmax:window=3", replace(config, form=form), 1, torch.device("cpu")).curve
+              for form in ("auto", "parallel", "recurrent")]
+    assert curves[0] == curves[1] == curves[2]
