@@ -1254,6 +1254,14 @@ def _(ctx):
     return raised(CorpusError, task.build_model, config, "linear")
 
 
+@row("C115")
+def _(ctx):
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
