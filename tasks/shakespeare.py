@@ -308,6 +308,8 @@ class ShakespeareTask:
         values name one run (a grid that varies it is refused as naming a run twice) and runs that
         leave it at its default keep their ids."""
         acting = forward_acting_config(config, variant)
+        if config.schedule == "noam" and config.warmup_steps == 0:  # the noam factor warms up over max(warmup, 1)
+            acting["warmup_steps"] = 1
         defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
         for key in self.inactive_keys(config):
             acting[key] = defaults[key]
