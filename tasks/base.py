@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from fwbench.variants import FORMS, chunk_size_in_use
+from fwbench.variants.registry import form_in_use
 
 
 class TaskConfig(Protocol):
@@ -117,6 +118,18 @@ def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:
             del acting["chunk_size"]
         else:
             acting["chunk_size"] = used
+    return acting
+
+
+def forward_acting_config(config: Any, variant: str) -> dict[str, Any]:
+    """:func:`acting_config` for a task whose model runs the attention's ``forward`` in ``config.form``
+    (MQAR, the language model), with a form that runs the kernels ``auto`` runs written as ``auto``:
+    ``chunk`` for the sum and delta rules, ``recurrent`` for the FWM rule, ``parallel`` and ``chunk``
+    for softmax (:func:`variants.registry.form_in_use`). They compute one run; hashed as given, they
+    trained it once per name (every run stored so far names ``auto``, so their ids are unchanged)."""
+    acting = acting_config(config, variant, config.form)
+    if form_in_use(variant, config.form) == form_in_use(variant, "auto"):
+        acting["form"] = "auto"
     return acting
 
 

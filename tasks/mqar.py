@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import acting_config, check_fields
+from fwbench.tasks.base import check_fields, forward_acting_config
 from fwbench.variants import AttentionLayer, parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -219,7 +219,7 @@ class MQARTask:
 
     def acting_config(self, config: MQARConfig, variant: str) -> dict:
         """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
-        return acting_config(config, variant, config.form)
+        return forward_acting_config(config, variant)
 
     def chunked_tokens(self, config: MQARConfig) -> int:
         """Tokens T of every chunked attention call of a run, training and evaluation alike

@@ -342,8 +342,14 @@ class RetrievalTask:
         """The config keys that change what ``variant`` computes (the run id hashes these): the
         chunk size only where the write-then-read path of ``config.form`` is chunked (the delta
         rule's fused kernel and write), as the chunk size it runs with (see
-        :func:`fwbench.tasks.base.acting_config`)."""
-        return acting_config(config, variant, write_read_path(config.form))
+        :func:`fwbench.tasks.base.acting_config`). Softmax's memory is its keys and values, which every
+        form writes alike: its forms are hashed as ``chunk`` (one run), but for ``auto`` without a
+        window, which reads through the code-free one-hot path."""
+        acting = acting_config(config, variant, write_read_path(config.form))
+        spec = parse_spec(variant)
+        if spec.info.update_rule is None and not (config.form == "auto" and spec.params.get("window") is None):
+            acting["form"] = "chunk"
+        return acting
 
     def chunked_tokens(self, config: RetrievalConfig) -> int:
         """Tokens T of every chunked write of a run, training and evaluation alike: the sequence

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fwbench.tasks.base import acting_config, check_fields
+from fwbench.tasks.base import check_fields, forward_acting_config
 from fwbench.variants import parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -277,6 +277,16 @@ class ShakespeareTask:
         if corpus.valid.numel() < config.context + 1:  # every run of the grid would fail alike: a setup error
             raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
                               f"validation characters; expected at least context + 1 = {config.context + 1}")
+        longest = max(CARRIED_MULTIPLES) * config.sequence_length
+        stream = min(config.stream_characters or corpus.valid.numel(), corpus.valid.numel())
+        if config.stream_eval and stream < longest + 1:
+            # validate() checks a stream_characters it is given; the split itself may be shorter: the carried
+            # evaluation then read the whole stream at every length and recorded carried_ppl_16x for a length
+            # it never carried
+            raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
+                              f"validation characters (stream_characters={config.stream_characters}); the long-context "
+                              f"evaluation needs at least {max(CARRIED_MULTIPLES)} × context × train_segments + 1 = "
+                              f"{longest + 1} (or stream_eval = false)")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
     def inactive_keys(self, config: ShakespeareConfig) -> dict[str, str]:
@@ -297,7 +307,9 @@ class ShakespeareTask:
         of :meth:`inactive_keys` is hashed at its default value, whatever the grid gave it, so that its
         values name one run (a grid that varies it is refused as naming a run twice) and runs that
         leave it at its default keep their ids."""
-        acting = acting_config(config, variant, config.form)
+        acting = forward_acting_config(config, variant)
+        if config.schedule == "noam" and config.warmup_steps == 0:  # the noam factor warms up over max(warmup, 1)
+            acting["warmup_steps"] = 1
         defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
         for key in self.inactive_keys(config):
             acting[key] = defaults[key]

@@ -11,6 +11,7 @@ the table cannot drift from the code.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
+from fwbench.tasks.corpus import CorpusError
+from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask
 from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 from fwbench.variants.kernels import fla_dispatch
 
@@ -1241,6 +1244,24 @@ def _(ctx):
     return cli(ctx, "probe", "--variant-module", "./notes.txt", "--out", "out")
 
 
+@row("H81")
+def _(ctx):
+    text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
+    (ctx.tmp_path / "input.txt").write_text(text)
+    task = ShakespeareTask(data_dir=ctx.tmp_path, sha256=hashlib.sha256(text.encode()).hexdigest())
+    config = ShakespeareConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, context=16,
+                               train_fraction=(len(text) - 200 + 0.5) / len(text))
+    return raised(CorpusError, task.build_model, config, "linear")
+
+
+@row("C115")
+def _(ctx):
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
@@ -1250,6 +1271,11 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
                            "train_segments = 1\ntruncated_bptt = [true, false]\n")
+
+
+@row("G89")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = "softmax"\nform = ["auto", "parallel"]'))
 
 
 @row("G95")

@@ -390,6 +390,14 @@ class SoftmaxAttention(Attention):
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         return KVCacheState(k, v, position)
 
+    def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None, state=None) -> Tensor:
+        """``read(q, write(k, v, beta, state))`` whatever the module's form: the cache is the keys and
+        values themselves, which no form computes differently. (Writing with ``forward`` in the
+        parallel or recurrent form, as other variants do, kept ``window − 1`` tokens, what the next
+        token's query needs beside its own key, so under a window a read saw one key fewer than after
+        :meth:`write`, and the retrieval task's answers changed with the form.)"""
+        return self.read(q, self.write(k, v, beta, state))
+
     def read(self, q: Tensor, state: KVCacheState) -> Tensor:
         """Every query attends to every cached key; nothing is written."""
         if state is None:

@@ -274,6 +274,22 @@ def check_spec(spec: str | VariantSpec, d_key: int) -> VariantSpec:
     return spec
 
 
+def form_in_use(spec: str | VariantSpec, form: str) -> str:
+    """The kernel form ``spec``'s ``forward`` runs when built with ``form``: the rule's (``auto``: its
+    fastest, e.g. ``chunk`` for the sum and delta rules, ``recurrent`` for the FWM rule); for softmax
+    ``recurrent``, else its one parallel kernel (its chunk form is its parallel form).
+
+    Raises:
+        VariantError: an unknown form, or one the rule has no kernel for (FWM: only recurrent).
+    """
+    if form not in FORMS:
+        raise bad_value("form", form, f"one of {', '.join(FORMS)}")
+    rule = parse_spec(spec).info.update_rule
+    if rule is None:
+        return "recurrent" if form == "recurrent" else "parallel"
+    return rule.kernel_form(form)
+
+
 def chunk_size_in_use(spec: str | VariantSpec, path: str, chunk_size: int | None = None) -> int | None:
     """The chunk size ``spec``'s attention runs ``path`` with when built with ``chunk_size``
     (``None``: the rule's default for the path), or ``None`` where no chunk size acts there.

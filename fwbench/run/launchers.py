@@ -182,7 +182,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
     than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum;
     and an empty ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as no address
-    and silently ran every run on a Ray instance started on this machine instead of the cluster.
+    and silently ran every run on a Ray instance started on this machine instead of the cluster; an
+    empty ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``) likewise.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -190,6 +191,9 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.ray_address == "":
         raise FwbenchError("--ray-address: got ''; expected a Ray cluster address such as auto or HOST:6379 (leave "
                            "the option out to use $RAY_ADDRESS or start a local instance)")
+    if options.ray_address is None and os.environ.get("RAY_ADDRESS") == "":
+        raise FwbenchError("$RAY_ADDRESS: got ''; expected a Ray cluster address such as auto or HOST:6379 (unset it, "
+                           "or leave it out, to start a local instance; --ray-address overrides it)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(

@@ -180,3 +180,20 @@ def test_run_id_hashes_a_key_only_where_it_acts(where_inactive, where_active, ke
 
     assert run_id(**where_inactive, **{key: value}) == run_id(**where_inactive)
     assert run_id(**where_active, **{key: value}) != run_id(**where_active)
+
+
+def test_noam_warmup_of_zero_and_one_steps_is_one_run():
+    """The noam factor warms up over max(warmup_steps, 1) steps, so 0 and 1 train alike: one run id
+    (found by h-break14g: warmup_steps = [0, 1] trained it twice); 2 differs."""
+    from dataclasses import asdict
+
+    from fwbench.run.grid import RunSpec
+    from fwbench.run.optimization import noam_factor
+
+    assert [noam_factor(step, 0) for step in range(1, 6)] == [noam_factor(step, 1) for step in range(1, 6)]
+
+    def run_id(**config):
+        return RunSpec("g", "shakespeare", "linear", 1, asdict(ShakespeareConfig(**config))).run_id
+
+    assert run_id(warmup_steps=0) == run_id(warmup_steps=1) != run_id(warmup_steps=2)
+    assert run_id(warmup_steps=100) == RunSpec("g", "shakespeare", "linear", 1, asdict(ShakespeareConfig())).run_id

@@ -1,0 +1,40 @@
+"""Windowed softmax answers a read from the same memory in every form (found by h-break14g).
+
+``write_read`` wrote with ``forward`` in the parallel and recurrent forms, whose cache keeps the last
+``window − 1`` tokens (what the next token's query needs beside its own key), and with ``write``,
+which keeps ``window``, in the others: under a window a read after the parallel or recurrent form saw
+one key fewer, and the retrieval task's losses changed with the form (0.4368 against 0.4327 after three
+steps of Setting 2, S = 5, window 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fwbench import variants
+
+T, D_KEY, D_V, WINDOW = 9, 4, 3, 3
+
+
+def last_keys_read(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Each query attends to the last ``window`` written keys (all of them without a window)."""
+    kept = slice(None) if window is None else slice(-window, None)
+    keys, values = k[:, :, kept], v[:, :, kept]
+    return torch.softmax(q @ keys.mT / math.sqrt(q.shape[-1]), dim=-1) @ values
+
+
+@pytest.mark.parametrize("window", [None, 1, WINDOW, T + 2])
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+def test_write_read_reads_the_last_window_keys_in_every_form(form, window):
+    spec = "softmax" if window is None else f"softmax:window={window}"
+    attention = variants.build_attention(spec, D_KEY, form=form)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, T, D_KEY, generator=g, dtype=torch.float64), torch.randn(2, 2, T, D_V, generator=g,
+                                                                                      dtype=torch.float64)
+    q = torch.randn(2, 2, 4, D_KEY, generator=g, dtype=torch.float64)
+    expected = last_keys_read(q, k, v, window)
+    torch.testing.assert_close(attention.write_read(k, v, q), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(attention.read(q, attention.write(k, v)), expected, rtol=1e-12, atol=1e-12)
