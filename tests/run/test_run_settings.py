@@ -45,3 +45,25 @@ def test_a_worker_applies_the_settings_before_the_run(monkeypatch, tmp_path):
 def test_an_unknown_setting_is_refused_in_one_line():
     with pytest.raises(FwbenchError, match=r"^settings: got 'HOME'; expected names among FWBENCH_DATA_DIR, "):
         apply_run_settings({"HOME": "/"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_a_worker_process_tunes_the_allocator_as_the_command_does(monkeypatch, setting):
+    """``fwbench run … --jobs 2`` (and Ray) trains in worker processes that never ran the command's
+    start-up: their records said ``malloc_tuning: false`` and their runs trained untuned, while the
+    same grid in one process recorded true. A worker applies the tuning as the command does, and
+    leaves it off where ``FWBENCH_MALLOC_TUNING=0`` asks for that."""
+    import platform
+
+    from fwbench.run.grid import RunSpec
+    from fwbench.run.launchers import LaunchOptions, launch_local_jobs
+
+    monkeypatch.setenv("FWBENCH_MALLOC_TUNING", setting)  # a spawned worker inherits this environment
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1,
+                   config={"setting": 1, "S": 4, "batch_size": 4, "d_key": 8, "max_steps": 1, "eval_every": 1,
+                           "eval_sequences": 4})
+    record, = launch_local_jobs([spec], LaunchOptions(jobs=2, device="cpu"))
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert record["status"] == "max_steps"
+    assert record["environment"]["malloc_tuning"] is (glibc and setting == "1")
