@@ -1307,6 +1307,11 @@ def _(ctx):
         "FwbenchError: grid one profile quick: variant dpfp:nu=6 at d_key 3: nu: got 6; expected an integer in [1, 5]")
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "favor:m=65537"'))
 
+
+@row("G91")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "dropout = [0.0, -0.0]\n")
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

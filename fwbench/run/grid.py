@@ -228,6 +228,10 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
+    if expected is float and value == 0:
+        # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
+        # but json.dumps writes it "-0.0": it was a second run id for one computation
+        return 0.0
     if key == "seed" and not 0 <= value < 2**63:
         raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer below 2**63")
     return value
