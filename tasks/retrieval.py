@@ -351,6 +351,12 @@ class RetrievalTask:
             acting["form"] = "chunk"
         return acting
 
+    def rounded_sizes(self, config: RetrievalConfig) -> dict[str, int]:
+        """The sizes float keys act as: ``embedding_factor`` as the key embedding's int(embedding_factor · S)
+        features (two factors that round to one size build the same model; see
+        :func:`fwbench.run.grid._refuse_equal_sizes`)."""
+        return {"embedding_factor": int(config.embedding_factor * config.S)}
+
     def chunked_tokens(self, config: RetrievalConfig) -> int:
         """Tokens T of every chunked write of a run, training and evaluation alike: the sequence
         (S in Setting 1, 2S in Setting 2), so chunk sizes with equal

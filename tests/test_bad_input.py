@@ -1312,6 +1312,11 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "dropout = [0.0, -0.0]\n")
 
+
+@row("G92")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace("S = 3", "S = 20\nembedding_factor = [2.2, 2.21]"))
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

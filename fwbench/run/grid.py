@@ -263,6 +263,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         for spec in _expand_block(grid, profile, block, seeds, where):
             specs.setdefault(spec.run_id, spec)
     _refuse_equal_chunking(f"grid {grid.name} profile {profile}", list(specs.values()))
+    _refuse_equal_sizes(f"grid {grid.name} profile {profile}", list(specs.values()))
     return list(specs.values())
 
 
@@ -315,6 +316,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
         seen[spec.run_id] = spec
     _refuse_equal_chunking(where, specs)
+    _refuse_equal_sizes(where, specs)
     return specs
 
 
@@ -347,6 +349,34 @@ def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
                 f"{where}: the run {spec.label} appears twice: chunk_size {sizes[0]} and {sizes[1]} both cut its "
                 f"T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at most {length} "
                 "tokens (the chunk forms balance their chunks), which compute the same numbers; list one of them")
+
+
+def _refuse_equal_sizes(where: str, specs: list[RunSpec]) -> None:
+    """Refuse two cells whose configs differ only in values the task rounds to one size.
+
+    A task that builds a size from a float says so with ``rounded_sizes(config)`` (key → the size it
+    acts as): the retrieval model's key embedding has int(embedding_factor · S) features, so at S = 20
+    ``embedding_factor`` 2.2 and 2.21 both build 44 and compute the same numbers under two run ids.
+
+    Raises:
+        FwbenchError: two cells whose rounded sizes and other acting keys are equal.
+    """
+    seen: dict[tuple, RunSpec] = {}
+    for spec in specs:
+        task = TASKS[spec.task]
+        if not hasattr(task, "rounded_sizes"):
+            continue
+        config = spec.task_config()
+        sizes = task.rounded_sizes(config)
+        acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+        key = (spec.variant, spec.seed, json.dumps({**acting, **sizes}, sort_keys=True))
+        first = seen.setdefault(key, spec)
+        if first is not spec:
+            differing = [name for name in sizes if first.config[name] != spec.config[name]]
+            values = "; ".join(f"{name} {first.config[name]!r} and {spec.config[name]!r} both act as {sizes[name]}"
+                               for name in differing)
+            raise FwbenchError(f"{where}: the run {spec.label} appears twice: {values} (the size the task builds "
+                               "from them), which compute the same numbers; list one of them")
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:
