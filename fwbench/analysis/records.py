@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from fwbench.run.strict_json import restore_non_finite
+
 #: Best eval loss at or below which a memory counts as retrieving (the capacity threshold).
 CAPACITY_THRESHOLD = 0.01
 
@@ -27,9 +29,11 @@ TASK_METRICS = {
 def records_frame(records: list[dict]) -> pd.DataFrame:
     """One row per record: grid, task, variant spec, seed, every config field, metrics, status,
     and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``. Every
-    :data:`TASK_METRICS` column of the tasks present exists (NaN where a run did not measure it)."""
+    :data:`TASK_METRICS` column of the tasks present exists (NaN where a run did not measure it).
+    A value the record lists in ``non_finite`` (written as null) is read as the float it was
+    (:func:`~fwbench.run.strict_json.restore_non_finite`): an overflowed perplexity is inf, not missing."""
     rows = []
-    for r in records:
+    for r in map(restore_non_finite, records):  # values written as null because they were inf or NaN
         row = {
             "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
             "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import matplotlib
@@ -76,15 +78,23 @@ def long_context_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     each bucket in characters (log scale).
     """
     fig, ax = plt.subplots(figsize=(8, 5))
+    plotted = False
     for row, label, style in _runs(rows):
         evaluation = row.get("final_evaluation")
         if not isinstance(evaluation, dict) or "long_context" not in evaluation:
             continue
         lc = evaluation["long_context"]
-        ends = [hi for _, hi in lc["buckets"]]
-        ratio = [c / r for c, r in zip(lc["carried_ppl"], lc["reset_ppl"], strict=True)]
-        ax.plot(ends, ratio, ms=4, label=label, **style)
+        # a perplexity that overflowed (inf in both: a ratio of NaN) has no point on a log axis
+        points = [(hi, c / r) for (_, hi), c, r in zip(lc["buckets"], lc["carried_ppl"], lc["reset_ppl"], strict=True)
+                  if math.isfinite(c / r) and c / r > 0]
+        if points:
+            ax.plot(*zip(*points), ms=4, label=label, **style)
+            plotted = True
     ax.axhline(1.0, color="grey", lw=0.8)
+    if not plotted:  # log axes without a positive point fail in matplotlib's tick locator
+        ax.text(0.5, 0.5, "no finite ratio: every perplexity overflowed", ha="center", transform=ax.transAxes)
+        ax.set_title(title)
+        return save(fig, path)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("position in the validation stream (characters, end of bucket)")

@@ -52,6 +52,30 @@ def sanitize_record(record: dict[str, Any]) -> dict[str, Any]:
     return clean
 
 
+def restore_non_finite(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a record read back from a strict file with each value its ``non_finite`` lists put
+    back as the float it was (``nan``, ``inf``, ``-inf``), so that the analysis computes with an
+    overflowed perplexity as it was measured (inf / inf is NaN, a ratio of null and null a TypeError
+    traceback in ``fwbench report``). A path that no longer leads to a value is left as it is.
+    """
+    replaced = record.get(NON_FINITE_KEY)
+    if not isinstance(replaced, dict) or not replaced:
+        return record
+    restored = json.loads(json.dumps(record))  # a deep copy: the caller's record is unchanged
+    for path, value in replaced.items():
+        *parents, last = str(path).split(".")
+        container: Any = restored
+        try:
+            for part in parents:
+                container = container[int(part)] if isinstance(container, list) else container[part]
+            index = int(last) if isinstance(container, list) else last
+            if container[index] is None:
+                container[index] = float(value)
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return restored
+
+
 def strict_dumps(record: dict[str, Any], **kwargs: Any) -> str:
     """``json.dumps`` of :func:`sanitize_record` (``record``), refusing any non-finite value left
     (``allow_nan=False``); ``kwargs`` go to ``json.dumps`` (``indent``, ``sort_keys``)."""
