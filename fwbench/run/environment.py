@@ -21,6 +21,9 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 #: the corpus cache, the allocator tuning and the fla dispatch switch. A run executed in another process (a Ray worker of a
 #: cluster started elsewhere) receives their values as they are here (:func:`run_settings`).
 RUN_SETTINGS_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV, TUNING_ENV, FLA_ENV)
+#: The switches among them, whose unset value means their default (on): a worker whose own environment
+#: sets one that the launching process leaves unset has it removed, and runs the default that was asked for.
+SWITCH_ENV = (TUNING_ENV, FLA_ENV)
 
 
 def run_settings() -> dict[str, str]:
@@ -29,7 +32,11 @@ def run_settings() -> dict[str, str]:
 
 
 def apply_run_settings(settings: dict[str, str]) -> None:
-    """Set the variables of :func:`run_settings` (from the process that launched the run) here.
+    """Set the variables of :func:`run_settings` (from the process that launched the run) here, and
+    remove each :data:`SWITCH_ENV` variable that ``settings`` lacks: a cluster started with
+    ``FWBENCH_MALLOC_TUNING=0`` in its environment ran a driver's runs untuned when the driver asked for
+    the default. (The data and cache directories of the worker's own environment are kept where the
+    driver has none: a corpus found there is verified by its checksum.)
 
     Raises:
         FwbenchError: a name that is not one of :data:`RUN_SETTINGS_ENV`.
@@ -37,6 +44,9 @@ def apply_run_settings(settings: dict[str, str]) -> None:
     unknown = sorted(set(settings) - set(RUN_SETTINGS_ENV))
     if unknown:
         raise FwbenchError(f"settings: got {unknown[0]!r}; expected names among {', '.join(RUN_SETTINGS_ENV)}")
+    for name in SWITCH_ENV:
+        if name not in settings:
+            os.environ.pop(name, None)
     os.environ.update(settings)
 
 

@@ -88,13 +88,15 @@ def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path
 
     ``settings``: the launching process's :func:`~fwbench.run.environment.run_settings` (data
     directory, corpus cache, allocator tuning), set here first, so that a worker of a cluster
-    started elsewhere, with another environment, runs what the command line asked for. The allocator
+    started elsewhere, with another environment, runs what the command line asked for (``None``: a
+    local worker process, whose environment is the launching process's already). The allocator
     tuning is then applied as the ``fwbench`` command applies it at start-up: a worker process (``--jobs``,
     Ray) never runs that start-up, and its runs trained untuned with ``malloc_tuning: false`` recorded.
     """
     torch.set_num_threads(threads)
     try:
-        apply_run_settings(settings or {})
+        if settings is not None:  # a local worker process (--jobs) inherits the launching process's environment
+            apply_run_settings(settings)
         tune_malloc()  # once per process; off with FWBENCH_MALLOC_TUNING=0, as in the launching process
         return execute(spec, resolve_device(device), checkpoint=checkpoint)
     except Exception as exc:  # a broken run must not take the grid down with it

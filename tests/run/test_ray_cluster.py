@@ -8,6 +8,7 @@ environment. Needs Ray and the real corpus (``FWBENCH_DATA_DIR``; CI sets it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -79,15 +80,15 @@ def stop_cluster(temp_dir: str) -> None:
             pass
 
 
-@pytest.fixture
-def separate_cluster(tmp_path):
-    """A one-CPU Ray head started by ``ray start``, with no fwbench settings in its environment and an
-    empty corpus cache, so its workers can only find the corpus through what the driver sends."""
+@contextlib.contextmanager
+def started_cluster(tmp_path, settings: dict[str, str] | None = None):
+    """A one-CPU Ray head started by ``ray start``, with no fwbench settings in its environment but
+    ``settings``, and an empty corpus cache; yields its address and stops only its own processes."""
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="fwray", dir="/tmp")  # short: Ray's socket paths have a length limit
     env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
     env[CACHE_DIR_ENV] = str(tmp_path / "cluster-cache")
-    env.update(UNAUTHENTICATED)
+    env.update(UNAUTHENTICATED, **(settings or {}))
     started = subprocess.run(
         ["ray", "start", "--head", "--num-cpus", "1", "--include-dashboard=false", "--port", str(port),
          "--node-ip-address", "127.0.0.1", "--temp-dir", temp_dir, "--disable-usage-stats"],
@@ -100,6 +101,14 @@ def separate_cluster(tmp_path):
         stop_cluster(temp_dir)
         time.sleep(1)
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def separate_cluster(tmp_path):
+    """A one-CPU Ray head started by ``ray start``, with no fwbench settings in its environment and an
+    empty corpus cache, so its workers can only find the corpus through what the driver sends."""
+    with started_cluster(tmp_path) as address:
+        yield address
 
 
 @pytest.mark.slow
@@ -121,3 +130,45 @@ def test_data_dir_reaches_the_workers_of_a_separately_started_cluster(tmp_path, 
     record, = ResultsStore(results).records()
     assert record["status"] == "max_steps", record.get("error")
     assert record["steps"] == 4 and record["metrics"]["val_bpc"] > 0
+
+
+RETRIEVAL_GRID = """
+name = "ray-switches"
+task = "retrieval"
+
+[profiles.quick]
+variant = "linear"
+seed = 1
+S = 4
+d_key = 8
+batch_size = 4
+max_steps = 2
+eval_every = 2
+eval_sequences = 2
+"""
+
+
+@pytest.mark.slow
+def test_a_switch_the_driver_leaves_unset_is_unset_on_the_workers_too(tmp_path):
+    """A cluster started with ``FWBENCH_MALLOC_TUNING=0`` in its environment, a driver without it (the
+    default: on): the workers kept the cluster's 0, so the run trained untuned and its record said
+    ``malloc_tuning: false``, though the command asked for the default. A switch travels unset too."""
+    import platform
+
+    from fwbench.run.allocator import TUNING_ENV
+
+    grid = tmp_path / "grid.toml"
+    grid.write_text(RETRIEVAL_GRID)
+    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    driver_env.update(UNAUTHENTICATED)
+    with started_cluster(tmp_path, {TUNING_ENV: "0"}) as address:
+        done = subprocess.run(
+            [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
+             "--launcher", "ray", "--ray-address", address],
+            env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record, = ResultsStore(tmp_path / "results").records()
+    assert record["status"] == "max_steps", record.get("error")
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert record["environment"]["malloc_tuning"] is glibc

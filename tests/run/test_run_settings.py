@@ -67,3 +67,36 @@ def test_a_worker_process_tunes_the_allocator_as_the_command_does(monkeypatch, s
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert record["status"] == "max_steps"
     assert record["environment"]["malloc_tuning"] is (glibc and setting == "1")
+
+
+def test_a_switch_left_unset_here_is_removed_in_a_worker_and_the_directories_are_kept(monkeypatch, tmp_path):
+    """A worker of a cluster started with FWBENCH_MALLOC_TUNING=0 and FWBENCH_FLA=0 in its environment,
+    for a driver that sets neither (the defaults: on): the worker ran with both off."""
+    import os
+
+    from fwbench.run.environment import SWITCH_ENV
+
+    for name in SWITCH_ENV:
+        monkeypatch.setenv(name, "0")  # the worker's own environment
+    monkeypatch.setenv(DATA_DIR_ENV, str(tmp_path))
+    apply_run_settings({})
+    assert [os.environ.get(name) for name in SWITCH_ENV] == [None, None]
+    assert os.environ[DATA_DIR_ENV] == str(tmp_path)  # kept: a corpus found there is checked by its checksum
+    apply_run_settings({SWITCH_ENV[0]: "0"})
+    assert os.environ.get(SWITCH_ENV[0]) == "0"
+
+
+def test_a_local_worker_process_keeps_the_environment_it_inherited(monkeypatch):
+    """``--jobs``: the worker's environment is the launching process's; no settings, nothing removed."""
+    import os
+
+    import fwbench.run.launchers as launchers
+    from fwbench.run.environment import SWITCH_ENV
+
+    seen = {}
+    monkeypatch.setattr(launchers, "execute", lambda spec, device, checkpoint=None: seen.update(
+        {name: os.environ.get(name) for name in SWITCH_ENV}) or {"run_id": "x"})
+    for name in SWITCH_ENV:
+        monkeypatch.setenv(name, "0")
+    execute_in_worker(None, "cpu", 1, None)
+    assert seen == {name: "0" for name in SWITCH_ENV}
