@@ -26,9 +26,19 @@ RUN_SETTINGS_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV, TUNING_ENV, FLA_ENV)
 SWITCH_ENV = (TUNING_ENV, FLA_ENV)
 
 
+#: The directories among them: sent as absolute paths, since a worker resolves a relative one against its
+#: own working directory (a cluster started elsewhere looked for ``FWBENCH_DATA_DIR=data`` in its own).
+PATH_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV)
+
+
 def run_settings() -> dict[str, str]:
-    """The :data:`RUN_SETTINGS_ENV` variables set in this process, name → value."""
-    return {name: os.environ[name] for name in RUN_SETTINGS_ENV if name in os.environ}
+    """The :data:`RUN_SETTINGS_ENV` variables set in this process, name → value; the
+    :data:`PATH_ENV` directories made absolute here (``~`` expanded), empty values left as they are."""
+    settings = {name: os.environ[name] for name in RUN_SETTINGS_ENV if name in os.environ}
+    for name in PATH_ENV:
+        if settings.get(name):
+            settings[name] = str(Path(settings[name]).expanduser().resolve())
+    return settings
 
 
 def apply_run_settings(settings: dict[str, str]) -> None:

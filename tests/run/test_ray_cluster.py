@@ -172,3 +172,26 @@ def test_a_switch_the_driver_leaves_unset_is_unset_on_the_workers_too(tmp_path):
     assert record["status"] == "max_steps", record.get("error")
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert record["environment"]["malloc_tuning"] is glibc
+
+
+@pytest.mark.slow
+def test_a_relative_data_dir_in_the_environment_reaches_the_workers_as_the_driver_meant_it(tmp_path):
+    """``FWBENCH_DATA_DIR=data fwbench run … --launcher ray --ray-address …`` (no --data-dir, which is
+    made absolute): the variable travelled as the word ``data`` and a worker of a cluster started in
+    another directory looked for the corpus there, failing every run. Paths travel absolute."""
+    if not REAL_DATA_DIR:
+        pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    (tmp_path / "data").symlink_to(os.path.abspath(REAL_DATA_DIR))
+    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    driver_env.update(UNAUTHENTICATED, **{DATA_DIR_ENV: "data", CACHE_DIR_ENV: "driver-cache"})
+    with started_cluster(tmp_path) as address:
+        done = subprocess.run(
+            [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
+             "--launcher", "ray", "--ray-address", address],
+            env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record, = ResultsStore(tmp_path / "results").records()
+    assert record["status"] == "max_steps", record.get("error")

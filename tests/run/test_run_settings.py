@@ -100,3 +100,14 @@ def test_a_local_worker_process_keeps_the_environment_it_inherited(monkeypatch):
         monkeypatch.setenv(name, "0")
     execute_in_worker(None, "cpu", 1, None)
     assert seen == {name: "0" for name in SWITCH_ENV}
+
+
+def test_directories_travel_as_absolute_paths(monkeypatch, tmp_path):
+    """A relative FWBENCH_DATA_DIR (or FWBENCH_CACHE_DIR) means the launching process's working
+    directory; a worker elsewhere resolved it against its own."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(DATA_DIR_ENV, "data")
+    monkeypatch.setenv(CACHE_DIR_ENV, "~/cache")
+    settings = run_settings()
+    assert settings[DATA_DIR_ENV] == str(tmp_path.resolve() / "data")
+    assert settings[CACHE_DIR_ENV] == str((tmp_path.home() / "cache").resolve())
