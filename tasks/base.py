@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from fwbench.variants import FORMS, chunk_size_in_use
+from fwbench.variants import FORMS, chunk_size_in_use, parse_spec
 from fwbench.variants.registry import form_in_use
 
 
@@ -52,6 +52,8 @@ class Task(Protocol):
 
     # Optional: ``acting_config(config, variant) -> dict``, the config keys that act for this variant
     # (the run id hashes only these; default: every key). See :func:`acting_config`.
+    # Optional: ``acting_variant(config, variant) -> str``, the variant spec as it computes here (the run id
+    # hashes it; default: the spec). See :func:`variant_over`.
     # Optional: ``final_evaluation(model, config, device, seed) -> dict``, run once after training.
     # Its ``metrics`` entry (name → float) joins the record's metrics; everything else (JSON-ready)
     # is stored in the record under ``final_evaluation`` (the LM task's long-context evaluation
@@ -89,6 +91,18 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
                          "evaluation loss is at most it; losses are never negative, so below 0 it never would)")
     if getattr(config, "form", "auto") not in FORMS:
         raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
+
+
+def variant_over(variant: str, tokens: int) -> str:
+    """``variant`` as it computes on attention calls of at most ``tokens`` tokens: softmax with a window
+    of at least ``tokens`` keys attends to every key, as softmax without one (its spec is returned
+    then); every other variant as given. A task's ``acting_variant`` (hashed in the run id) calls it
+    with the longest call it makes."""
+    spec = parse_spec(variant)
+    window = spec.params.get("window")
+    if spec.info.update_rule is None and window is not None and window >= tokens:
+        return str(parse_spec(spec.name))
+    return variant
 
 
 def acting_config(config: Any, variant: str, path: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import check_fields, forward_acting_config
+from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
 from fwbench.variants import AttentionLayer, parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -220,6 +220,13 @@ class MQARTask:
     def acting_config(self, config: MQARConfig, variant: str) -> dict:
         """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
         return forward_acting_config(config, variant)
+
+    def acting_variant(self, config: MQARConfig, variant: str) -> str:
+        """The variant as it computes here (the run id hashes it): the last scored position is a query
+        at ``seq_len − 2`` (queries sit on even positions), which attends to ``seq_len − 1`` keys, and
+        nothing scored reads a later output (causal), so softmax with a window of at least
+        ``seq_len − 1`` keys is softmax (:func:`fwbench.tasks.base.variant_over`)."""
+        return variant_over(variant, config.seq_len - 1)
 
     def chunked_tokens(self, config: MQARConfig) -> int:
         """Tokens T of every chunked attention call of a run, training and evaluation alike

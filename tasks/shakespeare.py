@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fwbench.tasks.base import check_fields, forward_acting_config
+from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
 from fwbench.variants import parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -314,6 +314,12 @@ class ShakespeareTask:
         for key in self.inactive_keys(config):
             acting[key] = defaults[key]
         return acting
+
+    def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
+        """The variant as it computes here (the run id hashes it): every attention call covers at most
+        one segment of ``context`` tokens (softmax's cache starts empty in each), so softmax with a
+        window of at least ``context`` keys is softmax (:func:`fwbench.tasks.base.variant_over`)."""
+        return variant_over(variant, config.context)
 
     def train_batch(self, config: ShakespeareConfig, generator: torch.Generator) -> Tensor:
         """(batch_size, train_segments · context + 1) ids: random windows of the training split."""

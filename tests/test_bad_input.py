@@ -1317,6 +1317,11 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, TINY_GRID.replace("S = 3", "S = 20\nembedding_factor = [2.2, 2.21]"))
 
+
+@row("G93")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = ["softmax", "softmax:window=8"]'))
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

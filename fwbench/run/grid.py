@@ -80,15 +80,18 @@ class RunSpec:
     @functools.cached_property
     def run_id(self) -> str:
         """Hash of the normalised config keys that act (the task's ``acting_config``: a chunk size
-        that no kernel of the variant uses is left out): equal runs get equal ids, whichever grid
-        named them. The variant modules are not hashed: the spec names the variant. Computed once
+        that no kernel of the variant uses is left out) and of the variant as it computes (the task's
+        ``acting_variant``: softmax with a window that no call reaches is softmax): equal runs get
+        equal ids, whichever grid named them. The variant modules are not hashed: the spec names the variant. Computed once
         (where the grid is expanded) and kept, so a worker receives it with the run."""
         import_modules_of(self)
         task = TASKS.get(self.task)
-        config = self.config
+        config, variant = self.config, self.variant
         if hasattr(task, "acting_config"):
             config = task.acting_config(self.task_config(), self.variant)
-        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.variant,
+        if hasattr(task, "acting_variant"):  # softmax with a window no call reaches is softmax
+            variant = task.acting_variant(self.task_config(), self.variant)
+        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": variant,
                    "seed": self.seed, "config": config}
         if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
             payload["task_schema"] = task.record_schema
