@@ -351,11 +351,11 @@ class RetrievalTask:
             acting["form"] = "chunk"
         return acting
 
-    def rounded_sizes(self, config: RetrievalConfig) -> dict[str, int]:
-        """The sizes float keys act as: ``embedding_factor`` as the key embedding's int(embedding_factor · S)
-        features (two factors that round to one size build the same model; see
-        :func:`fwbench.run.grid._refuse_equal_sizes`)."""
-        return {"embedding_factor": int(config.embedding_factor * config.S)}
+    def values_as_they_act(self, config: RetrievalConfig) -> dict[str, tuple[int, str]]:
+        """``embedding_factor`` acts as the key embedding's int(embedding_factor · S) features: two factors
+        that round to one size build the same model (see :func:`fwbench.run.grid._refuse_equal_values`)."""
+        size = int(config.embedding_factor * config.S)
+        return {"embedding_factor": (size, f"a key embedding of int(embedding_factor × S={config.S}) = {size} features")}
 
     def chunked_tokens(self, config: RetrievalConfig) -> int:
         """Tokens T of every chunked write of a run, training and evaluation alike: the sequence

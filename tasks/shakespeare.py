@@ -315,6 +315,12 @@ class ShakespeareTask:
             acting[key] = defaults[key]
         return acting
 
+    def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[None, str]]:
+        """``checkpoint_every`` acts on nothing a run computes (a resumed run ends with the same
+        metrics): two values are one computation (see :func:`fwbench.run.grid._refuse_equal_values`).
+        The run id still hashes it, as every stored record was keyed with it."""
+        return {"checkpoint_every": (None, "checkpoints say where a run can resume from, not what it computes")}
+
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most
         one segment of ``context`` tokens (softmax's cache starts empty in each), so softmax with a

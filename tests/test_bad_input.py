@@ -1322,6 +1322,11 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = ["softmax", "softmax:window=8"]'))
 
+
+@row("G94")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "checkpoint_every = [0, 125]\n")
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

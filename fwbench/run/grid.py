@@ -266,7 +266,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         for spec in _expand_block(grid, profile, block, seeds, where):
             specs.setdefault(spec.run_id, spec)
     _refuse_equal_chunking(f"grid {grid.name} profile {profile}", list(specs.values()))
-    _refuse_equal_sizes(f"grid {grid.name} profile {profile}", list(specs.values()))
+    _refuse_equal_values(f"grid {grid.name} profile {profile}", list(specs.values()))
     return list(specs.values())
 
 
@@ -319,7 +319,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
         seen[spec.run_id] = spec
     _refuse_equal_chunking(where, specs)
-    _refuse_equal_sizes(where, specs)
+    _refuse_equal_values(where, specs)
     return specs
 
 
@@ -354,32 +354,32 @@ def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
                 "tokens (the chunk forms balance their chunks), which compute the same numbers; list one of them")
 
 
-def _refuse_equal_sizes(where: str, specs: list[RunSpec]) -> None:
-    """Refuse two cells whose configs differ only in values the task rounds to one size.
+def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
+    """Refuse two cells whose configs differ only in values that act alike.
 
-    A task that builds a size from a float says so with ``rounded_sizes(config)`` (key → the size it
-    acts as): the retrieval model's key embedding has int(embedding_factor · S) features, so at S = 20
-    ``embedding_factor`` 2.2 and 2.21 both build 44 and compute the same numbers under two run ids.
+    A task says what some keys act as with ``values_as_they_act(config)`` (key → (the value it acts
+    as, why)): the retrieval model's key embedding has int(embedding_factor · S) features, so at S = 20
+    ``embedding_factor`` 2.2 and 2.21 build one model; the LM's ``checkpoint_every`` says only where a
+    run could resume from. Such cells compute the same numbers under two run ids.
 
     Raises:
-        FwbenchError: two cells whose rounded sizes and other acting keys are equal.
+        FwbenchError: two cells whose values as they act, and other acting keys, are equal.
     """
     seen: dict[tuple, RunSpec] = {}
     for spec in specs:
         task = TASKS[spec.task]
-        if not hasattr(task, "rounded_sizes"):
+        if not hasattr(task, "values_as_they_act"):
             continue
         config = spec.task_config()
-        sizes = task.rounded_sizes(config)
+        acts = task.values_as_they_act(config)
         acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
-        key = (spec.variant, spec.seed, json.dumps({**acting, **sizes}, sort_keys=True))
+        key = (spec.variant, spec.seed, json.dumps({**acting, **{k: v for k, (v, _) in acts.items()}}, sort_keys=True))
         first = seen.setdefault(key, spec)
         if first is not spec:
-            differing = [name for name in sizes if first.config[name] != spec.config[name]]
-            values = "; ".join(f"{name} {first.config[name]!r} and {spec.config[name]!r} both act as {sizes[name]}"
-                               for name in differing)
-            raise FwbenchError(f"{where}: the run {spec.label} appears twice: {values} (the size the task builds "
-                               "from them), which compute the same numbers; list one of them")
+            alike = "; ".join(f"{name} {first.config[name]!r} and {spec.config[name]!r} act alike ({why})"
+                              for name, (_, why) in acts.items() if first.config[name] != spec.config[name])
+            raise FwbenchError(f"{where}: the run {spec.label} appears twice: {alike}, which compute the same "
+                               "numbers; list one of them")
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:

@@ -31,7 +31,8 @@ def test_embedding_factors_that_round_to_one_size_are_refused_in_a_grid(tmp_path
             "max_steps = 2\neval_every = 2\nd_key = 4\n")
     path = tmp_path / "ef.toml"
     path.write_text(head + "embedding_factor = [2.2, 2.21]\n")
-    with pytest.raises(FwbenchError, match=r"appears twice: embedding_factor 2.2 and 2.21 both act as 44 "):
+    with pytest.raises(FwbenchError, match=r"appears twice: embedding_factor 2.2 and 2.21 act alike \(a key embedding "
+                                           r"of int\(embedding_factor × S=20\) = 44 features\)"):
         load_grid(path)
     path.write_text(head + "embedding_factor = [2.2, 2.25]\n")
     assert len(expand(load_grid(path), "quick")) == 2
