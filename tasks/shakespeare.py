@@ -31,7 +31,7 @@ from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
 from fwbench.variants import parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
-from .corpus import CACHE_DIR_ENV, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
+from .corpus import CACHE_DIR_ENV, CORPUS_CHARACTERS, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
 from .lm_evaluation import (
     CARRIED_MULTIPLES,
     bits_per_character,
@@ -39,6 +39,7 @@ from .lm_evaluation import (
     language_model_metrics,
     long_context_evaluation,
     perplexity,
+    segment_starts,
     sliding_window_losses,
     token_losses,
     unigram_loss,
@@ -315,11 +316,25 @@ class ShakespeareTask:
             acting[key] = defaults[key]
         return acting
 
-    def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[None, str]]:
-        """``checkpoint_every`` acts on nothing a run computes (a resumed run ends with the same
-        metrics): two values are one computation (see :func:`fwbench.run.grid._refuse_equal_values`).
-        The run id still hashes it, as every stored record was keyed with it."""
-        return {"checkpoint_every": (None, "checkpoints say where a run can resume from, not what it computes")}
+    def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[int | None, str]]:
+        """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_values`; the run id
+        still hashes each as given, as every stored record was keyed so): ``checkpoint_every`` acts on
+        nothing a run computes (a resumed run ends with the same metrics); on the corpus this task
+        verifies by its checksum, whose length is known, ``eval_segments`` of at least the validation
+        split's segments and ``stream_characters`` of at least its characters act as 0 (all of it)."""
+        acts: dict[str, tuple[int | None, str]] = {
+            "checkpoint_every": (None, "checkpoints say where a run can resume from, not what it computes")}
+        if self.sha256 != CORPUS_SHA256:  # another corpus (tests): its length is not known before it is read
+            return acts
+        valid = CORPUS_CHARACTERS - int(config.train_fraction * CORPUS_CHARACTERS)
+        segments = len(segment_starts(valid, config.context))
+        if config.eval_segments >= segments:
+            acts["eval_segments"] = (0, f"the validation split has {segments} segments of context={config.context}; "
+                                        "as many or more is all of them, as 0")
+        if config.stream_characters >= valid:
+            acts["stream_characters"] = (0, f"the validation split has {valid} characters; as many or more is all "
+                                            "of them, as 0")
+        return acts
 
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most

@@ -1327,6 +1327,11 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "checkpoint_every = [0, 125]\n")
 
+
+@row("G95")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "eval_segments = [0, 100000]\n")
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -365,7 +365,7 @@ def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
     Raises:
         FwbenchError: two cells whose values as they act, and other acting keys, are equal.
     """
-    seen: dict[tuple, RunSpec] = {}
+    seen: dict[tuple, tuple[RunSpec, dict]] = {}
     for spec in specs:
         task = TASKS[spec.task]
         if not hasattr(task, "values_as_they_act"):
@@ -374,10 +374,11 @@ def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
         acts = task.values_as_they_act(config)
         acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
         key = (spec.variant, spec.seed, json.dumps({**acting, **{k: v for k, (v, _) in acts.items()}}, sort_keys=True))
-        first = seen.setdefault(key, spec)
+        first, first_acts = seen.setdefault(key, (spec, acts))
         if first is not spec:
+            reasons = {**first_acts, **acts}  # a value may act as another on one side only (eval_segments 0 and 10⁶)
             alike = "; ".join(f"{name} {first.config[name]!r} and {spec.config[name]!r} act alike ({why})"
-                              for name, (_, why) in acts.items() if first.config[name] != spec.config[name])
+                              for name, (_, why) in reasons.items() if first.config[name] != spec.config[name])
             raise FwbenchError(f"{where}: the run {spec.label} appears twice: {alike}, which compute the same "
                                "numbers; list one of them")
 
