@@ -1278,7 +1278,7 @@ def _(ctx):
     return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = "softmax"\nform = ["auto", "parallel"]'))
 
 
-@row("G95")
+@row("G96")
 def _(ctx):
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"\nS = 3', 'variant = "linear-delta"\nsetting = 2\n'
                                              'S = 60\nchunk_size = [60, 64]'))
