@@ -1262,6 +1262,9 @@ def _(ctx):
     return answer
 
 
+LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
+
+
 @row("G83")
 def _(ctx):
     return grid_error(ctx, MQAR_GRID + "power_a = 1e300\n")
@@ -1269,13 +1272,7 @@ def _(ctx):
 
 @row("G84")
 def _(ctx):
-    return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
-                           "train_segments = 1\ntruncated_bptt = [true, false]\n")
-
-
-@row("G89")
-def _(ctx):
-    return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = "softmax"\nform = ["auto", "parallel"]'))
+    return grid_error(ctx, LM_GRID + "train_segments = 1\ntruncated_bptt = [true, false]\n")
 
 
 @row("G96")
@@ -1291,8 +1288,7 @@ def _(ctx):
 
 @row("G86")
 def _(ctx):
-    return grid_error(ctx, 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
-                           "sample_tokens = 0\ntemperature = [0.5, 1.0]\n")
+    return grid_error(ctx, LM_GRID + "sample_tokens = 0\ntemperature = [0.5, 1.0]\n")
 
 
 @row("G87")
@@ -1306,6 +1302,11 @@ def _(ctx):
         "d_key = 4", "d_key = 3")).startswith(
         "FwbenchError: grid one profile quick: variant dpfp:nu=6 at d_key 3: nu: got 6; expected an integer in [1, 5]")
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "favor:m=65537"'))
+
+
+@row("G89")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace('variant = "linear"', 'variant = "softmax"\nform = ["auto", "parallel"]'))
 
 
 @row("G91")

@@ -11,20 +11,21 @@ from fwbench.variants.feature_maps import FAVOR_MAX_FEATURES
 from fwbench.variants.registry import check_spec
 
 
-def refused_when_built(spec: str, d_key: int) -> str | None:
+def refusal(check, spec: str, d_key: int) -> str | None:
+    """The VariantError message of ``check(spec, d_key)``, or ``None`` when it accepts."""
     try:
-        build_attention(spec, d_key)
+        check(spec, d_key)
     except VariantError as exc:
         return str(exc)
     return None
+
+
+def refused_when_built(spec: str, d_key: int) -> str | None:
+    return refusal(build_attention, spec, d_key)
 
 
 def refused_by_check(spec: str, d_key: int) -> str | None:
-    try:
-        check_spec(spec, d_key)
-    except VariantError as exc:
-        return str(exc)
-    return None
+    return refusal(check_spec, spec, d_key)
 
 
 @pytest.mark.parametrize("d_key", [1, 2, 3, 8])
