@@ -148,6 +148,24 @@ eval_sequences = 2
 """
 
 
+def drive(tmp_path, grid_text: str, address: str, settings: dict[str, str]) -> dict:
+    """``fwbench run`` of ``grid_text`` on the cluster at ``address`` from a driver in ``tmp_path`` whose
+    environment holds no fwbench settings but ``settings``; returns the one record it stored."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(grid_text)
+    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    driver_env.update(UNAUTHENTICATED, **settings)
+    done = subprocess.run(
+        [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
+         "--launcher", "ray", "--ray-address", address],
+        env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    record, = ResultsStore(tmp_path / "results").records()
+    assert record["status"] == "max_steps", record.get("error")
+    return record
+
+
 @pytest.mark.slow
 def test_a_switch_the_driver_leaves_unset_is_unset_on_the_workers_too(tmp_path):
     """A cluster started with ``FWBENCH_MALLOC_TUNING=0`` in its environment, a driver without it (the
@@ -157,19 +175,8 @@ def test_a_switch_the_driver_leaves_unset_is_unset_on_the_workers_too(tmp_path):
 
     from fwbench.run.allocator import TUNING_ENV
 
-    grid = tmp_path / "grid.toml"
-    grid.write_text(RETRIEVAL_GRID)
-    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
-    driver_env.update(UNAUTHENTICATED)
     with started_cluster(tmp_path, {TUNING_ENV: "0"}) as address:
-        done = subprocess.run(
-            [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
-             "--launcher", "ray", "--ray-address", address],
-            env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record, = ResultsStore(tmp_path / "results").records()
-    assert record["status"] == "max_steps", record.get("error")
+        record = drive(tmp_path, RETRIEVAL_GRID, address, {})
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert record["environment"]["malloc_tuning"] is glibc
 
@@ -181,17 +188,7 @@ def test_a_relative_data_dir_in_the_environment_reaches_the_workers_as_the_drive
     another directory looked for the corpus there, failing every run. Paths travel absolute."""
     if not REAL_DATA_DIR:
         pytest.skip(f"needs the real corpus ({DATA_DIR_ENV} is unset; CI sets it)")
-    grid = tmp_path / "grid.toml"
-    grid.write_text(GRID)
     (tmp_path / "data").symlink_to(os.path.abspath(REAL_DATA_DIR))
-    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
-    driver_env.update(UNAUTHENTICATED, **{DATA_DIR_ENV: "data", CACHE_DIR_ENV: "driver-cache"})
     with started_cluster(tmp_path) as address:
-        done = subprocess.run(
-            [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
-             "--launcher", "ray", "--ray-address", address],
-            env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        )
-    assert done.returncode == 0, done.stderr[-3000:]
-    record, = ResultsStore(tmp_path / "results").records()
-    assert record["status"] == "max_steps", record.get("error")
+        record = drive(tmp_path, GRID, address, {DATA_DIR_ENV: "data", CACHE_DIR_ENV: "driver-cache"})
+    assert record["steps"] == 4
