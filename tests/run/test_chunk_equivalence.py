@@ -15,19 +15,7 @@ from fwbench.tasks import MQARConfig, RetrievalConfig
 from fwbench.tasks.mqar import MQARTask
 from fwbench.tasks.retrieval import RetrievalTask
 
-GRID = """\
-name = "g"
-task = "retrieval"
-[defaults]
-eval_every = 2
-eval_sequences = 2
-batch_size = 2
-max_steps = 2
-d_key = 4
-setting = 2
-S = 60
-seed = 1
-"""
+GRID = 'name = "g"\ntask = "retrieval"\n[defaults]\nsetting = 2\nS = 60\nseed = 1\n'  # T = 2S = 120 tokens
 
 
 def grid(tmp_path, profile: str):
