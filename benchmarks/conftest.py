@@ -10,11 +10,10 @@ planted 2× slowdown, which the gate must catch).
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
+from fwbench.bench.plant import plant_slowdown
 from fwbench.bench.regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
 from fwbench.run.environment import describe_environment
 
@@ -38,24 +37,11 @@ def pytest_configure(config):
 
 
 def _plant_slowdown(target: str) -> None:
-    """Replace MODULE:FUNCTION with a version that calls it twice and returns the second result."""
-    module_name, _, function_name = target.partition(":")
-    if not module_name.startswith("fwbench."):
-        # `variants.kernels.delta_rule` (the file's path) imports a second copy of the module, which no
-        # case calls: the plant would do nothing and the gate stay green
-        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION with the module as "
-                                "fwbench imports it, e.g. fwbench.variants.kernels.delta_rule:delta_rule_chunk")
+    """Replace MODULE:FUNCTION (and every fwbench module's name for it) with a version that calls it twice."""
     try:
-        module = importlib.import_module(module_name)
-        original = getattr(module, function_name)
-    except (ImportError, AttributeError) as exc:
-        raise pytest.UsageError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION of a kernel ({exc})") from None
-
-    def twice(*args, **kwargs):
-        original(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    setattr(module, function_name, twice)
+        plant_slowdown(target)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_collection_modifyitems(config, items):
