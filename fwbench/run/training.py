@@ -5,9 +5,11 @@ Stops at the first of: evaluation loss ≤ ``target_loss`` (converged), ``patien
 without a new best (plateau), ``max_steps`` (budget), or divergence: a non-finite training loss,
 gradient or evaluation loss, or (with ``check_finite``, on by default) a NaN/inf reaching an
 attention layer. A diverged run is recorded with the step it happened at and the reason, never
-dropped; the optimiser never applies a non-finite gradient. Whatever the schedule, the model the
-run ends with is evaluated: a run stopped by its budget between two evaluations (``max_steps`` not
-a multiple of ``eval_every``) gets one more evaluation at its last step.
+dropped; the optimiser never applies a non-finite gradient. Whatever the schedule, the model a run
+that did not diverge ends with is evaluated: a run stopped by its budget between two evaluations
+(``max_steps`` not a multiple of ``eval_every``) gets one more evaluation at its last step. A
+diverged run is not evaluated again: its final evaluation is the last one before the divergence
+(the curve's last point, at a step before ``diverged_at``), or none.
 
 Random streams, all derived from the run seed: the model's initial weights (torch's global RNG
 after ``torch.manual_seed(seed)``), the training and evaluation data, FAVOR+'s feature redraws
@@ -55,7 +57,9 @@ class FitResult:
     """What one training run produced (the body of a record).
 
     ``best_eval`` and ``final_eval`` are empty when no evaluation finished (a run that diverged
-    before its first one): never measured, so the record holds null there, not infinity.
+    before its first one): never measured, so the record holds null there, not infinity. For a
+    diverged run ``final_eval`` is its last evaluation before ``diverged_at``, not one of the model it
+    stopped with.
     """
 
     status: str  # converged | plateau | max_steps | diverged
