@@ -1333,6 +1333,17 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "eval_segments = [0, 100000]\n")
 
+@row("G97")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = ["softmax", "softmax:window=3"]\nform = "chunk"'))
+
+
+@row("G98")
+def _(ctx):
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "{variant}"\ncheckpoint_every = {every}\nseed = 1\n'
+                     for variant, every in (("softmax", 2), ("softmax:window=16", 4)))
+    return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 16\n{blocks}')
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -86,16 +86,25 @@ class RunSpec:
         (where the grid is expanded) and kept, so a worker receives it with the run."""
         import_modules_of(self)
         task = TASKS.get(self.task)
-        config, variant = self.config, self.variant
+        config = self.config
         if hasattr(task, "acting_config"):
             config = task.acting_config(self.task_config(), self.variant)
-        if hasattr(task, "acting_variant"):  # softmax with a window no call reaches is softmax
-            variant = task.acting_variant(self.task_config(), self.variant)
-        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": variant,
+        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.acting_variant,
                    "seed": self.seed, "config": config}
         if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
             payload["task_schema"] = task.record_schema
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def acting_variant(self) -> str:
+        """The variant spec as it computes in this run (the task's ``acting_variant``; default: the
+        spec): softmax with a window that no call reaches is softmax. The run id and the grid's
+        refusals of equal computations compare runs by it."""
+        import_modules_of(self)
+        task = TASKS.get(self.task)
+        if hasattr(task, "acting_variant"):
+            return task.acting_variant(self.task_config(), self.variant)
+        return self.variant
 
     def task_config(self):
         """The task's typed config dataclass for this run."""
@@ -344,7 +353,7 @@ def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
             continue
         T = task.chunked_tokens(spec.task_config())
         length = chunk_length(T, acting["chunk_size"])
-        key = (spec.variant, spec.seed, json.dumps({**acting, "chunk_size": length}, sort_keys=True))
+        key = (spec.acting_variant, spec.seed, json.dumps({**acting, "chunk_size": length}, sort_keys=True))
         first = seen.setdefault(key, spec)
         if first is not spec:
             sizes = (task.acting_config(first.task_config(), first.variant)["chunk_size"], acting["chunk_size"])
@@ -373,7 +382,7 @@ def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
         config = spec.task_config()
         acts = task.values_as_they_act(config)
         acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
-        key = (spec.variant, spec.seed, json.dumps({**acting, **{k: v for k, (v, _) in acts.items()}}, sort_keys=True))
+        key = (spec.acting_variant, spec.seed, json.dumps({**acting, **{k: v for k, (v, _) in acts.items()}}, sort_keys=True))
         first, first_acts = seen.setdefault(key, (spec, acts))
         if first is not spec:
             reasons = {**first_acts, **acts}  # a value may act as another on one side only (eval_segments 0 and 10⁶)
@@ -388,14 +397,20 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     ``dpfp:nu=1``), or config keys whose values differ but do not act for the variant (a chunk
     size where no kernel it runs is chunked, or one equal to the rule's default)."""
     differing = [key for key in first.config if first.config[key] != second.config.get(key)]
+    # variants are canonical spec strings: two that differ name one run only through the task's acting_variant
+    variants = (f"variants {first.variant} and {second.variant} compute alike (both as {first.acting_variant}: "
+                "softmax's window reaches every key of every attention call of the run)"
+                if first.variant != second.variant else "")
     if not differing:
+        if variants:
+            return f"the run {first.label} appears twice: {variants}; list one of them"
         return (f"the run {first.label} appears twice (two axis values name the same run, as 'dpfp' and "
                 "'dpfp:nu=1' do); list each value once")
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
     inactive = task.inactive_keys(first.task_config()) if hasattr(task, "inactive_keys") else {}
-    reasons = []
+    reasons = [variants] if variants else []
     for key in differing:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
         if key in inactive:
