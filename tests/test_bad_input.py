@@ -1344,6 +1344,10 @@ def _(ctx):
                      for variant, every in (("softmax", 2), ("softmax:window=16", 4)))
     return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 16\n{blocks}')
 
+@row("G99")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "train_fraction = [0.9, 0.9000001]\n")
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
