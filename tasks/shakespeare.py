@@ -342,6 +342,13 @@ class ShakespeareTask:
                                             "of them, as 0")
         return acts
 
+    def longest_chunked_call(self, config: ShakespeareConfig) -> int:
+        """The most tokens one attention call of a run covers: ``context`` (the model reads every stream in
+        segments of ``context`` tokens aligned to its start; a call covers a segment or part of one,
+        in training, evaluation and generation), so chunk sizes of at least ``context`` act alike
+        (see :func:`fwbench.run.grid._refuse_equal_chunking`)."""
+        return config.context
+
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most
         one segment of ``context`` tokens (softmax's cache starts empty in each), so softmax with a

@@ -1348,6 +1348,10 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "train_fraction = [0.9, 0.9000001]\n")
 
+@row("G100")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD.replace("context = 64", "context = 32") + "chunk_size = [32, 64]\n")
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -338,7 +338,10 @@ def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
     The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
     at T = 120, chunk sizes 60 to 119 all run 2 chunks of 60 tokens and compute the same numbers, yet
     the run id hashes the chunk size as given (hashing the chunk length would re-key every committed
-    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``.
+    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``; one
+    whose calls cover any length from 1 to L tokens (the LM: a segment, or part of one) says L with
+    ``longest_chunked_call``: two chunk sizes cut every such call alike only where both are at least L
+    (below L, the size a + 1 is cut by a in two and by a larger size in one), so a size acts as min(size, L).
 
     Raises:
         FwbenchError: two cells that differ only in chunk sizes with equal chunk lengths.
@@ -346,21 +349,28 @@ def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
     seen: dict[tuple, RunSpec] = {}
     for spec in specs:
         task = TASKS[spec.task]
-        if not hasattr(task, "chunked_tokens") or not hasattr(task, "acting_config"):
+        if not hasattr(task, "acting_config"):
             continue
         acting = task.acting_config(spec.task_config(), spec.variant)
         if "chunk_size" not in acting:
             continue
-        T = task.chunked_tokens(spec.task_config())
-        length = chunk_length(T, acting["chunk_size"])
+        if hasattr(task, "chunked_tokens"):
+            T = task.chunked_tokens(spec.task_config())
+            length = chunk_length(T, acting["chunk_size"])
+            cut = (f"cut its T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at most "
+                   f"{length} tokens (the chunk forms balance their chunks)")
+        elif hasattr(task, "longest_chunked_call"):
+            longest = task.longest_chunked_call(spec.task_config())
+            length = min(acting["chunk_size"], longest)
+            cut = f"leave every attention call of at most {longest} tokens in one chunk"
+        else:
+            continue
         key = (spec.acting_variant, spec.seed, json.dumps({**acting, "chunk_size": length}, sort_keys=True))
         first = seen.setdefault(key, spec)
         if first is not spec:
             sizes = (task.acting_config(first.task_config(), first.variant)["chunk_size"], acting["chunk_size"])
-            raise FwbenchError(
-                f"{where}: the run {spec.label} appears twice: chunk_size {sizes[0]} and {sizes[1]} both cut its "
-                f"T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at most {length} "
-                "tokens (the chunk forms balance their chunks), which compute the same numbers; list one of them")
+            raise FwbenchError(f"{where}: the run {spec.label} appears twice: chunk_size {sizes[0]} and {sizes[1]} both "
+                               f"{cut}, which compute the same numbers; list one of them")
 
 
 def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
