@@ -361,7 +361,7 @@ class RetrievalTask:
 
     def values_as_they_act(self, config: RetrievalConfig) -> dict[str, tuple[int, str]]:
         """``embedding_factor`` acts as the key embedding's int(embedding_factor · S) features: two factors
-        that round to one size build the same model (see :func:`fwbench.run.grid._refuse_equal_values`)."""
+        that round to one size build the same model (see :func:`fwbench.run.grid._refuse_equal_computations`)."""
         size = int(config.embedding_factor * config.S)
         return {"embedding_factor": (size, f"a key embedding of int(embedding_factor × S={config.S}) = {size} features")}
 

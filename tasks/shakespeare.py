@@ -317,7 +317,7 @@ class ShakespeareTask:
         return acting
 
     def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[int | None, str]]:
-        """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_values`; the run id
+        """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_computations`; the run id
         still hashes each as given, as every stored record was keyed so): ``checkpoint_every`` acts on
         nothing a run computes (a resumed run ends with the same metrics); on the corpus this task
         verifies by its checksum, whose length is known, ``train_fraction`` acts as its training split's
@@ -346,7 +346,7 @@ class ShakespeareTask:
         """The most tokens one attention call of a run covers: ``context`` (the model reads every stream in
         segments of ``context`` tokens aligned to its start; a call covers a segment or part of one,
         in training, evaluation and generation), so chunk sizes of at least ``context`` act alike
-        (see :func:`fwbench.run.grid._refuse_equal_chunking`)."""
+        (see :func:`fwbench.run.grid._chunks_as_they_act`)."""
         return config.context
 
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:

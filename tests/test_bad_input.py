@@ -1352,6 +1352,12 @@ def _(ctx):
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD.replace("context = 64", "context = 32") + "chunk_size = [32, 64]\n")
 
+@row("G101")
+def _(ctx):
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "linear"\nseed = 1\nchunk_size = {size}\ncheckpoint_every = {every}\n'
+                     for size, every in ((32, 0), (64, 100)))
+    return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 32\n{blocks}')
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

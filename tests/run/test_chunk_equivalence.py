@@ -105,3 +105,23 @@ def test_lm_chunk_sizes_of_at_least_the_context_compute_the_same_numbers():
     for a, b in zip(plain, carried(1000)):
         assert torch.equal(a, b)
     assert not torch.equal(carried(15)[0], plain[0])
+
+
+def test_a_grid_refuses_chunk_sizes_and_values_that_act_alike_together(tmp_path):
+    """Two cells differing in both a chunk size with equal chunks and a value that acts as another
+    compute one run: each refusal alone compared the other key as written, and let them through."""
+    path = tmp_path / "lm.toml"
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "linear"\nseed = 1\nchunk_size = {size}\ncheckpoint_every = {every}\n'
+                     for size, every in ((32, 0), (64, 100)))
+    path.write_text(f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 32\n{blocks}')
+    with pytest.raises(FwbenchError, match=r"chunk_size 32 and 64 both leave every attention call of at most 32 "
+                                           r"tokens in one chunk; checkpoint_every 0 and 100 act alike"):
+        load_grid(path)
+    retrieval = ('[[profiles.quick]]\nvariant = "linear-delta"\nchunk_size = 60\nembedding_factor = 2.2\n'
+                 '[[profiles.quick]]\nvariant = "linear-delta"\nchunk_size = 64\nembedding_factor = 2.21\n')
+    with pytest.raises(FwbenchError, match=r"chunk_size 60 and 64 both cut its T=120 tokens .*; embedding_factor "
+                                           r"2.2 and 2.21 act alike \(a key embedding of int\(embedding_factor × S=60\) "
+                                           r"= 132 features\)"):
+        load_grid(grid(tmp_path, retrieval))
+    path.write_text(path.read_text().replace("chunk_size = 64", "chunk_size = 31"))  # 31 cuts a call of 32 in two
+    assert len(expand(load_grid(path), "quick")) == 2
