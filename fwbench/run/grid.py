@@ -392,7 +392,7 @@ def _refuse_equal_computations(where: str, specs: list[RunSpec]) -> None:
             continue
         reasons = []
         # a value may act as another on one side only (eval_segments 0 and 10⁶): the reason of either side
-        for name, (value, why) in {**first_normalised, **normalised}.items():
+        for name, (_, why) in {**first_normalised, **normalised}.items():
             before = first_normalised.get(name, (first.config.get(name), why))[0]
             after = normalised.get(name, (spec.config.get(name), why))[0]
             if before == after:
