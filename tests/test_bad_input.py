@@ -1262,6 +1262,25 @@ def _(ctx):
     return answer
 
 
+@row("C116")
+def _(ctx):
+    ctx.monkeypatch.setenv("RAY_ADDRESS", " ")
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: $RAY_ADDRESS: got ' '; expected a Ray cluster address such as auto or HOST:6379 "
+        "(unset it, or leave it out, to start a local instance; --ray-address overrides it)")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", " ", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
+
+
+@row("C117")
+def _(ctx):
+    pytest.importorskip("ray")
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "not-an-address", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
 
 
