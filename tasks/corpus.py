@@ -57,9 +57,10 @@ def sha256_of(path: Path) -> str:
 
 
 def cache_dir() -> Path:
-    """fwbench's user cache directory: ``FWBENCH_CACHE_DIR`` if set, else the platform default."""
+    """fwbench's user cache directory: ``FWBENCH_CACHE_DIR`` if set (``~`` expanded, as the data
+    directory's is and as a Ray worker receives it), else the platform default."""
     override = os.environ.get(CACHE_DIR_ENV)
-    return Path(override) if override else Path(platformdirs.user_cache_dir("fwbench"))
+    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("fwbench"))
 
 
 def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:

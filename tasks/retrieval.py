@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from fwbench.tasks.base import acting_config, check_fields
+from fwbench.tasks.base import acting_config, check_fields, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -351,9 +351,17 @@ class RetrievalTask:
             acting["form"] = "chunk"
         return acting
 
+    def acting_variant(self, config: RetrievalConfig, variant: str) -> str:
+        """The variant as it computes here (the run id hashes it): every query reads a memory of the
+        sequence's ``sequence_length`` keys (S in Setting 1, 2S in Setting 2), so softmax with a window
+        of at least that many keys is softmax (:func:`fwbench.tasks.base.variant_over`); its form is
+        still hashed from the spec as given (:meth:`acting_config`: ``auto`` under a window is not the
+        one-hot path), so such a window beside softmax's ``chunk`` form names one run."""
+        return variant_over(variant, config.sequence_length)
+
     def values_as_they_act(self, config: RetrievalConfig) -> dict[str, tuple[int, str]]:
         """``embedding_factor`` acts as the key embedding's int(embedding_factor · S) features: two factors
-        that round to one size build the same model (see :func:`fwbench.run.grid._refuse_equal_values`)."""
+        that round to one size build the same model (see :func:`fwbench.run.grid._refuse_equal_computations`)."""
         size = int(config.embedding_factor * config.S)
         return {"embedding_factor": (size, f"a key embedding of int(embedding_factor × S={config.S}) = {size} features")}
 

@@ -317,16 +317,22 @@ class ShakespeareTask:
         return acting
 
     def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[int | None, str]]:
-        """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_values`; the run id
+        """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_computations`; the run id
         still hashes each as given, as every stored record was keyed so): ``checkpoint_every`` acts on
         nothing a run computes (a resumed run ends with the same metrics); on the corpus this task
-        verifies by its checksum, whose length is known, ``eval_segments`` of at least the validation
-        split's segments and ``stream_characters`` of at least its characters act as 0 (all of it)."""
+        verifies by its checksum, whose length is known, ``train_fraction`` acts as its training split's
+        int(train_fraction · length) characters, and ``eval_segments`` of at least the validation split's
+        segments and ``stream_characters`` of at least its characters act as 0 (all of it)."""
         acts: dict[str, tuple[int | None, str]] = {
             "checkpoint_every": (None, "checkpoints say where a run can resume from, not what it computes")}
         if self.sha256 != CORPUS_SHA256:  # another corpus (tests): its length is not known before it is read
             return acts
-        valid = CORPUS_CHARACTERS - int(config.train_fraction * CORPUS_CHARACTERS)
+        split = int(config.train_fraction * CORPUS_CHARACTERS)
+        valid = CORPUS_CHARACTERS - split
+        # CharCorpus.from_text splits at int(train_fraction · characters): fractions that round to one split
+        # (0.9 and 0.9000001) train and score the same characters
+        acts["train_fraction"] = (split, f"a training split of int(train_fraction × {CORPUS_CHARACTERS}) = {split} "
+                                         "characters")
         segments = len(segment_starts(valid, config.context))
         if config.eval_segments >= segments:
             acts["eval_segments"] = (0, f"the validation split has {segments} segments of context={config.context}; "
@@ -335,6 +341,13 @@ class ShakespeareTask:
             acts["stream_characters"] = (0, f"the validation split has {valid} characters; as many or more is all "
                                             "of them, as 0")
         return acts
+
+    def longest_chunked_call(self, config: ShakespeareConfig) -> int:
+        """The most tokens one attention call of a run covers: ``context`` (the model reads every stream in
+        segments of ``context`` tokens aligned to its start; a call covers a segment or part of one,
+        in training, evaluation and generation), so chunk sizes of at least ``context`` act alike
+        (see :func:`fwbench.run.grid._chunks_as_they_act`)."""
+        return config.context
 
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most

@@ -1262,6 +1262,25 @@ def _(ctx):
     return answer
 
 
+@row("C116")
+def _(ctx):
+    ctx.monkeypatch.setenv("RAY_ADDRESS", " ")
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: $RAY_ADDRESS: got ' '; expected a Ray cluster address such as auto or HOST:6379 "
+        "(unset it, or leave it out, to start a local instance; --ray-address overrides it)")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", " ", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
+    return answer
+
+
+@row("C117")
+def _(ctx):
+    pytest.importorskip("ray")
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "not-an-address", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
 
 
@@ -1332,6 +1351,31 @@ def _(ctx):
 @row("G95")
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "eval_segments = [0, 100000]\n")
+
+@row("G97")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = ["softmax", "softmax:window=3"]\nform = "chunk"'))
+
+
+@row("G98")
+def _(ctx):
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "{variant}"\ncheckpoint_every = {every}\nseed = 1\n'
+                     for variant, every in (("softmax", 2), ("softmax:window=16", 4)))
+    return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 16\n{blocks}')
+
+@row("G99")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD + "train_fraction = [0.9, 0.9000001]\n")
+
+@row("G100")
+def _(ctx):
+    return grid_error(ctx, LM_GRID_HEAD.replace("context = 64", "context = 32") + "chunk_size = [32, 64]\n")
+
+@row("G101")
+def _(ctx):
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "linear"\nseed = 1\nchunk_size = {size}\ncheckpoint_every = {every}\n'
+                     for size, every in ((32, 0), (64, 100)))
+    return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 32\n{blocks}')
 
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.

@@ -86,16 +86,25 @@ class RunSpec:
         (where the grid is expanded) and kept, so a worker receives it with the run."""
         import_modules_of(self)
         task = TASKS.get(self.task)
-        config, variant = self.config, self.variant
+        config = self.config
         if hasattr(task, "acting_config"):
             config = task.acting_config(self.task_config(), self.variant)
-        if hasattr(task, "acting_variant"):  # softmax with a window no call reaches is softmax
-            variant = task.acting_variant(self.task_config(), self.variant)
-        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": variant,
+        payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.acting_variant,
                    "seed": self.seed, "config": config}
         if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
             payload["task_schema"] = task.record_schema
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+    @functools.cached_property
+    def acting_variant(self) -> str:
+        """The variant spec as it computes in this run (the task's ``acting_variant``; default: the
+        spec): softmax with a window that no call reaches is softmax. The run id and the grid's
+        refusals of equal computations compare runs by it."""
+        import_modules_of(self)
+        task = TASKS.get(self.task)
+        if hasattr(task, "acting_variant"):
+            return task.acting_variant(self.task_config(), self.variant)
+        return self.variant
 
     def task_config(self):
         """The task's typed config dataclass for this run."""
@@ -249,7 +258,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
     Raises:
         FwbenchError: unknown profile (lists the profiles), typo'd key (lists the allowed keys),
             wrong value type, bad variant spec, invalid task config, an empty product, or two runs
-            whose chunk sizes give the same chunks (:func:`_refuse_equal_chunking`).
+            that compute the same numbers (:func:`_refuse_equal_computations`).
     """
     if profile not in grid.profiles:
         raise FwbenchError(f"--profile: got {profile!r}; grid {grid.name} has {', '.join(grid.profiles)}")
@@ -265,8 +274,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
         where = f"grid {grid.name} profile {profile} block {index}"
         for spec in _expand_block(grid, profile, block, seeds, where):
             specs.setdefault(spec.run_id, spec)
-    _refuse_equal_chunking(f"grid {grid.name} profile {profile}", list(specs.values()))
-    _refuse_equal_values(f"grid {grid.name} profile {profile}", list(specs.values()))
+    _refuse_equal_computations(f"grid {grid.name} profile {profile}", list(specs.values()))
     return list(specs.values())
 
 
@@ -318,69 +326,83 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         if spec.run_id in seen:
             raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
         seen[spec.run_id] = spec
-    _refuse_equal_chunking(where, specs)
-    _refuse_equal_values(where, specs)
+    _refuse_equal_computations(where, specs)
     return specs
 
 
-def _refuse_equal_chunking(where: str, specs: list[RunSpec]) -> None:
-    """Refuse two cells whose chunk sizes cut every call's T tokens into the same chunks.
+def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, str] | None:
+    """What a chunk size acts as in the run (its chunk length) and the words saying why, or ``None``
+    where the task does not say how long its chunked calls are.
 
     The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
     at T = 120, chunk sizes 60 to 119 all run 2 chunks of 60 tokens and compute the same numbers, yet
     the run id hashes the chunk size as given (hashing the chunk length would re-key every committed
-    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``.
-
-    Raises:
-        FwbenchError: two cells that differ only in chunk sizes with equal chunk lengths.
+    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``; one
+    whose calls cover any length from 1 to L tokens (the LM: a segment, or part of one) says L with
+    ``longest_chunked_call``: two chunk sizes cut every such call alike only where both are at least L
+    (below L, the size a + 1 is cut by a in two and by a larger size in one), so a size acts as min(size, L).
     """
-    seen: dict[tuple, RunSpec] = {}
-    for spec in specs:
-        task = TASKS[spec.task]
-        if not hasattr(task, "chunked_tokens") or not hasattr(task, "acting_config"):
-            continue
-        acting = task.acting_config(spec.task_config(), spec.variant)
-        if "chunk_size" not in acting:
-            continue
-        T = task.chunked_tokens(spec.task_config())
-        length = chunk_length(T, acting["chunk_size"])
-        key = (spec.variant, spec.seed, json.dumps({**acting, "chunk_size": length}, sort_keys=True))
-        first = seen.setdefault(key, spec)
-        if first is not spec:
-            sizes = (task.acting_config(first.task_config(), first.variant)["chunk_size"], acting["chunk_size"])
-            raise FwbenchError(
-                f"{where}: the run {spec.label} appears twice: chunk_size {sizes[0]} and {sizes[1]} both cut its "
-                f"T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at most {length} "
-                "tokens (the chunk forms balance their chunks), which compute the same numbers; list one of them")
+    if hasattr(task, "chunked_tokens"):
+        T = task.chunked_tokens(config)
+        length = chunk_length(T, chunk_size)
+        return length, (f"cut its T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at "
+                        f"most {length} tokens (the chunk forms balance their chunks)")
+    if hasattr(task, "longest_chunked_call"):
+        longest = task.longest_chunked_call(config)
+        return min(chunk_size, longest), f"leave every attention call of at most {longest} tokens in one chunk"
+    return None
 
 
-def _refuse_equal_values(where: str, specs: list[RunSpec]) -> None:
-    """Refuse two cells whose configs differ only in values that act alike.
+def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
+    """A key equal for two cells that compute the same numbers, and for each key normalised in it the
+    value the run acts with and why: the acting config (the run id's), with the chunk size as its
+    chunk length (:func:`_chunks_as_they_act`) and the task's ``values_as_they_act`` applied together,
+    so that two cells differing in both (chunk_size 32 and 64 at context 32, checkpoint_every 0 and
+    100) are caught as well as cells differing in one."""
+    task, config = TASKS[spec.task], spec.task_config()
+    acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+    normalised: dict[str, tuple[Any, str]] = {}
+    chunks = None if "chunk_size" not in acting else _chunks_as_they_act(task, config, acting["chunk_size"])
+    if chunks is not None:
+        normalised["chunk_size"] = (acting["chunk_size"], chunks[1])
+        acting["chunk_size"] = chunks[0]
+    if hasattr(task, "values_as_they_act"):
+        for name, (value, why) in task.values_as_they_act(config).items():
+            normalised[name] = (spec.config[name], why)
+            acting[name] = value
+    return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
 
-    A task says what some keys act as with ``values_as_they_act(config)`` (key → (the value it acts
-    as, why)): the retrieval model's key embedding has int(embedding_factor · S) features, so at S = 20
-    ``embedding_factor`` 2.2 and 2.21 build one model; the LM's ``checkpoint_every`` says only where a
-    run could resume from. Such cells compute the same numbers under two run ids.
+
+def _refuse_equal_computations(where: str, specs: list[RunSpec]) -> None:
+    """Refuse two cells that compute the same numbers under two run ids: chunk sizes that cut every
+    call alike (:func:`_chunks_as_they_act`), and values a task says act as one
+    (``values_as_they_act(config)``, key → (the value it acts as, why): the retrieval model's key
+    embedding has int(embedding_factor · S) features, so at S = 20 ``embedding_factor`` 2.2 and 2.21
+    build one model; the LM's ``checkpoint_every`` says only where a run could resume from), alone or
+    together.
 
     Raises:
-        FwbenchError: two cells whose values as they act, and other acting keys, are equal.
+        FwbenchError: naming each key whose two values act alike, and why.
     """
     seen: dict[tuple, tuple[RunSpec, dict]] = {}
     for spec in specs:
-        task = TASKS[spec.task]
-        if not hasattr(task, "values_as_they_act"):
+        key, normalised = _as_it_computes(spec)
+        first, first_normalised = seen.setdefault(key, (spec, normalised))
+        if first is spec:
             continue
-        config = spec.task_config()
-        acts = task.values_as_they_act(config)
-        acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
-        key = (spec.variant, spec.seed, json.dumps({**acting, **{k: v for k, (v, _) in acts.items()}}, sort_keys=True))
-        first, first_acts = seen.setdefault(key, (spec, acts))
-        if first is not spec:
-            reasons = {**first_acts, **acts}  # a value may act as another on one side only (eval_segments 0 and 10⁶)
-            alike = "; ".join(f"{name} {first.config[name]!r} and {spec.config[name]!r} act alike ({why})"
-                              for name, (_, why) in reasons.items() if first.config[name] != spec.config[name])
-            raise FwbenchError(f"{where}: the run {spec.label} appears twice: {alike}, which compute the same "
-                               "numbers; list one of them")
+        reasons = []
+        # a value may act as another on one side only (eval_segments 0 and 10⁶): the reason of either side
+        for name, (_, why) in {**first_normalised, **normalised}.items():
+            before = first_normalised.get(name, (first.config.get(name), why))[0]
+            after = normalised.get(name, (spec.config.get(name), why))[0]
+            if before == after:
+                continue
+            if name == "chunk_size":
+                reasons.append(f"chunk_size {before} and {after} both {why}")
+            else:
+                reasons.append(f"{name} {before!r} and {after!r} act alike ({why})")
+        raise FwbenchError(f"{where}: the run {spec.label} appears twice: {'; '.join(reasons)}, which compute the "
+                           "same numbers; list one of them")
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:
@@ -388,14 +410,20 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     ``dpfp:nu=1``), or config keys whose values differ but do not act for the variant (a chunk
     size where no kernel it runs is chunked, or one equal to the rule's default)."""
     differing = [key for key in first.config if first.config[key] != second.config.get(key)]
+    # variants are canonical spec strings: two that differ name one run only through the task's acting_variant
+    variants = (f"variants {first.variant} and {second.variant} compute alike (both as {first.acting_variant}: "
+                "softmax's window reaches every key of every attention call of the run)"
+                if first.variant != second.variant else "")
     if not differing:
+        if variants:
+            return f"the run {first.label} appears twice: {variants}; list one of them"
         return (f"the run {first.label} appears twice (two axis values name the same run, as 'dpfp' and "
                 "'dpfp:nu=1' do); list each value once")
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
     inactive = task.inactive_keys(first.task_config()) if hasattr(task, "inactive_keys") else {}
-    reasons = []
+    reasons = [variants] if variants else []
     for key in differing:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
         if key in inactive:

@@ -187,19 +187,21 @@ def check_ray_resources(options: LaunchOptions) -> None:
     that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
     outside [:data:`RAY_RESOURCE_UNIT`, :data:`RAY_RESOURCE_MAX`], and a local instance of fewer
     than one CPU (``--ray-num-cpus 0`` starts a Ray that can schedule nothing) or more than Ray's maximum;
-    and an empty ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as no address
-    and silently ran every run on a Ray instance started on this machine instead of the cluster; an
-    empty ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``) likewise.
+    and an empty or blank ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as
+    no address and silently ran every run on a Ray instance started on this machine instead of the
+    cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
+    likewise (a blank one reached Ray, which raised a ValueError traceback).
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
     """
-    if options.ray_address == "":
-        raise FwbenchError("--ray-address: got ''; expected a Ray cluster address such as auto or HOST:6379 (leave "
-                           "the option out to use $RAY_ADDRESS or start a local instance)")
-    if options.ray_address is None and os.environ.get("RAY_ADDRESS") == "":
-        raise FwbenchError("$RAY_ADDRESS: got ''; expected a Ray cluster address such as auto or HOST:6379 (unset it, "
-                           "or leave it out, to start a local instance; --ray-address overrides it)")
+    if options.ray_address is not None and not options.ray_address.strip():  # '' or blanks: "$HEAD " with HEAD unset
+        raise FwbenchError(f"--ray-address: got {options.ray_address!r}; expected a Ray cluster address such as auto or "
+                           "HOST:6379 (leave the option out to use $RAY_ADDRESS or start a local instance)")
+    environment_address = os.environ.get("RAY_ADDRESS")
+    if options.ray_address is None and environment_address is not None and not environment_address.strip():
+        raise FwbenchError(f"$RAY_ADDRESS: got {environment_address!r}; expected a Ray cluster address such as auto or "
+                           "HOST:6379 (unset it, or leave it out, to start a local instance; --ray-address overrides it)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(
@@ -246,8 +248,14 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     if started_here:
         init_args = {"address": address} if address else {"num_cpus": options.ray_num_cpus}
         # One torch thread per worker unless asked otherwise: idle OpenMP threads fight over cores.
-        ray.init(**init_args, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
+        try:
+            ray.init(**init_args, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
+        except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
+            source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
+                               f"of a running cluster (Ray: {reason})") from None
         if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
             try:
                 totals = ray.cluster_resources()  # no "GPU" entry on a machine without GPUs

@@ -111,3 +111,13 @@ def test_directories_travel_as_absolute_paths(monkeypatch, tmp_path):
     settings = run_settings()
     assert settings[DATA_DIR_ENV] == str(tmp_path.resolve() / "data")
     assert settings[CACHE_DIR_ENV] == str((tmp_path.home() / "cache").resolve())
+
+
+def test_a_cache_dir_with_a_tilde_is_the_one_a_worker_receives(monkeypatch, tmp_path):
+    """This process read FWBENCH_CACHE_DIR=~/cache as ./~/cache, a Ray worker as ~/cache: two caches."""
+    from fwbench.tasks.corpus import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(CACHE_DIR_ENV, "~/cache")
+    assert cache_dir() == tmp_path.home() / "cache"
+    assert str(cache_dir().resolve()) == run_settings()[CACHE_DIR_ENV]

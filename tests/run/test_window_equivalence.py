@@ -3,6 +3,7 @@ both name one run (issue 14 kind 12); a window that some call does reach is a ru
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from fwbench.run.grid import RunSpec
@@ -68,3 +69,50 @@ def test_the_lm_reads_alike_with_a_window_of_its_context_also_across_segments():
     plain = carried_logits("softmax")
     assert torch.equal(carried_logits(f"softmax:window={LM['context']}"), plain)
     assert not torch.equal(carried_logits(f"softmax:window={LM['context'] - 1}"), plain)
+
+
+def test_retrieval_windows_over_the_whole_sequence_hash_as_softmax_outside_the_one_hot_path():
+    """Every query reads the sequence's T keys (T = 2S in Setting 2): a window of at least T, in any
+    form, is softmax's ``chunk`` form; ``auto`` without a window (the one-hot path) stays apart."""
+    T = 2 * RETRIEVAL["S"]
+    plain = run_id("retrieval", "softmax", {**RETRIEVAL, "form": "chunk"})
+    for form in ("auto", "parallel", "chunk", "recurrent"):
+        assert run_id("retrieval", f"softmax:window={T}", {**RETRIEVAL, "form": form}) == plain
+        assert run_id("retrieval", f"softmax:window={10 * T}", {**RETRIEVAL, "form": form}) == plain
+        assert run_id("retrieval", f"softmax:window={T - 1}", {**RETRIEVAL, "form": form}) != plain
+    assert run_id("retrieval", "softmax", RETRIEVAL) != plain
+
+
+def test_retrieval_window_of_the_whole_sequence_trains_the_curve_of_softmax():
+    from dataclasses import replace
+
+    from fwbench.run.training import fit
+    from fwbench.tasks import RetrievalConfig
+
+    torch.set_num_threads(1)
+    config = RetrievalConfig(**RETRIEVAL, eval_sequences=4, eval_every=2, max_steps=3)
+    T = config.sequence_length
+
+    def curve(variant: str, form: str) -> list:
+        return fit("retrieval", variant, replace(config, form=form), 1, torch.device("cpu")).curve
+
+    plain = curve("softmax", "chunk")
+    assert curve(f"softmax:window={T}", "auto") == plain
+    assert curve(f"softmax:window={T - 1}", "chunk") != plain
+
+
+def test_a_grid_refuses_equal_values_beside_a_window_no_call_reaches(tmp_path):
+    """The grid's refusals compare runs by the variant as it computes: softmax beside
+    softmax:window=context, in two blocks with checkpoint_every 2 and 4, trained one computation
+    under two run ids (checkpoint_every is hashed)."""
+    from fwbench.errors import FwbenchError
+    from fwbench.run.grid import expand, load_grid
+
+    path = tmp_path / "lm.toml"
+    blocks = "".join(f'[[profiles.quick]]\nvariant = "{variant}"\ncheckpoint_every = {every}\nseed = 1\n'
+                     for variant, every in (("softmax", 2), ("softmax:window=16", 4)))
+    path.write_text(f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 16\n{blocks}')
+    with pytest.raises(FwbenchError, match=r"appears twice: checkpoint_every 2 and 4 act alike"):
+        load_grid(path)
+    path.write_text(path.read_text().replace("window=16", "window=15"))
+    assert len(expand(load_grid(path), "quick")) == 2
