@@ -249,16 +249,26 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     return value
 
 
+def _canonical_spec(spec: str) -> str:
+    """``spec`` as it parses (``dpfp`` → ``dpfp:nu=1``), or as written where it does not parse."""
+    try:
+        return str(parse_spec(spec))
+    except VariantError:
+        return spec
+
+
 def _refuse_repeated_value(name: str, given: list, values: list, where: str) -> None:
-    """Refuse an axis listing one value twice (``seed = [1, 1]``, ``--seeds 1 1``, ``dropout = [0.0, -0.0]``):
-    each names the same runs twice. (Variant specs are compared as they parse, by the run ids:
-    ``dpfp`` and ``dpfp:nu=1``.) ``given``: the values as written; ``values``: as read.
+    """Refuse an axis listing one value twice (``seed = [1, 1]``, ``--seeds 1 1``, ``dropout = [0.0, -0.0]``,
+    ``variant = ["dpfp", "dpfp:nu=1"]``, specs compared as they parse): each names the same runs twice.
+    ``given``: the values as written; ``values``: as read.
 
     Raises:
         FwbenchError: naming the key (or option) and the value.
     """
+    if name == "variant":  # a spec that does not parse is refused where the cells are built, naming it
+        values = [_canonical_spec(spec) for spec in values]
     for index, value in enumerate(values):
-        if name == "variant" or value not in values[:index]:
+        if value not in values[:index]:
             continue
         first = given[values.index(value)]
         if repr(first) == repr(given[index]):
