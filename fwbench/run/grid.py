@@ -249,6 +249,34 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     return value
 
 
+def _canonical_spec(spec: str) -> str:
+    """``spec`` as it parses (``dpfp`` → ``dpfp:nu=1``), or as written where it does not parse."""
+    try:
+        return str(parse_spec(spec))
+    except VariantError:
+        return spec
+
+
+def _refuse_repeated_value(name: str, given: list, values: list, where: str) -> None:
+    """Refuse an axis listing one value twice (``seed = [1, 1]``, ``--seeds 1 1``, ``dropout = [0.0, -0.0]``,
+    ``variant = ["dpfp", "dpfp:nu=1"]``, specs compared as they parse): each names the same runs twice.
+    ``given``: the values as written; ``values``: as read.
+
+    Raises:
+        FwbenchError: naming the key (or option) and the value.
+    """
+    if name == "variant":  # a spec that does not parse is refused where the cells are built, naming it
+        values = [_canonical_spec(spec) for spec in values]
+    for index, value in enumerate(values):
+        if value not in values[:index]:
+            continue
+        first = given[values.index(value)]
+        if repr(first) == repr(given[index]):
+            raise FwbenchError(f"{where}: {name}: lists {first!r} twice; list each value once")
+        raise FwbenchError(f"{where}: {name}: {first!r} and {given[index]!r} are one value ({value!r}); list each "
+                           "value once")
+
+
 def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[RunSpec]:
     """Every run of ``profile``: the product of its list-valued keys over ``defaults`` (for a
     profile made of blocks, the union of the blocks' products, duplicates dropped, in order).
@@ -299,6 +327,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {key} is an empty list; the grid would have no runs")
         expected = {"variant": str, "seed": int}.get(key) or types[key]
         axes[key] = [_check_value(where, key, v, expected) for v in values]
+        _refuse_repeated_value("--seeds" if key == "seed" and seeds is not None else key, values, axes[key], where)
     specs = []
     keys = list(axes)
     for combination in itertools.product(*(axes[k] for k in keys)):
