@@ -1281,6 +1281,18 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C118")
+def _(ctx):
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")
+    assert cli(ctx, "run", "shakespeare", "--quiet", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: $FWBENCH_DATA_DIR: got '~nosuchuser-fwbench/data'; expected a directory path "
+        "('~nosuchuser-fwbench' names no user's home directory on this machine)")
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path))
+    ctx.monkeypatch.setenv("FWBENCH_CACHE_DIR", "~nosuchuser-fwbench/cache")
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cli(ctx, "run", "shakespeare", "--launcher", "ray", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
+
+
 LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
 
 

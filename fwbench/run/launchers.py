@@ -242,6 +242,9 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
                on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
     """Submit every spec as a Ray task and yield records as tasks finish."""
     check_ray_resources(options)  # before Ray starts: it would raise deep inside its scheduler (NaN, inf, 0 CPUs)
+    # a task argument (the environment of a separately started cluster lacks them); read before Ray starts,
+    # which a directory it refuses (~user naming no user) would otherwise follow
+    settings = run_settings()
     ray = _import_ray()
     address = options.ray_address or os.environ.get("RAY_ADDRESS")
     started_here = not ray.is_initialized()
@@ -269,7 +272,6 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
         execute_in_worker
     )
-    settings = run_settings()  # a task argument: the environment of a separately started cluster lacks them
     pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec), settings): spec
                for spec in specs}
     try:
