@@ -1293,6 +1293,16 @@ def _(ctx):
     return cli(ctx, "run", "shakespeare", "--launcher", "ray", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C119")
+def _(ctx):
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "localhost:0")
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: $RAY_ADDRESS: got 'localhost:0'; expected a Ray cluster address such as auto or "
+        "HOST:6379 (port 0 is outside 1 to 65535)")
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "localhost:99999", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
 
 

@@ -190,7 +190,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     and an empty or blank ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as
     no address and silently ran every run on a Ray instance started on this machine instead of the
     cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
-    likewise (a blank one reached Ray, which raised a ValueError traceback).
+    likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
+    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes).
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -202,6 +203,13 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.ray_address is None and environment_address is not None and not environment_address.strip():
         raise FwbenchError(f"$RAY_ADDRESS: got {environment_address!r}; expected a Ray cluster address such as auto or "
                            "HOST:6379 (unset it, or leave it out, to start a local instance; --ray-address overrides it)")
+    address, source = (options.ray_address, "--ray-address") if options.ray_address is not None else (
+        environment_address, "$RAY_ADDRESS")
+    port = (address or "").rpartition(":")[2]
+    # a port no TCP connection can use (localhost:99999) passed Ray's format check and was retried for minutes
+    if ":" in (address or "") and port.isascii() and port.isdigit() and not 1 <= int(port) <= 65535:
+        raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
+                           f"(port {port} is outside 1 to 65535)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(
