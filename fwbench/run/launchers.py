@@ -263,8 +263,10 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             ray.init(**init_args, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
-            source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if not address:  # no address to blame: it said "$RAY_ADDRESS: got None"
+                raise FwbenchError(f"--launcher ray: could not start a local Ray instance (Ray: {reason})") from None
+            source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
                                f"of a running cluster (Ray: {reason})") from None
         if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
