@@ -56,19 +56,43 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def expanded_path(value: str | Path, source: str) -> Path:
+    """``value`` as a path, a leading ``~`` or ``~user`` expanded; ``source`` names where it came from
+    (``$FWBENCH_CACHE_DIR``, ``--data-dir``) for the error.
+
+    Raises:
+        CorpusError: ``~user`` names no user of this machine (pathlib raised "RuntimeError: Could not
+            determine home directory.", which named neither the variable nor its value).
+    """
+    try:
+        return Path(value).expanduser()
+    except RuntimeError:
+        home = str(value).split("/", 1)[0]
+        raise CorpusError(f"{source}: got {str(value)!r}; expected a directory path ({home!r} names no user's home "
+                          "directory on this machine)") from None
+
+
 def cache_dir() -> Path:
     """fwbench's user cache directory: ``FWBENCH_CACHE_DIR`` if set (``~`` expanded, as the data
-    directory's is and as a Ray worker receives it), else the platform default."""
+    directory's is and as a Ray worker receives it), else the platform default.
+
+    Raises:
+        CorpusError: a ``~user`` naming no user (:func:`expanded_path`).
+    """
     override = os.environ.get(CACHE_DIR_ENV)
-    return Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("fwbench"))
+    return expanded_path(override, f"${CACHE_DIR_ENV}") if override else Path(platformdirs.user_cache_dir("fwbench"))
 
 
 def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:
-    """Files that may hold the corpus under ``data_dir`` (or ``FWBENCH_DATA_DIR``), in order."""
+    """Files that may hold the corpus under ``data_dir`` (or ``FWBENCH_DATA_DIR``), in order.
+
+    Raises:
+        CorpusError: a ``~user`` naming no user (:func:`expanded_path`).
+    """
     root = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
     if not root:
         return []
-    root = Path(root).expanduser()
+    root = expanded_path(root, "--data-dir" if data_dir is not None else f"${DATA_DIR_ENV}")
     return [root / CORPUS_DIR / CORPUS_FILE, root / CORPUS_FILE]
 
 

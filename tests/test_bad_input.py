@@ -1262,15 +1262,21 @@ def _(ctx):
     return answer
 
 
+def refused_ray_addresses(ctx, environment: str, expected: str, option: str) -> str:
+    """Assert that ``$RAY_ADDRESS=environment`` gets ``expected``; return the answer to ``--ray-address option``,
+    both refused before the store is made or Ray starts."""
+    ctx.monkeypatch.setenv("RAY_ADDRESS", environment)
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")) == expected
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", option, "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C116")
 def _(ctx):
-    ctx.monkeypatch.setenv("RAY_ADDRESS", " ")
-    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")) == (
-        "exit 2: fwbench: error: $RAY_ADDRESS: got ' '; expected a Ray cluster address such as auto or HOST:6379 "
-        "(unset it, or leave it out, to start a local instance; --ray-address overrides it)")
-    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", " ", "--results-dir", str(ctx.tmp_path / "r"))
-    assert not (ctx.tmp_path / "r").exists()  # refused before the store is made or Ray starts
-    return answer
+    return refused_ray_addresses(ctx, " ", "exit 2: fwbench: error: $RAY_ADDRESS: got ' '; expected a Ray cluster address "
+                                 "such as auto or HOST:6379 (unset it, or leave it out, to start a local instance; "
+                                 "--ray-address overrides it)", " ")
 
 
 @row("C117")
@@ -1279,6 +1285,25 @@ def _(ctx):
     ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "not-an-address", "--quiet",
                "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C118")
+def _(ctx):
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")
+    assert cli(ctx, "run", "shakespeare", "--quiet", "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: $FWBENCH_DATA_DIR: got '~nosuchuser-fwbench/data'; expected a directory path "
+        "('~nosuchuser-fwbench' names no user's home directory on this machine)")
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path))
+    ctx.monkeypatch.setenv("FWBENCH_CACHE_DIR", "~nosuchuser-fwbench/cache")
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return cli(ctx, "run", "shakespeare", "--launcher", "ray", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C119")
+def _(ctx):
+    return refused_ray_addresses(ctx, "localhost:0", "exit 2: fwbench: error: $RAY_ADDRESS: got 'localhost:0'; expected "
+                                 "a Ray cluster address such as auto or HOST:6379 (port 0 is outside 1 to 65535)",
+                                 "localhost:99999")
 
 
 LM_GRID = 'name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'

@@ -12,7 +12,7 @@ import torch
 
 from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
-from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
+from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV, CorpusError, expanded_path
 from fwbench.variants.kernels.fla_dispatch import FLA_ENV
 from fwbench.variants.kernels.precision import denormals_are_flushed, denormals_flushed
 
@@ -33,11 +33,18 @@ PATH_ENV = (DATA_DIR_ENV, CACHE_DIR_ENV)
 
 def run_settings() -> dict[str, str]:
     """The :data:`RUN_SETTINGS_ENV` variables set in this process, name → value; the
-    :data:`PATH_ENV` directories made absolute here (``~`` expanded), empty values left as they are."""
+    :data:`PATH_ENV` directories made absolute here (``~`` expanded), empty values left as they are.
+
+    Raises:
+        FwbenchError: a directory starting with ``~user`` that names no user of this machine.
+    """
     settings = {name: os.environ[name] for name in RUN_SETTINGS_ENV if name in os.environ}
     for name in PATH_ENV:
         if settings.get(name):
-            settings[name] = str(Path(settings[name]).expanduser().resolve())
+            try:
+                settings[name] = str(expanded_path(settings[name], f"${name}").resolve())
+            except CorpusError as exc:  # ~user naming no user: one line, before any run starts
+                raise FwbenchError(str(exc)) from None
     return settings
 
 

@@ -190,7 +190,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     and an empty or blank ``--ray-address`` (``--ray-address "$HEAD"`` with HEAD unset), which read as
     no address and silently ran every run on a Ray instance started on this machine instead of the
     cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
-    likewise (a blank one reached Ray, which raised a ValueError traceback).
+    likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
+    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes).
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -202,6 +203,13 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.ray_address is None and environment_address is not None and not environment_address.strip():
         raise FwbenchError(f"$RAY_ADDRESS: got {environment_address!r}; expected a Ray cluster address such as auto or "
                            "HOST:6379 (unset it, or leave it out, to start a local instance; --ray-address overrides it)")
+    address, source = (options.ray_address, "--ray-address") if options.ray_address is not None else (
+        environment_address, "$RAY_ADDRESS")
+    port = (address or "").rpartition(":")[2]
+    # a port no TCP connection can use (localhost:99999) passed Ray's format check and was retried for minutes
+    if ":" in (address or "") and port.isascii() and port.isdigit() and not 1 <= int(port) <= 65535:
+        raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
+                           f"(port {port} is outside 1 to 65535)")
     if not (math.isfinite(options.cpus_per_run) and options.cpus_per_run > 0) or not (
             math.isfinite(options.gpus_per_run) and options.gpus_per_run >= 0):
         raise FwbenchError(
@@ -242,6 +250,9 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
                on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
     """Submit every spec as a Ray task and yield records as tasks finish."""
     check_ray_resources(options)  # before Ray starts: it would raise deep inside its scheduler (NaN, inf, 0 CPUs)
+    # a task argument (the environment of a separately started cluster lacks them); read before Ray starts,
+    # which a directory it refuses (~user naming no user) would otherwise follow
+    settings = run_settings()
     ray = _import_ray()
     address = options.ray_address or os.environ.get("RAY_ADDRESS")
     started_here = not ray.is_initialized()
@@ -252,8 +263,10 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
             ray.init(**init_args, include_dashboard=False, log_to_driver=False,
                      runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
-            source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if not address:  # no address to blame: it said "$RAY_ADDRESS: got None"
+                raise FwbenchError(f"--launcher ray: could not start a local Ray instance (Ray: {reason})") from None
+            source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
                                f"of a running cluster (Ray: {reason})") from None
         if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
@@ -269,7 +282,6 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
         execute_in_worker
     )
-    settings = run_settings()  # a task argument: the environment of a separately started cluster lacks them
     pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec), settings): spec
                for spec in specs}
     try:

@@ -97,3 +97,19 @@ def test_a_run_larger_than_the_started_ray_instance_is_refused_once_it_started(t
     assert status == 2
     assert "--cpus-per-run: got 100000; expected at most" in capsys.readouterr().err
     assert not ray.is_initialized()
+
+
+def test_a_local_ray_instance_that_fails_to_start_is_not_blamed_on_an_address(tmp_path, capsys, monkeypatch):
+    """With no address given, a ConnectionError from starting the local instance was reported as
+    "$RAY_ADDRESS: got None; expected a Ray cluster address", an address nobody gave."""
+    def refuse(**_):
+        raise ConnectionError("raylet failed to start")
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray, "init", refuse)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(GRID)
+    status = main(["run", str(grid), "--results-dir", str(tmp_path / "r"), "--quiet", "--launcher", "ray"])
+    assert status == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "fwbench: error: --launcher ray: could not start a local Ray instance (Ray: raylet failed to start)")

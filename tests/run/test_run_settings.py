@@ -121,3 +121,24 @@ def test_a_cache_dir_with_a_tilde_is_the_one_a_worker_receives(monkeypatch, tmp_
     monkeypatch.setenv(CACHE_DIR_ENV, "~/cache")
     assert cache_dir() == tmp_path.home() / "cache"
     assert str(cache_dir().resolve()) == run_settings()[CACHE_DIR_ENV]
+
+
+def test_a_directory_of_a_user_that_does_not_exist_is_one_line_naming_the_variable(monkeypatch, tmp_path):
+    """``~user`` naming no user: pathlib's "RuntimeError: Could not determine home directory." named
+    neither the variable nor its value (every LM run failed with it; under Ray, a traceback)."""
+    from fwbench.tasks.corpus import CorpusError, cache_dir, data_dir_candidates
+
+    monkeypatch.setenv(CACHE_DIR_ENV, "~nosuchuser-fwbench/cache")
+    expected = ("$FWBENCH_CACHE_DIR: got '~nosuchuser-fwbench/cache'; expected a directory path ('~nosuchuser-fwbench' "
+                "names no user's home directory on this machine)")
+    with pytest.raises(CorpusError) as raised:
+        cache_dir()
+    assert str(raised.value) == expected
+    with pytest.raises(FwbenchError) as raised:
+        run_settings()
+    assert str(raised.value) == expected
+    monkeypatch.setenv(DATA_DIR_ENV, "~nosuchuser-fwbench")
+    with pytest.raises(CorpusError, match=r"^\$FWBENCH_DATA_DIR: got '~nosuchuser-fwbench'"):
+        data_dir_candidates(None)
+    with pytest.raises(CorpusError, match=r"^--data-dir: got '~nosuchuser-fwbench/x'"):
+        data_dir_candidates("~nosuchuser-fwbench/x")
