@@ -435,19 +435,16 @@ def _refuse_equal_computations(where: str, specs: list[RunSpec]) -> None:
 
 
 def _same_run(first: RunSpec, second: RunSpec) -> str:
-    """Why two cells of a grid have one run id: the same values named twice (``dpfp`` and
-    ``dpfp:nu=1``), or config keys whose values differ but do not act for the variant (a chunk
+    """Why two cells of a grid have one run id: variants that compute alike (the task's
+    ``acting_variant``), or config keys whose values differ but do not act for the variant (a chunk
     size where no kernel it runs is chunked, or one equal to the rule's default)."""
     differing = [key for key in first.config if first.config[key] != second.config.get(key)]
     # variants are canonical spec strings: two that differ name one run only through the task's acting_variant
     variants = (f"variants {first.variant} and {second.variant} compute alike (both as {first.acting_variant}: "
                 "softmax's window reaches every key of every attention call of the run)"
                 if first.variant != second.variant else "")
-    if not differing:
-        if variants:
-            return f"the run {first.label} appears twice: {variants}; list one of them"
-        return (f"the run {first.label} appears twice (two axis values name the same run, as 'dpfp' and "
-                "'dpfp:nu=1' do); list each value once")
+    if not differing:  # (one value listed twice is refused before the cells are built: _refuse_repeated_value)
+        return f"the run {first.label} appears twice: {variants}; list one of them"
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
