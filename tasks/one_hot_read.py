@@ -53,7 +53,10 @@ def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tenso
         check_finite(q=q, k=k)
     dtype = compute_dtype(q, k)
     if isinstance(attention, SoftmaxAttention):
-        weights = torch.softmax((q.to(dtype) @ k.to(dtype).mT) / math.sqrt(k.shape[-1]), dim=-1)  # (B, H, T_q, T)
+        # K qᵀ (B, H, T, T_q), as the sum rule below: with one query per sequence the backward's key
+        # gradient comes out as (T, d_key) rows, where q kᵀ's came out transposed and was copied
+        scores = (k.to(dtype) @ q.to(dtype).mT) / math.sqrt(k.shape[-1])
+        weights = torch.softmax(scores, dim=-2).mT  # (B, H, T_q, T)
     else:
         # K φ(q) (B, H, T, T_q) as the sum rule's kernel forms it: a matrix-vector product over
         # contiguous rows of φ(k) for one query, faster than φ(q) φ(k)ᵀ on CPU

@@ -17,6 +17,10 @@ feature, i.e. the query weight w_m: φ(q) at index m+i (both positive) or (m+i+d
 coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
 ``create_graph=True`` the backward differentiates the feature product instead
 (:mod:`.double_backward`), so second derivatives are exact.
+
+On CPU (fp32 and float64) the forward and backward run as compiled loops, one pass per key row
+(:mod:`.dpfp_scores_cpu`); elsewhere (CUDA, and the tensor form's reference tests) as the tensor
+operations below.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VariantError
+from . import dpfp_scores_cpu
 from .double_backward import grad_by_recomputation
 from .dpfp import dpfp_composed
 from .precision import compute_dtype
@@ -39,6 +44,13 @@ def _roll_weights(phi_q: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
     both are positive, (m+i+d) mod 2d where both are negative."""
     block = phi_q[..., (i - 1) * 2 * d : i * 2 * d]
     return block[..., i : i + d], torch.cat([block[..., d + i :], block[..., :i]], dim=-1)
+
+
+def _all_roll_weights(phi_q: Tensor, nu: int, d: int) -> tuple[Tensor, Tensor]:
+    """Every roll's query weights from φ(q) (R, 1, 2·d·ν): P and N, each (R, ν, d) contiguous."""
+    weights = [_roll_weights(phi_q, i, d) for i in range(1, nu + 1)]
+    return (torch.cat([positive for positive, _ in weights], dim=-2).contiguous(),
+            torch.cat([negative for _, negative in weights], dim=-2).contiguous())
 
 
 def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) -> Tensor:
@@ -70,6 +82,12 @@ class _DPFPQueryScores(torch.autograd.Function):
         *lead, T, d = k.shape
         ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
         keys, query = k.to(dtype).reshape(-1, T, d), phi_q.to(dtype).reshape(-1, 1, phi_q.shape[-1])
+        ctx.compiled = dpfp_scores_cpu.runs_here(keys)
+        if ctx.compiled:  # one pass per key row instead of ~10 over the whole (R, T, d) tensors
+            keys = keys.contiguous()
+            P, N = _all_roll_weights(query, nu, d)
+            ctx.save_for_backward(k, phi_q, keys, P, N)
+            return dpfp_scores_cpu.scores(keys, P, N).view(*lead, T, 1)
         out = keys.new_empty(keys.shape[0], T, 1)
         extended = _extend(keys, nu)
         saved = []
@@ -88,10 +106,23 @@ class _DPFPQueryScores(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        k, phi_q, extended, query, *saved = ctx.saved_tensors
+        k, phi_q, *saved = ctx.saved_tensors
         nu = ctx.nu
         if torch.is_grad_enabled():  # create_graph=True: the saved features would be constants below
             return (*grad_by_recomputation(lambda k, phi_q: (_scores_composed(k, phi_q, nu),), (k, phi_q), (grad,)), None)
+        if ctx.compiled:
+            keys, P, N = saved
+            g = grad.to(keys.dtype).reshape(keys.shape[:2]).contiguous()
+            grad_k, grad_P, grad_N = dpfp_scores_cpu.scores_backward(keys, P, N, g)
+            grad_q = None
+            if ctx.needs_input_grad[1]:
+                d = keys.shape[-1]
+                grad_q = torch.cat([_scatter_roll_weights(grad_P[:, i - 1 : i], grad_N[:, i - 1 : i], i, d)
+                                    for i in range(1, nu + 1)], dim=-1)
+                grad_q = grad_q.view(ctx.q_shape).to(ctx.q_dtype)
+            grad_k = grad_k.view(ctx.k_shape).to(ctx.k_dtype) if ctx.needs_input_grad[0] else None
+            return grad_k, grad_q, None
+        extended, query, *saved = saved
         rows, T, d = extended.shape[0], extended.shape[1], extended.shape[2] - nu
         g = grad.to(extended.dtype).reshape(rows, T, 1)
         grad_k = extended.new_empty(rows, T, d) if ctx.needs_input_grad[0] else None

@@ -1,0 +1,114 @@
+"""The compiled CPU loops of the DPFP read scores (:mod:`variants.kernels.dpfp_scores_cpu`) against
+φ(k)·φ(q) by the paper's definition (Eq. 27–28) and against the tensor form CUDA runs, at Setting 1's
+training shapes, at every roll up to ν = d_key, and with non-finite keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fwbench.variants.kernels import dpfp_scores_cpu
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+
+def paper_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
+    """φ(x): r = [relu(x), relu(−x)], block i = r ⊙ roll(r, i), i = 1..ν."""
+    r = torch.cat([x.relu(), (-x).relu()], dim=-1)
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+
+
+def scores_and_grads(k, phi_q, grad, nu, tensor_form=False, monkeypatch=None):
+    k, phi_q = k.clone().requires_grad_(), phi_q.clone().requires_grad_()
+    if tensor_form:
+        monkeypatch.setattr(dpfp_scores_cpu, "runs_here", lambda k: False)
+    out = dpfp_query_scores(k, phi_q, nu)
+    grads = torch.autograd.grad(out, (k, phi_q), grad)
+    if tensor_form:
+        monkeypatch.undo()
+    return out.detach(), *grads
+
+
+def test_the_compiled_loops_serve_cpu_fp32_and_float64_only():
+    assert dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3))
+    assert dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, dtype=torch.float64))
+    assert not dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, dtype=torch.float16))
+    assert not dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, device="meta"))
+
+
+@pytest.mark.parametrize("nu", [1, 3])
+def test_setting1_shapes_agree_with_the_paper_features_and_the_tensor_form(nu, monkeypatch):
+    # Setting 1 at S = 600: 32 sequences of 600 keys of d_key 64, one query each
+    generator = torch.Generator().manual_seed(nu)
+    k = torch.randn(32, 1, 600, 64, generator=generator)
+    phi_q = paper_dpfp(torch.randn(32, 1, 1, 64, generator=generator), nu)
+    grad = torch.randn(32, 1, 600, 1, generator=generator)
+    compiled = scores_and_grads(k, phi_q, grad, nu)
+    tensor = scores_and_grads(k, phi_q, grad, nu, tensor_form=True, monkeypatch=monkeypatch)
+    k64, q64 = k.double().requires_grad_(), phi_q.double().requires_grad_()
+    exact_out = paper_dpfp(k64, nu) @ q64.mT
+    exact = (exact_out.detach(), *torch.autograd.grad(exact_out, (k64, q64), grad.double()))
+    for got, other, want in zip(compiled, tensor, exact):
+        scale = want.abs().max().item()
+        assert (got.double() - want).abs().max().item() < 1e-5 * scale
+        assert (other.double() - want).abs().max().item() < 1e-5 * scale
+    assert compiled[0].dtype == torch.float32 and compiled[1].dtype == torch.float32
+
+
+def test_every_roll_up_to_nu_equal_d_key_in_float64():
+    # roll i reaches past d_key for m ≥ d_key − i (k'_{m+i} = −k_{m+i−d}); at i = d_key every pair
+    # is (k_m, −k_m), of opposite signs: no feature
+    generator = torch.Generator().manual_seed(5)
+    d = 5
+    k = torch.randn(2, 7, d, dtype=torch.float64, generator=generator)
+    k[0, 3, 1] = 0.0  # relu's kink: no gradient on either path
+    phi_q = torch.rand(2, 1, 2 * d * d, dtype=torch.float64, generator=generator)
+    grad = torch.randn(2, 7, 1, dtype=torch.float64, generator=generator)
+    out, grad_k, grad_q = scores_and_grads(k, phi_q, grad, d)
+    k_ref, q_ref = k.clone().requires_grad_(), phi_q.clone().requires_grad_()
+    ref = paper_dpfp(k_ref, d) @ q_ref.mT
+    ref_grads = torch.autograd.grad(ref, (k_ref, q_ref), grad)
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(grad_k, ref_grads[0], rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(grad_q, ref_grads[1], rtol=1e-13, atol=1e-13)
+    assert grad_k[0, 3, 1] == 0
+
+
+def test_a_non_contiguous_key_view_gives_the_contiguous_keys_scores():
+    generator = torch.Generator().manual_seed(2)
+    k = torch.randn(3, 8, 6, generator=generator, dtype=torch.float64)
+    phi_q = torch.rand(3, 1, 24, generator=generator, dtype=torch.float64)
+    view = k.transpose(-2, -1).contiguous().transpose(-2, -1)
+    assert not view.is_contiguous()
+    torch.testing.assert_close(dpfp_query_scores(view, phi_q, 2), dpfp_query_scores(k, phi_q, 2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_non_finite_key_reaches_its_own_score_only(bad, monkeypatch):
+    # kind 13 of issue 14: a NaN or inf key must not change any other position's score, and its own
+    # score must not come out finite (fastmath without nnan/ninf keeps IEEE semantics)
+    generator = torch.Generator().manual_seed(3)
+    k = torch.randn(2, 9, 4, generator=generator)
+    phi_q = torch.rand(2, 1, 16, generator=generator) + 0.1
+    clean = dpfp_query_scores(k, phi_q, 2)
+    k[1, 4, 2] = bad
+    for tensor_form in (False, True):
+        if tensor_form:
+            monkeypatch.setattr(dpfp_scores_cpu, "runs_here", lambda k: False)
+        out = dpfp_query_scores(k, phi_q, 2)
+        assert not torch.isfinite(out[1, 4]).all()
+        others = torch.ones_like(out, dtype=torch.bool)
+        others[1, 4] = False
+        torch.testing.assert_close(out[others], clean[others])
+
+
+def test_repeated_calls_are_bit_identical():
+    generator = torch.Generator().manual_seed(4)
+    k = torch.randn(4, 50, 16, generator=generator, requires_grad=True)
+    phi_q = torch.rand(4, 1, 64, generator=generator, requires_grad=True)
+    grad = torch.randn(4, 50, 1, generator=generator)
+    def once() -> tuple[torch.Tensor, ...]:
+        out = dpfp_query_scores(k, phi_q, 2)
+        return (out.detach(), *torch.autograd.grad(out, (k, phi_q), grad))
+
+    for a, b in zip(once(), once()):
+        assert torch.equal(a, b)
