@@ -24,6 +24,8 @@ from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 from fwbench.variants.kernels.limits import floor_for
 from fwbench.variants.kernels.precision import compute_dtype
 
+from .key_rows import KeyRows, table_scores, table_scores_apply
+
 
 def reads_one_hot(attention: Attention) -> bool:
     """Whether :func:`one_hot_write_read` has a code-free path for ``attention``: softmax without a
@@ -33,48 +35,88 @@ def reads_one_hot(attention: Attention) -> bool:
     return isinstance(attention, FastWeightAttention) and attention.update_rule.carries_normalizer
 
 
-def one_hot_write_read(attention: Attention, k: Tensor, values: Tensor, q: Tensor, S: int) -> Tensor:
+def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor, q: Tensor, S: int) -> Tensor:
     """``attention.write_read(k, onehot(values), q)`` without the one-hot codes.
 
-    k: (B, H, T, d_key) keys; values: (B, T) int64 value ids in [0, S) (the same for every head);
-    q: (B, H, T_q, d_key) queries. Returns (B, H, T_q, S) in fp32 (float64 for float64 inputs).
+    k: (B, H, T, d_key) keys, or one head's keys as table rows (:class:`~fwbench.tasks.key_rows.KeyRows`,
+    (B, T)); values: (B, T) int64 value ids in [0, S) (the same for every head); q: (B, H, T_q, d_key)
+    queries. Returns (B, H, T_q, S) in fp32 (float64 for float64 inputs).
 
     Softmax: weights softmax(q·k/√d_key) over the T keys (paper Eq. 1–2). Sum rule: weights
     φ(q)·φ(k_t) / max(Σ_t φ(q)·φ(k_t), floor) (paper Eq. 16–18, the sum rule's normaliser and its
-    floor for the compute dtype, :func:`~variants.kernels.limits.floor_for`).
+    floor for the compute dtype, :func:`~variants.kernels.limits.floor_for`). With keys as table
+    rows, one query per sequence on CPU, softmax's and DPFP's scores come straight from the tables
+    (:func:`~fwbench.tasks.key_rows.table_scores`); otherwise the keys are looked up first.
 
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
-        NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on.
+        NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on (keys as
+            table rows: a table holding one; two finite rows whose sum overflows are not caught here,
+            but in the scores they give).
     """
     if not reads_one_hot(attention):
         raise ValueError(f"attention: got {attention!r}; expected softmax without a window or a sum-rule variant")
-    if attention.check_finite:
+    kind = _table_kind(attention, k, q)
+    if kind is None and isinstance(k, KeyRows):
+        k = k.materialise()
+    if attention.check_finite and kind is None:
         check_finite(q=q, k=k)
-    dtype = compute_dtype(q, k)
+    elif attention.check_finite:
+        check_finite(q=q, k=k.table_a)
+        check_finite(k=k.table_b)
+    if kind is not None:
+        scores = _table_key_query_scores(attention, k, q, kind)
+        dtype, d_key = scores.dtype, k.table_a.shape[-1]
+    else:
+        dtype, d_key = compute_dtype(q, k), k.shape[-1]
     if isinstance(attention, SoftmaxAttention):
         # K qᵀ (B, H, T, T_q), as the sum rule below: with one query per sequence the backward's key
         # gradient comes out as (T, d_key) rows, where q kᵀ's came out transposed and was copied
-        scores = (k.to(dtype) @ q.to(dtype).mT) / math.sqrt(k.shape[-1])
-        weights = torch.softmax(scores, dim=-2).mT  # (B, H, T_q, T)
+        if kind is None:
+            scores = k.to(dtype) @ q.to(dtype).mT
+        weights = torch.softmax(scores / math.sqrt(d_key), dim=-2).mT  # (B, H, T_q, T)
     else:
         # K φ(q) (B, H, T, T_q) as the sum rule's kernel forms it: a matrix-vector product over
         # contiguous rows of φ(k) for one query, faster than φ(q) φ(k)ᵀ on CPU
-        keys_q = _key_query_scores(attention, k, q).to(dtype)
+        keys_q = (_key_query_scores(attention, k, q) if kind is None else scores).to(dtype)
         weights = (keys_q / keys_q.sum(dim=2, keepdim=True).clamp(min=floor_for(dtype))).mT
     columns = values[:, None, None, :].expand(weights.shape)
     return weights.new_zeros(*weights.shape[:-1], S).scatter_add_(-1, columns, weights)
+
+
+def _table_kind(attention: Attention, k: Tensor | KeyRows, q: Tensor) -> str | None:
+    """Which :func:`~fwbench.tasks.key_rows.table_scores` serves this read (``"dot"``: softmax,
+    ``"dpfp"``: the DPFP sum rule as :func:`_key_query_scores` takes it), or ``None``."""
+    if not isinstance(k, KeyRows) or not table_scores_apply(k, q):
+        return None
+    if isinstance(attention, SoftmaxAttention):
+        return "dot"
+    if _reads_dpfp_scores(attention, k.table_a.shape[-1]):
+        return "dpfp"
+    return None
+
+
+def _table_key_query_scores(attention: Attention, keys: KeyRows, q: Tensor, kind: str) -> Tensor:
+    """The scores (B, 1, T, 1) of one query per sequence against keys as table rows."""
+    query = q[:, 0, 0] if kind == "dot" else attention.phi(q, query=True)[:, 0, 0]
+    nu = attention.feature_map.nu if kind == "dpfp" else 0
+    scores = table_scores(keys, query, kind, nu)
+    return scores.view(scores.shape[0], 1, scores.shape[1], 1)
+
+
+def _reads_dpfp_scores(attention: FastWeightAttention, d_key: int) -> bool:
+    """Whether one query's sum-rule scores are DPFP's key-space ones (:func:`dpfp_query_scores`)."""
+    feature_map = attention.feature_map
+    return isinstance(feature_map, DPFP) and not attention.sum_normalize and feature_map.nu <= d_key
 
 
 def _key_query_scores(attention: FastWeightAttention, k: Tensor, q: Tensor) -> Tensor:
     """φ(k) φ(q)ᵀ (B, H, T, T_q) of a sum-rule read. DPFP with one query per sequence (Setting 1's
     training batches) takes :func:`dpfp_query_scores`, whose backward never forms the T × d_dot
     features or their gradient; other maps, and many queries, the product of the features."""
-    feature_map = attention.feature_map
     phi_q = attention.phi(q, query=True)
-    if (isinstance(feature_map, DPFP) and not attention.sum_normalize and q.shape[-2] == 1
-            and feature_map.nu <= k.shape[-1]):
-        return dpfp_query_scores(k, phi_q, feature_map.nu)
+    if q.shape[-2] == 1 and _reads_dpfp_scores(attention, k.shape[-1]):
+        return dpfp_query_scores(k, phi_q, attention.feature_map.nu)
     dtype = compute_dtype(q, k)
     return attention.phi(k).to(dtype) @ phi_q.to(dtype).mT
 

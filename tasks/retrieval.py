@@ -32,6 +32,7 @@ from fwbench.tasks.base import acting_config, check_fields, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
 from fwbench.variants.kernels.precision import compute_dtype
 
+from .key_rows import KeyRows, row_sums, rows
 from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 
 
@@ -247,35 +248,16 @@ class RetrievalModel(nn.Module):
         (float64 for a float64 model). The attention's form and chunk size (chosen when built) pick
         the path; see :meth:`variants.Attention.write_read`."""
         embedding = self.key_embedding.weight
-        k = row_sums(self.key_by_value, values, self.key_projection(embedding), keys)[:, None]  # (B, 1, L, d_key)
+        key_rows = KeyRows(self.key_by_value, values, self.key_projection(embedding), keys)
         q = self.query_projections(queries)[:, None]
         if self.attention.form == "auto" and reads_one_hot(self.attention):  # the fastest: no codes, no β
-            return one_hot_write_read(self.attention, k, values, q, self.S)[:, 0]
+            return one_hot_write_read(self.attention, key_rows, values, q, self.S)[:, 0]
+        k = key_rows.materialise()  # (B, 1, L, d_key)
         beta_by_key = self.beta_projection(embedding)
         beta = torch.sigmoid(row_sums(self.beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
         value_codes = one_hot_codes(values, self.S, dtype=k.dtype)[:, None]
         output = self.attention.write_read(k, value_codes, q, beta=beta)[:, 0]
         return output if output.dtype == torch.float64 else output.float()
-
-
-def rows(table: Tensor, ids: Tensor) -> Tensor:
-    """``table[ids]`` for a (n, …) table and integer ids of any shape → (*ids.shape, …).
-
-    ``index_select`` on the flattened ids, whose backward is an index_add: on CPU about 3× faster
-    forward and 2× faster backward than advanced indexing, whose backward is an accumulating
-    index_put. A training step of the retrieval tasks does three (softmax, sum rule) or five such lookups.
-    """
-    return table.index_select(0, ids.reshape(-1)).view(*ids.shape, *table.shape[1:])
-
-
-def row_sums(table_a: Tensor, ids_a: Tensor, table_b: Tensor, ids_b: Tensor) -> Tensor:
-    """``table_a[ids_a] + table_b[ids_b]`` for ids of one shape → (*ids_a.shape, …).
-
-    The sum is added into the first lookup's buffer while it is in cache, before the reshape (an
-    in-place op on a view would make autograd copy the whole tensor in the backward).
-    """
-    flat = table_a.index_select(0, ids_a.reshape(-1)).add_(table_b.index_select(0, ids_b.reshape(-1)))
-    return flat.view(*ids_a.shape, *table_a.shape[1:])
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:

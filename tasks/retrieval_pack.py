@@ -18,8 +18,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .key_rows import KeyRows, row_sums, rows
 from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
-from .retrieval import RetrievalModel, row_sums, rows
+from .retrieval import RetrievalModel
 
 
 def packable_model(model: RetrievalModel) -> bool:
@@ -96,14 +97,15 @@ class PackedRetrievalModel(nn.Module):
         key_ids, value_ids = keys + offsets, values + offsets
         embedding = weights["key_embedding"]
         key_by_key = _project(embedding, weights["key_weight"], weights["key_bias"])  # (R, S, d_key)
-        k = row_sums(weights["key_by_value"].reshape(R * S, d_key), value_ids,
-                     key_by_key.reshape(R * S, d_key), key_ids).view(R * B, 1, L, d_key)
+        key_rows = KeyRows(weights["key_by_value"].reshape(R * S, d_key), value_ids.view(R * B, L),
+                           key_by_key.reshape(R * S, d_key), key_ids.view(R * B, L))
         q = self._queries(weights, queries + offsets, queries.shape[1] * queries.shape[2])
         q = q.view(R * B, 1, queries.shape[2], d_key)
         flat_values = values.reshape(R * B, L)
         if self.attention.form == "auto" and reads_one_hot(self.attention):
-            output = one_hot_write_read(self.attention, k, flat_values, q, S)
+            output = one_hot_write_read(self.attention, key_rows, flat_values, q, S)
         else:
+            k = key_rows.materialise()  # (R·B, 1, L, d_key)
             beta_by_key = _project(embedding, weights["beta_weight"], weights["beta_bias"])  # (R, S, 1)
             beta = torch.sigmoid(row_sums(weights["beta_by_value"].reshape(R * S, 1), value_ids,
                                           beta_by_key.reshape(R * S, 1), key_ids)).view(R * B, 1, L)

@@ -10,7 +10,7 @@ from helpers import assert_close
 
 from fwbench.tasks import one_hot_read
 from fwbench.tasks.retrieval import RetrievalModel, retrieval_loss, sample_batch
-from fwbench.variants.kernels import dpfp_scores_cpu
+from fwbench.variants.kernels import compiled_scores
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 
 
@@ -18,7 +18,7 @@ from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 def scores_path(request, monkeypatch):
     """Every test runs on both paths: the compiled CPU loops and the tensor form CUDA runs."""
     if request.param == "tensor":
-        monkeypatch.setattr(dpfp_scores_cpu, "runs_here", lambda k: False)
+        monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
     return request.param
 
 

@@ -1,4 +1,4 @@
-"""The compiled CPU loops of the DPFP read scores (:mod:`variants.kernels.dpfp_scores_cpu`) against
+"""The compiled CPU loops of the DPFP read scores (:mod:`variants.kernels.compiled_scores`) against
 φ(k)·φ(q) by the paper's definition (Eq. 27–28) and against the tensor form CUDA runs, at Setting 1's
 training shapes, at every roll up to ν = d_key, and with non-finite keys."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fwbench.variants.kernels import dpfp_scores_cpu
+from fwbench.variants.kernels import compiled_scores
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 
 
@@ -20,7 +20,7 @@ def paper_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
 def scores_and_grads(k, phi_q, grad, nu, tensor_form=False, monkeypatch=None):
     k, phi_q = k.clone().requires_grad_(), phi_q.clone().requires_grad_()
     if tensor_form:
-        monkeypatch.setattr(dpfp_scores_cpu, "runs_here", lambda k: False)
+        monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
     out = dpfp_query_scores(k, phi_q, nu)
     grads = torch.autograd.grad(out, (k, phi_q), grad)
     if tensor_form:
@@ -29,10 +29,10 @@ def scores_and_grads(k, phi_q, grad, nu, tensor_form=False, monkeypatch=None):
 
 
 def test_the_compiled_loops_serve_cpu_fp32_and_float64_only():
-    assert dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3))
-    assert dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, dtype=torch.float64))
-    assert not dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, dtype=torch.float16))
-    assert not dpfp_scores_cpu.runs_here(torch.zeros(1, 2, 3, device="meta"))
+    assert compiled_scores.runs_here(torch.zeros(1, 2, 3))
+    assert compiled_scores.runs_here(torch.zeros(1, 2, 3, dtype=torch.float64))
+    assert not compiled_scores.runs_here(torch.zeros(1, 2, 3, dtype=torch.float16))
+    assert not compiled_scores.runs_here(torch.zeros(1, 2, 3, device="meta"))
 
 
 @pytest.mark.parametrize("nu", [1, 3])
@@ -93,7 +93,7 @@ def test_a_non_finite_key_reaches_its_own_score_only(bad, monkeypatch):
     k[1, 4, 2] = bad
     for tensor_form in (False, True):
         if tensor_form:
-            monkeypatch.setattr(dpfp_scores_cpu, "runs_here", lambda k: False)
+            monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
         out = dpfp_query_scores(k, phi_q, 2)
         assert not torch.isfinite(out[1, 4]).all()
         others = torch.ones_like(out, dtype=torch.bool)

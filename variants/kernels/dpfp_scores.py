@@ -19,7 +19,7 @@ coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
 (:mod:`.double_backward`), so second derivatives are exact.
 
 On CPU (fp32 and float64) the forward and backward run as compiled loops, one pass per key row
-(:mod:`.dpfp_scores_cpu`); elsewhere (CUDA, and the tensor form's reference tests) as the tensor
+(:mod:`.compiled_scores`); elsewhere (CUDA, and the tensor form's reference tests) as the tensor
 operations below.
 """
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..errors import VariantError
-from . import dpfp_scores_cpu
+from . import compiled_scores
 from .double_backward import grad_by_recomputation
 from .dpfp import dpfp_composed
 from .precision import compute_dtype
@@ -46,11 +46,20 @@ def _roll_weights(phi_q: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
     return block[..., i : i + d], torch.cat([block[..., d + i :], block[..., :i]], dim=-1)
 
 
-def _all_roll_weights(phi_q: Tensor, nu: int, d: int) -> tuple[Tensor, Tensor]:
-    """Every roll's query weights from φ(q) (R, 1, 2·d·ν): P and N, each (R, ν, d) contiguous."""
+def query_roll_weights(phi_q: Tensor, nu: int, d: int) -> tuple[Tensor, Tensor]:
+    """Every roll's query weights from φ(q) (R, 1, 2·d·ν): P (both coordinates of a pair positive)
+    and N (both negative), each (R, ν, d) contiguous, as the compiled loops read them
+    (:mod:`.compiled_scores`)."""
     weights = [_roll_weights(phi_q, i, d) for i in range(1, nu + 1)]
     return (torch.cat([positive for positive, _ in weights], dim=-2).contiguous(),
             torch.cat([negative for _, negative in weights], dim=-2).contiguous())
+
+
+def roll_weights_gradient(grad_P: Tensor, grad_N: Tensor, nu: int, d: int) -> Tensor:
+    """The inverse of :func:`query_roll_weights` for gradients: grad_P, grad_N (R, ν, d) → the
+    gradient of φ(q) (R, 1, 2·d·ν)."""
+    return torch.cat([_scatter_roll_weights(grad_P[:, i - 1 : i], grad_N[:, i - 1 : i], i, d)
+                      for i in range(1, nu + 1)], dim=-1)
 
 
 def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) -> Tensor:
@@ -82,12 +91,12 @@ class _DPFPQueryScores(torch.autograd.Function):
         *lead, T, d = k.shape
         ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
         keys, query = k.to(dtype).reshape(-1, T, d), phi_q.to(dtype).reshape(-1, 1, phi_q.shape[-1])
-        ctx.compiled = dpfp_scores_cpu.runs_here(keys)
+        ctx.compiled = compiled_scores.runs_here(keys)
         if ctx.compiled:  # one pass per key row instead of ~10 over the whole (R, T, d) tensors
             keys = keys.contiguous()
-            P, N = _all_roll_weights(query, nu, d)
+            P, N = query_roll_weights(query, nu, d)
             ctx.save_for_backward(k, phi_q, keys, P, N)
-            return dpfp_scores_cpu.scores(keys, P, N).view(*lead, T, 1)
+            return compiled_scores.scores(keys, P, N).view(*lead, T, 1)
         out = keys.new_empty(keys.shape[0], T, 1)
         extended = _extend(keys, nu)
         saved = []
@@ -113,13 +122,10 @@ class _DPFPQueryScores(torch.autograd.Function):
         if ctx.compiled:
             keys, P, N = saved
             g = grad.to(keys.dtype).reshape(keys.shape[:2]).contiguous()
-            grad_k, grad_P, grad_N = dpfp_scores_cpu.scores_backward(keys, P, N, g)
+            grad_k, grad_P, grad_N = compiled_scores.scores_backward(keys, P, N, g)
             grad_q = None
             if ctx.needs_input_grad[1]:
-                d = keys.shape[-1]
-                grad_q = torch.cat([_scatter_roll_weights(grad_P[:, i - 1 : i], grad_N[:, i - 1 : i], i, d)
-                                    for i in range(1, nu + 1)], dim=-1)
-                grad_q = grad_q.view(ctx.q_shape).to(ctx.q_dtype)
+                grad_q = roll_weights_gradient(grad_P, grad_N, nu, keys.shape[-1]).view(ctx.q_shape).to(ctx.q_dtype)
             grad_k = grad_k.view(ctx.k_shape).to(ctx.k_dtype) if ctx.needs_input_grad[0] else None
             return grad_k, grad_q, None
         extended, query, *saved = saved

@@ -1,0 +1,140 @@
+"""Read scores of one query taken straight from the key tables (:mod:`fwbench.tasks.key_rows`,
+issue 16.4) against the lookup path: the keys looked up (``row_sums``), then q·k or φ(q)·φ(k) by the
+paper's definitions (softmax Eq. 1–2, DPFP Eq. 27–28), differentiated by plain autograd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_close
+
+from fwbench.tasks import key_rows, one_hot_read
+from fwbench.tasks.key_rows import KeyRows, row_sums, table_scores
+from fwbench.tasks.retrieval import RetrievalModel, retrieval_loss, sample_batch
+from fwbench.variants import NonFiniteError, set_check_finite
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+
+def paper_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
+    """φ(x): r = [relu(x), relu(−x)], block i = r ⊙ roll(r, i), i = 1..ν."""
+    r = torch.cat([x.relu(), (-x).relu()], dim=-1)
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+
+
+def inputs(kind: str, nu: int, dtype=torch.float64, B=3, T=11, d=5, n_a=4, n_b=6, seed=0):
+    """Tables with fewer rows than tokens (rows read many times: their gradients add up) and ids."""
+    g = torch.Generator().manual_seed(seed)
+    table_a = torch.randn(n_a, d, generator=g, dtype=dtype)
+    table_b = torch.randn(n_b, d, generator=g, dtype=dtype)
+    ids_a, ids_b = torch.randint(0, n_a, (B, T), generator=g), torch.randint(0, n_b, (B, T), generator=g)
+    width = d if kind == "dot" else 2 * d * nu
+    if kind == "dpfp":  # φ(q) is non-negative
+        return table_a, ids_a, table_b, ids_b, torch.rand(B, width, generator=g, dtype=dtype) + 0.1
+    return table_a, ids_a, table_b, ids_b, torch.randn(B, width, generator=g, dtype=dtype)
+
+
+def lookup_scores(table_a, ids_a, table_b, ids_b, query, kind, nu):
+    k = row_sums(table_a, ids_a, table_b, ids_b)
+    features = k if kind == "dot" else paper_dpfp(k, nu)
+    return (features * query[:, None, :]).sum(-1)
+
+
+CASES = [("dot", 0), ("dpfp", 1), ("dpfp", 2), ("dpfp", 5)]
+
+
+@pytest.mark.parametrize(("kind", "nu"), CASES)
+def test_scores_and_gradients_equal_the_lookup_path_in_float64(kind, nu):
+    table_a, ids_a, table_b, ids_b, query = inputs(kind, nu)
+    leaves = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    refs = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    fast = table_scores(KeyRows(leaves[0], ids_a, leaves[1], ids_b), leaves[2], kind, nu)
+    reference = lookup_scores(refs[0], ids_a, refs[1], ids_b, refs[2], kind, nu)
+    assert fast.shape == (3, 11) and fast.dtype == torch.float64
+    torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(3, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    for a, b in zip(torch.autograd.grad(fast, leaves, grad), torch.autograd.grad(reference, refs, grad)):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("nu", [1, 3])
+def test_fp32_dpfp_scores_are_those_of_the_looked_up_keys_bit_for_bit(nu):
+    table_a, ids_a, table_b, ids_b, _ = inputs("dpfp", nu, dtype=torch.float32, B=4, T=50, d=16, n_a=50, n_b=50)
+    phi_q = paper_dpfp(torch.randn(4, 16, generator=torch.Generator().manual_seed(1)), nu)
+    fast = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), phi_q, "dpfp", nu)
+    k = row_sums(table_a, ids_a, table_b, ids_b)
+    assert torch.equal(fast, dpfp_query_scores(k, phi_q[:, None], nu)[..., 0])
+
+
+@pytest.mark.parametrize(("kind", "nu"), [("dot", 0), ("dpfp", 2)])
+def test_second_derivatives_by_gradgradcheck(kind, nu):
+    table_a, ids_a, table_b, ids_b, query = inputs(kind, nu, B=2, T=4, d=3, n_a=3, n_b=2)
+    leaves = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    assert torch.autograd.gradgradcheck(lambda a, b, q: table_scores(KeyRows(a, ids_a, b, ids_b), q, kind, nu), leaves)
+
+
+def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
+    table_a, ids_a, table_b, ids_b, query = inputs("dot", 0)
+    with pytest.raises(ValueError, match=r"ids_a: got ids in \[0, 4\]; expected rows of its table, in \[0, 4\)"):
+        table_scores(KeyRows(table_a, ids_a.clamp(max=3).index_fill(1, torch.tensor([0]), 4), table_b, ids_b), query, "dot")
+    with pytest.raises(ValueError, match=r"ids_b: got ids in \[-1, "):
+        table_scores(KeyRows(table_a, ids_a, table_b, ids_b - 1), query, "dot")
+    with pytest.raises(ValueError, match="kind: got 'softmax'; expected 'dot' or 'dpfp'"):
+        table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "softmax")
+    with pytest.raises(ValueError, match=r"query: got shape \(3, 5\); expected \(3, 20\)"):
+        table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2)
+
+
+def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
+    table_a, ids_a, table_b, ids_b, query = inputs("dpfp", 1, dtype=torch.float32)
+    clean = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 1)
+    table_a[2, 1] = float("nan")
+    out = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 1)
+    readers = ids_a == 2
+    assert readers.any() and (~readers).any()
+    assert torch.isnan(out[readers]).all()
+    assert torch.equal(out[~readers], clean[~readers])
+
+
+def training_losses(variant: str, table_path: bool, monkeypatch, dtype=torch.float32) -> list[float]:
+    if not table_path:  # the lookup path: keys formed, then one_hot_write_read's own scores
+        monkeypatch.setattr(one_hot_read, "table_scores_apply", lambda keys, q: False)
+    torch.manual_seed(3)
+    model = RetrievalModel(variant, S=40, d_key=16).to(dtype)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    generator, out = torch.Generator().manual_seed(5), []
+    for _ in range(6):
+        batch = sample_batch(1, 40, 8, generator)
+        loss = retrieval_loss(model(batch["keys"], batch["values"], batch["queries"]), batch["targets"], 40)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        out.append(loss.item())
+    monkeypatch.undo()
+    return out
+
+
+@pytest.mark.parametrize("variant", ["softmax", "dpfp:nu=1", "dpfp:nu=3"])
+def test_setting1_training_takes_the_table_path_and_gives_the_lookup_paths_losses(variant, monkeypatch):
+    calls = []
+    original = key_rows.table_scores
+    monkeypatch.setattr(one_hot_read, "table_scores", lambda *a: calls.append(a[2]) or original(*a))
+    fast = training_losses(variant, True, monkeypatch)
+    assert calls == ["dot" if variant == "softmax" else "dpfp"] * 6
+    reference = training_losses(variant, False, monkeypatch)
+    assert_close(torch.tensor(fast), torch.tensor(reference), rel_rmse=1e-5)
+    assert fast[-1] != fast[0]
+    fast64 = training_losses(variant, True, monkeypatch, torch.float64)
+    reference64 = training_losses(variant, False, monkeypatch, torch.float64)
+    torch.testing.assert_close(torch.tensor(fast64, dtype=torch.float64), torch.tensor(reference64, dtype=torch.float64),
+                               rtol=1e-12, atol=0)
+
+
+def test_a_non_finite_key_table_is_named_when_the_check_is_on():
+    torch.manual_seed(0)
+    model = RetrievalModel("dpfp:nu=1", S=20, d_key=8)
+    set_check_finite(model, True)
+    with torch.no_grad():
+        model.key_by_value[3, 2] = float("inf")
+    batch = sample_batch(1, 20, 4, torch.Generator().manual_seed(0))
+    with pytest.raises(NonFiniteError, match=r"^k: got inf at index \(3, 2\)"):
+        model(batch["keys"], batch["values"], batch["queries"])
