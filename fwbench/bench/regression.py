@@ -199,6 +199,9 @@ PERF_CASES: list[PerfCase] = [
     PerfCase("dpfp_delta_recurrent_forward_T256", lambda: _attention_call("dpfp-delta", "recurrent", 256, False)),
     PerfCase("retrieval_setting2_train_step", retrieval_step, short=True),
     PerfCase("fwm_setting2_train_step_S60", lambda: retrieval_step("dpfp-fwm:nu=1", 2, 60)),
+    # Setting 1 at S = 600 (issue 16.4): the read of one query per sequence from the key tables
+    PerfCase("setting1_train_step_S600_dpfp", lambda: retrieval_step("dpfp:nu=1", 1, 600)),
+    PerfCase("setting1_train_step_S600_softmax", lambda: retrieval_step("softmax", 1, 600)),
     PerfCase("delta_rule_chunk_kernel_T1024", lambda: _kernel_call("delta", 1024)),
     PerfCase("sum_rule_chunk_kernel_T1024", lambda: _kernel_call("sum", 1024)),
 ]
