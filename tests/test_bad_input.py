@@ -1402,6 +1402,12 @@ def _(ctx):
                      for size, every in ((32, 0), (64, 100)))
     return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 32\n{blocks}')
 
+
+@row("G102")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID + "patience = [1, 10]\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -382,10 +382,29 @@ def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, s
     return None
 
 
+def _patience_as_it_acts(config: dict[str, Any]) -> tuple[int, str] | None:
+    """What ``patience`` acts as in the training loop (:mod:`fwbench.run.training`, and a pack's), and
+    why; ``None`` for a config without ``patience``, ``eval_every`` and ``max_steps``.
+
+    A plateau is declared only at a scheduled evaluation (steps k · ``eval_every`` ≤ ``max_steps``),
+    once ``patience`` of them in a row brought no new best; the first evaluation is always a best, so a
+    run with n = max_steps // eval_every scheduled evaluations counts at most n − 1 without one, and
+    every patience of at least n acts as n: it never stops the run (``patience = [20, 50]`` at
+    ``max_steps = 1000``, ``eval_every = 100`` trained one run under two ids).
+    """
+    if not all(isinstance(config.get(key), int) for key in ("patience", "eval_every", "max_steps")):
+        return None
+    scheduled = config["max_steps"] // config["eval_every"]
+    return min(config["patience"], scheduled), (
+        f"max_steps={config['max_steps']} with eval_every={config['eval_every']} schedules {scheduled} "
+        f"evaluation{'' if scheduled == 1 else 's'}, so a patience of {scheduled} or more never stops the run")
+
+
 def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     """A key equal for two cells that compute the same numbers, and for each key normalised in it the
     value the run acts with and why: the acting config (the run id's), with the chunk size as its
-    chunk length (:func:`_chunks_as_they_act`) and the task's ``values_as_they_act`` applied together,
+    chunk length (:func:`_chunks_as_they_act`), the task's ``values_as_they_act`` and the patience as it
+    acts (:func:`_patience_as_it_acts`) applied together,
     so that two cells differing in both (chunk_size 32 and 64 at context 32, checkpoint_every 0 and
     100) are caught as well as cells differing in one."""
     task, config = TASKS[spec.task], spec.task_config()
@@ -399,6 +418,10 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
         for name, (value, why) in task.values_as_they_act(config).items():
             normalised[name] = (spec.config[name], why)
             acting[name] = value
+    patience = _patience_as_it_acts(spec.config)
+    if patience is not None and "patience" in acting:
+        normalised["patience"] = (spec.config["patience"], patience[1])
+        acting["patience"] = patience[0]
     return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
 
 
