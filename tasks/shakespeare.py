@@ -299,8 +299,9 @@ class ShakespeareTask:
             inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
         if not config.stream_eval and not config.sliding_stride:
             inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
-        if config.sample_tokens == 0:
+        if config.sample_tokens == 0:  # the prompt is still checked against the vocabulary (validate)
             inactive["temperature"] = "sample_tokens=0 samples no character"
+            inactive["prompt"] = "sample_tokens=0 samples no character"
         return inactive
 
     def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:

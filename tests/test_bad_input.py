@@ -1408,6 +1408,11 @@ def _(ctx):
     return grid_error(ctx, TINY_GRID + "patience = [1, 10]\n")
 
 
+@row("G103")
+def _(ctx):
+    return grid_error(ctx, LM_GRID + 'sample_tokens = 0\nprompt = ["It is", "To be"]\n')
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
