@@ -1413,6 +1413,11 @@ def _(ctx):
     return grid_error(ctx, LM_GRID + 'sample_tokens = 0\nprompt = ["It is", "To be"]\n')
 
 
+@row("G104")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear-fwm"\nform = ["auto", "recurrent"]'))
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
