@@ -350,6 +350,35 @@ class ShakespeareTask:
         (see :func:`fwbench.run.grid._chunks_as_they_act`)."""
         return config.context
 
+    def chunked_call_lengths(self, config: ShakespeareConfig) -> set[int] | None:
+        """The token counts T of the attention calls a run makes, on the corpus this task verifies by its
+        checksum (whose length is known before it is read); ``None`` for another corpus (tests).
+
+        Every call covers one segment of ``context`` tokens or part of one (:class:`~tasks.lm_model.DecoderLM`):
+        ``context`` (training, every full segment of the evaluations, the sliding windows and the carried
+        lengths, whose streams hold whole windows), the last, shorter segment of each stream scored segment
+        by segment (:func:`~tasks.lm_evaluation.segment_starts`: the validation split, and the stream
+        ``stream_characters`` keeps when ``stream_eval`` or ``sliding_stride`` reads one), the first sliding
+        window of a stream shorter than ``context`` + 1, and the prompt's last piece (it is read in the
+        model's form even when nothing is sampled). Two chunk sizes that cut each of these lengths into
+        chunks of one length compute the same numbers (``chunk_size = [6, 7]`` at ``context = 16``: 3 chunks
+        of 6 tokens, and the 3-token last segment of the validation split in one chunk, for both).
+        """
+        if self.sha256 != CORPUS_SHA256:  # another corpus: its split lengths are not known before it is read
+            return None
+        context = config.context
+
+        def last_segment(characters: int) -> int:  # inputs of the last segment of segment_starts(characters)
+            return characters - 1 - (characters - 2) // context * context
+
+        valid = CORPUS_CHARACTERS - int(config.train_fraction * CORPUS_CHARACTERS)
+        lengths = {context, last_segment(valid)}
+        if config.stream_eval or config.sliding_stride:
+            stream = min(config.stream_characters, valid) if config.stream_characters else valid
+            lengths |= {last_segment(stream), min(context, stream - 1)}
+        lengths.add(len(config.prompt) % context or context)
+        return lengths
+
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most
         one segment of ``context`` tokens (softmax's cache starts empty in each), so softmax with a

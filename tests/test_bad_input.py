@@ -1418,6 +1418,11 @@ def _(ctx):
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear-fwm"\nform = ["auto", "recurrent"]'))
 
 
+@row("G105")
+def _(ctx):
+    return grid_error(ctx, LM_GRID.replace("seed = 1\n", "seed = 1\ncontext = 16\n") + "chunk_size = [6, 7]\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -359,8 +359,8 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
     return specs
 
 
-def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, str] | None:
-    """What a chunk size acts as in the run (its chunk length) and the words saying why, or ``None``
+def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[Any, str] | None:
+    """What a chunk size acts as in the run (its chunk length, or lengths) and the words saying why, or ``None``
     where the task does not say how long its chunked calls are.
 
     The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
@@ -370,12 +370,22 @@ def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, s
     whose calls cover any length from 1 to L tokens (the LM: a segment, or part of one) says L with
     ``longest_chunked_call``: two chunk sizes cut every such call alike only where both are at least L
     (below L, the size a + 1 is cut by a in two and by a larger size in one), so a size acts as min(size, L).
+    Where such a task also knows the lengths of all its calls (``chunked_call_lengths``: the LM on its
+    verified corpus), a size below L acts as the chunk lengths it cuts them into, and one of at least L as
+    the lengths themselves (each call in one chunk).
     """
     if hasattr(task, "chunked_tokens"):
         T = task.chunked_tokens(config)
         length = chunk_length(T, chunk_size)
         return length, (f"cut its T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at "
                         f"most {length} tokens (the chunk forms balance their chunks)")
+    lengths = sorted(task.chunked_call_lengths(config) or ()) if hasattr(task, "chunked_call_lengths") else []
+    if lengths:  # a size of at least the longest call leaves each call in one chunk: its cuts are the lengths
+        cuts = tuple(chunk_length(T, chunk_size) for T in lengths)
+        if chunk_size >= lengths[-1]:
+            return cuts, f"leave every attention call of at most {lengths[-1]} tokens in one chunk"
+        return cuts, (f"cut each attention call of the run ({', '.join(map(str, lengths))} tokens) into chunks of "
+                      "one length (the chunk forms balance their chunks)")
     if hasattr(task, "longest_chunked_call"):
         longest = task.longest_chunked_call(config)
         return min(chunk_size, longest), f"leave every attention call of at most {longest} tokens in one chunk"
