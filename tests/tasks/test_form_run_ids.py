@@ -82,6 +82,19 @@ def test_retrieval_fwm_forms_that_write_alike_share_a_run_id(variant):
     assert curves[0] == curves[1]
 
 
-def test_retrieval_sum_and_delta_forms_stay_runs_of_their_own():
-    for variant in ("linear", "linear-delta"):
-        assert len({retrieval_id(variant, form) for form in ("auto", "chunk", "parallel", "recurrent")}) == 4
+@pytest.mark.parametrize("variant", ["linear", "dpfp:nu=2", "favor:m=8"])
+def test_retrieval_sum_rule_parallel_form_names_the_chunk_forms_run(variant):
+    """The sum rule's parallel kernel ends with the sum W = Vᵀφ(K), z = Σφ(k) that its write computes
+    (the chunk form's path), beside outputs the write-then-read discards: one run (two run ids before;
+    found by h-break14k). ``auto`` (the one-hot read) and ``recurrent`` (a running sum) stay apart."""
+    assert retrieval_id(variant, "parallel") == retrieval_id(variant, "chunk")
+    assert len({retrieval_id(variant, form) for form in ("auto", "chunk", "recurrent")}) == 3
+    torch.set_num_threads(1)
+    config = RetrievalConfig(setting=2, S=5, d_key=8, batch_size=4, eval_sequences=4, eval_every=3, max_steps=3)
+    curves = [fit("retrieval", variant, replace(config, form=form), 1, torch.device("cpu")).curve
+              for form in ("chunk", "parallel")]
+    assert curves[0] == curves[1]
+
+
+def test_retrieval_delta_forms_stay_runs_of_their_own():
+    assert len({retrieval_id("linear-delta", form) for form in ("auto", "chunk", "parallel", "recurrent")}) == 4
