@@ -290,13 +290,19 @@ class ShakespeareTask:
                               f"{longest + 1} (or stream_eval = false)")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
-    def inactive_keys(self, config: ShakespeareConfig) -> dict[str, str]:
-        """Config keys whose value cannot change what this config's run computes, each with why."""
+    def inactive_keys(self, config: ShakespeareConfig, variant: str | None = None) -> dict[str, str]:
+        """Config keys whose value cannot change what this config's run computes (with ``variant``, if
+        given), each with why."""
         inactive = {}
         if config.schedule != "noam":
             inactive["warmup_steps"] = f"schedule={config.schedule!r} has no warm-up"
         if config.train_segments == 1:
             inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
+        elif variant is not None and parse_spec(variant).info.update_rule is None:
+            # the model empties softmax's cache at every segment boundary (DecoderLM.forward): the segments
+            # of a training sequence share no state, so cutting gradients there cuts nothing
+            inactive["truncated_bptt"] = ("softmax's KV cache does not cross a segment boundary, so no gradient "
+                                          "flows from one segment into the next")
         if not config.stream_eval and not config.sliding_stride:
             inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
         if config.sample_tokens == 0:  # the prompt is still checked against the vocabulary (validate)
@@ -313,7 +319,7 @@ class ShakespeareTask:
         if config.schedule == "noam" and config.warmup_steps == 0:  # the noam factor warms up over max(warmup, 1)
             acting["warmup_steps"] = 1
         defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
-        for key in self.inactive_keys(config):
+        for key in self.inactive_keys(config, variant):
             acting[key] = defaults[key]
         return acting
 

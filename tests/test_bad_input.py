@@ -1428,6 +1428,11 @@ def _(ctx):
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear"\nform = ["chunk", "parallel"]'))
 
 
+@row("G107")
+def _(ctx):
+    return grid_error(ctx, LM_GRID.replace('"linear"', '"softmax"') + "train_segments = 2\ntruncated_bptt = [false, true]\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

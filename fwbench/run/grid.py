@@ -481,7 +481,7 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
-    inactive = task.inactive_keys(first.task_config()) if hasattr(task, "inactive_keys") else {}
+    inactive = task.inactive_keys(first.task_config(), first.variant) if hasattr(task, "inactive_keys") else {}
     reasons = [variants] if variants else []
     for key in differing:
         values = f"{first.config[key]!r} and {second.config[key]!r}"
