@@ -31,6 +31,8 @@ from torch.nn.utils import skip_init
 from fwbench.tasks.base import acting_config, check_fields, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
 from fwbench.variants.kernels.precision import compute_dtype
+from fwbench.variants.rules.fwm import FWM
+from fwbench.variants.rules.sum import SUM
 
 from .key_rows import KeyRows, row_sums, rows
 from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
@@ -326,10 +328,21 @@ class RetrievalTask:
         rule's fused kernel and write), as the chunk size it runs with (see
         :func:`fwbench.tasks.base.acting_config`). Softmax's memory is its keys and values, which every
         form writes alike: its forms are hashed as ``chunk`` (one run), but for ``auto`` without a
-        window, which reads through the code-free one-hot path."""
+        window, which reads through the code-free one-hot path. The FWM rule's ``recurrent`` form is
+        hashed as ``auto``: both write with its one scan (``recurrent`` also computes the outputs
+        ``forward`` returns, which the write-then-read discards), then read alike, so they train the
+        same weights (``form = ["auto", "recurrent"]`` was one computation under two run ids). The one
+        difference: a chunk whose reads overflow fp32 while its write does not (keys of norm near 1e19,
+        a diverging run) is rescanned token by token only under ``recurrent``. Likewise the sum rule's
+        ``parallel`` form is hashed as ``chunk``: its parallel kernel ends with the very sum
+        W = Vᵀφ(K), z = Σφ(k) that the write computes, beside outputs the write-then-read discards."""
         acting = acting_config(config, variant, write_read_path(config.form))
         spec = parse_spec(variant)
         if spec.info.update_rule is None and not (config.form == "auto" and spec.params.get("window") is None):
+            acting["form"] = "chunk"
+        if spec.info.update_rule is FWM and config.form == "recurrent":  # the built-in rule (a plugin's may differ)
+            acting["form"] = "auto"
+        if spec.info.update_rule is SUM and config.form == "parallel":
             acting["form"] = "chunk"
         return acting
 

@@ -290,17 +290,24 @@ class ShakespeareTask:
                               f"{longest + 1} (or stream_eval = false)")
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
-    def inactive_keys(self, config: ShakespeareConfig) -> dict[str, str]:
-        """Config keys whose value cannot change what this config's run computes, each with why."""
+    def inactive_keys(self, config: ShakespeareConfig, variant: str | None = None) -> dict[str, str]:
+        """Config keys whose value cannot change what this config's run computes (with ``variant``, if
+        given), each with why."""
         inactive = {}
         if config.schedule != "noam":
             inactive["warmup_steps"] = f"schedule={config.schedule!r} has no warm-up"
         if config.train_segments == 1:
             inactive["truncated_bptt"] = "train_segments=1 has no segment boundary to cut gradients at"
+        elif variant is not None and parse_spec(variant).info.update_rule is None:
+            # the model empties softmax's cache at every segment boundary (DecoderLM.forward): the segments
+            # of a training sequence share no state, so cutting gradients there cuts nothing
+            inactive["truncated_bptt"] = ("softmax's KV cache does not cross a segment boundary, so no gradient "
+                                          "flows from one segment into the next")
         if not config.stream_eval and not config.sliding_stride:
             inactive["stream_characters"] = "stream_eval=false and sliding_stride=0 read no validation stream"
-        if config.sample_tokens == 0:
+        if config.sample_tokens == 0:  # the prompt is still checked against the vocabulary (validate)
             inactive["temperature"] = "sample_tokens=0 samples no character"
+            inactive["prompt"] = "sample_tokens=0 samples no character"
         return inactive
 
     def acting_config(self, config: ShakespeareConfig, variant: str) -> dict:
@@ -312,7 +319,7 @@ class ShakespeareTask:
         if config.schedule == "noam" and config.warmup_steps == 0:  # the noam factor warms up over max(warmup, 1)
             acting["warmup_steps"] = 1
         defaults = {f.name: f.default for f in fields(ShakespeareConfig)}
-        for key in self.inactive_keys(config):
+        for key in self.inactive_keys(config, variant):
             acting[key] = defaults[key]
         return acting
 
@@ -348,6 +355,35 @@ class ShakespeareTask:
         in training, evaluation and generation), so chunk sizes of at least ``context`` act alike
         (see :func:`fwbench.run.grid._chunks_as_they_act`)."""
         return config.context
+
+    def chunked_call_lengths(self, config: ShakespeareConfig) -> set[int] | None:
+        """The token counts T of the attention calls a run makes, on the corpus this task verifies by its
+        checksum (whose length is known before it is read); ``None`` for another corpus (tests).
+
+        Every call covers one segment of ``context`` tokens or part of one (:class:`~tasks.lm_model.DecoderLM`):
+        ``context`` (training, every full segment of the evaluations, the sliding windows and the carried
+        lengths, whose streams hold whole windows), the last, shorter segment of each stream scored segment
+        by segment (:func:`~tasks.lm_evaluation.segment_starts`: the validation split, and the stream
+        ``stream_characters`` keeps when ``stream_eval`` or ``sliding_stride`` reads one), the first sliding
+        window of a stream shorter than ``context`` + 1, and the prompt's last piece (it is read in the
+        model's form even when nothing is sampled). Two chunk sizes that cut each of these lengths into
+        chunks of one length compute the same numbers (``chunk_size = [6, 7]`` at ``context = 16``: 3 chunks
+        of 6 tokens, and the 3-token last segment of the validation split in one chunk, for both).
+        """
+        if self.sha256 != CORPUS_SHA256:  # another corpus: its split lengths are not known before it is read
+            return None
+        context = config.context
+
+        def last_segment(characters: int) -> int:  # inputs of the last segment of segment_starts(characters)
+            return characters - 1 - (characters - 2) // context * context
+
+        valid = CORPUS_CHARACTERS - int(config.train_fraction * CORPUS_CHARACTERS)
+        lengths = {context, last_segment(valid)}
+        if config.stream_eval or config.sliding_stride:
+            stream = min(config.stream_characters, valid) if config.stream_characters else valid
+            lengths |= {last_segment(stream), min(context, stream - 1)}
+        lengths.add(len(config.prompt) % context or context)
+        return lengths
 
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): every attention call covers at most

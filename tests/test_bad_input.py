@@ -1402,6 +1402,37 @@ def _(ctx):
                      for size, every in ((32, 0), (64, 100)))
     return grid_error(ctx, f'name = "lm"\ntask = "shakespeare"\n[defaults]\ncontext = 32\n{blocks}')
 
+
+@row("G102")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID + "patience = [1, 10]\n")
+
+
+@row("G103")
+def _(ctx):
+    return grid_error(ctx, LM_GRID + 'sample_tokens = 0\nprompt = ["It is", "To be"]\n')
+
+
+@row("G104")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear-fwm"\nform = ["auto", "recurrent"]'))
+
+
+@row("G105")
+def _(ctx):
+    return grid_error(ctx, LM_GRID.replace("seed = 1\n", "seed = 1\ncontext = 16\n") + "chunk_size = [6, 7]\n")
+
+
+@row("G106")
+def _(ctx):
+    return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear"\nform = ["chunk", "parallel"]'))
+
+
+@row("G107")
+def _(ctx):
+    return grid_error(ctx, LM_GRID.replace('"linear"', '"softmax"') + "train_segments = 2\ntruncated_bptt = [false, true]\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

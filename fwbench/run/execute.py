@@ -59,7 +59,8 @@ def build_record(spec: RunSpec, result: FitResult, device: torch.device, started
     metrics = {
         "best_eval_loss": result.best_eval.get("loss"),
         "final_eval_loss": result.final_eval.get("loss"),
-        "best_step": result.best_step,
+        # null where no evaluation finished (a run diverged before its first): 0 read as "best at step 0"
+        "best_step": result.best_step if result.best_eval else None,
         **{f"best_eval_{k}": v for k, v in result.best_eval.items() if k != "loss"},
         **{f"final_eval_{k}": v for k, v in result.final_eval.items() if k != "loss"},
         "parameters": result.parameters,

@@ -359,8 +359,8 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
     return specs
 
 
-def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, str] | None:
-    """What a chunk size acts as in the run (its chunk length) and the words saying why, or ``None``
+def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[Any, str] | None:
+    """What a chunk size acts as in the run (its chunk length, or lengths) and the words saying why, or ``None``
     where the task does not say how long its chunked calls are.
 
     The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
@@ -370,22 +370,51 @@ def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[int, s
     whose calls cover any length from 1 to L tokens (the LM: a segment, or part of one) says L with
     ``longest_chunked_call``: two chunk sizes cut every such call alike only where both are at least L
     (below L, the size a + 1 is cut by a in two and by a larger size in one), so a size acts as min(size, L).
+    Where such a task also knows the lengths of all its calls (``chunked_call_lengths``: the LM on its
+    verified corpus), a size below L acts as the chunk lengths it cuts them into, and one of at least L as
+    the lengths themselves (each call in one chunk).
     """
     if hasattr(task, "chunked_tokens"):
         T = task.chunked_tokens(config)
         length = chunk_length(T, chunk_size)
         return length, (f"cut its T={T} tokens into {-(-T // length)} {'chunk' if length >= T else 'chunks'} of at "
                         f"most {length} tokens (the chunk forms balance their chunks)")
+    lengths = sorted(task.chunked_call_lengths(config) or ()) if hasattr(task, "chunked_call_lengths") else []
+    if lengths:  # a size of at least the longest call leaves each call in one chunk: its cuts are the lengths
+        cuts = tuple(chunk_length(T, chunk_size) for T in lengths)
+        if chunk_size >= lengths[-1]:
+            return cuts, f"leave every attention call of at most {lengths[-1]} tokens in one chunk"
+        return cuts, (f"cut each attention call of the run ({', '.join(map(str, lengths))} tokens) into chunks of "
+                      "one length (the chunk forms balance their chunks)")
     if hasattr(task, "longest_chunked_call"):
         longest = task.longest_chunked_call(config)
         return min(chunk_size, longest), f"leave every attention call of at most {longest} tokens in one chunk"
     return None
 
 
+def _patience_as_it_acts(config: dict[str, Any]) -> tuple[int, str] | None:
+    """What ``patience`` acts as in the training loop (:mod:`fwbench.run.training`, and a pack's), and
+    why; ``None`` for a config without ``patience``, ``eval_every`` and ``max_steps``.
+
+    A plateau is declared only at a scheduled evaluation (steps k · ``eval_every`` ≤ ``max_steps``),
+    once ``patience`` of them in a row brought no new best; the first evaluation is always a best, so a
+    run with n = max_steps // eval_every scheduled evaluations counts at most n − 1 without one, and
+    every patience of at least n acts as n: it never stops the run (``patience = [20, 50]`` at
+    ``max_steps = 1000``, ``eval_every = 100`` trained one run under two ids).
+    """
+    if not all(isinstance(config.get(key), int) for key in ("patience", "eval_every", "max_steps")):
+        return None
+    scheduled = config["max_steps"] // config["eval_every"]
+    return min(config["patience"], scheduled), (
+        f"max_steps={config['max_steps']} with eval_every={config['eval_every']} schedules {scheduled} "
+        f"evaluation{'' if scheduled == 1 else 's'}, so a patience of {scheduled} or more never stops the run")
+
+
 def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     """A key equal for two cells that compute the same numbers, and for each key normalised in it the
     value the run acts with and why: the acting config (the run id's), with the chunk size as its
-    chunk length (:func:`_chunks_as_they_act`) and the task's ``values_as_they_act`` applied together,
+    chunk length (:func:`_chunks_as_they_act`), the task's ``values_as_they_act`` and the patience as it
+    acts (:func:`_patience_as_it_acts`) applied together,
     so that two cells differing in both (chunk_size 32 and 64 at context 32, checkpoint_every 0 and
     100) are caught as well as cells differing in one."""
     task, config = TASKS[spec.task], spec.task_config()
@@ -399,6 +428,10 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
         for name, (value, why) in task.values_as_they_act(config).items():
             normalised[name] = (spec.config[name], why)
             acting[name] = value
+    patience = _patience_as_it_acts(spec.config)
+    if patience is not None and "patience" in acting:
+        normalised["patience"] = (spec.config["patience"], patience[1])
+        acting["patience"] = patience[0]
     return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
 
 
@@ -448,7 +481,7 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}
     form = first.config.get("form", "auto")
-    inactive = task.inactive_keys(first.task_config()) if hasattr(task, "inactive_keys") else {}
+    inactive = task.inactive_keys(first.task_config(), first.variant) if hasattr(task, "inactive_keys") else {}
     reasons = [variants] if variants else []
     for key in differing:
         values = f"{first.config[key]!r} and {second.config[key]!r}"

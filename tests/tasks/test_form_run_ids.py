@@ -63,3 +63,38 @@ def test_retrieval_softmax_forms_that_write_alike_share_a_run_id():
     curves = [fit("retrieval", "softmax:window=3", replace(config, form=form), 1, torch.device("cpu")).curve
               for form in ("auto", "parallel", "recurrent")]
     assert curves[0] == curves[1] == curves[2]
+
+
+@pytest.mark.parametrize("variant", ["linear-fwm", "tanh-fwm"])
+def test_retrieval_fwm_forms_that_write_alike_share_a_run_id(variant):
+    """The FWM rule writes with its one scan whichever form runs it: ``recurrent`` also computes the
+    outputs ``forward`` returns, which the write-then-read discards, so ``auto`` and ``recurrent`` train
+    the same weights and name one run (two run ids before; found by h-break14k). A plugin rule is not
+    assumed to write alike: the built-in rule only."""
+    assert retrieval_id(variant, "auto") == retrieval_id(variant, "recurrent")
+    assert retrieval_id(variant, "auto") == RunSpec("g", "retrieval", variant, 1,
+                                                    asdict(RetrievalConfig(setting=2, S=5))).run_id
+    assert retrieval_id(variant, "auto") != retrieval_id("linear-delta", "auto")
+    torch.set_num_threads(1)
+    config = RetrievalConfig(setting=2, S=5, d_key=8, batch_size=4, eval_sequences=4, eval_every=3, max_steps=3)
+    curves = [fit("retrieval", variant, replace(config, form=form), 1, torch.device("cpu")).curve
+              for form in ("auto", "recurrent")]
+    assert curves[0] == curves[1]
+
+
+@pytest.mark.parametrize("variant", ["linear", "dpfp:nu=2", "favor:m=8"])
+def test_retrieval_sum_rule_parallel_form_names_the_chunk_forms_run(variant):
+    """The sum rule's parallel kernel ends with the sum W = Vᵀφ(K), z = Σφ(k) that its write computes
+    (the chunk form's path), beside outputs the write-then-read discards: one run (two run ids before;
+    found by h-break14k). ``auto`` (the one-hot read) and ``recurrent`` (a running sum) stay apart."""
+    assert retrieval_id(variant, "parallel") == retrieval_id(variant, "chunk")
+    assert len({retrieval_id(variant, form) for form in ("auto", "chunk", "recurrent")}) == 3
+    torch.set_num_threads(1)
+    config = RetrievalConfig(setting=2, S=5, d_key=8, batch_size=4, eval_sequences=4, eval_every=3, max_steps=3)
+    curves = [fit("retrieval", variant, replace(config, form=form), 1, torch.device("cpu")).curve
+              for form in ("chunk", "parallel")]
+    assert curves[0] == curves[1]
+
+
+def test_retrieval_delta_forms_stay_runs_of_their_own():
+    assert len({retrieval_id("linear-delta", form) for form in ("auto", "chunk", "parallel", "recurrent")}) == 4
