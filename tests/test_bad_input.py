@@ -26,6 +26,7 @@ from torch import nn
 from fwbench import tasks, variants
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
+from fwbench.run.environment import check_device_name, resolve_device
 from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
@@ -1233,6 +1234,21 @@ def _(ctx):
         "exit 2: fwbench: error: --device: got 'cuda:²'; expected cuda:N with N < 2")
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r"))
 
+
+
+@row("C120")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolve_device's checks on a CUDA machine
+    ctx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for device in ("cuda:01", "cuda:"):  # torch.device raised "RuntimeError: Invalid device string" for both
+        assert cli(ctx, "run", "capacity", "--device", device, "--results-dir", str(ctx.tmp_path / "r")) == (
+            f"exit 2: fwbench: error: --device: got {device!r}; expected cuda:N with N < 2")
+        assert cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "none.pt"), "--device", device) == (
+            f"exit 2: fwbench: error: --device: got {device!r}; expected cuda:N with N < 2")
+    assert str(resolve_device("cuda:1")) == "cuda:1" and str(resolve_device("cuda:0")) == "cuda:0"  # still accepted
+    assert check_device_name("cuda:10") == "cuda:10"
+    assert not (ctx.tmp_path / "r").exists()
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:01", "--results-dir", str(ctx.tmp_path / "r"))
 
 @row("C114")
 def _(ctx):
