@@ -6,6 +6,7 @@ fail on it could not catch a real 2× regression of that kernel (issue 14 item 1
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from collections.abc import Callable
@@ -21,7 +22,10 @@ def plant_slowdown(target: str) -> Callable[[], None]:
     Raises:
         ValueError: ``target`` is not ``MODULE:FUNCTION`` with the module named as fwbench imports it
             (``fwbench.variants.kernels.delta_rule``, not the file path ``variants.kernels.delta_rule``,
-            a second copy that no case calls), or names no function of it.
+            a second copy that no case calls), names no function of it (a class: its callers use its
+            attributes, ``_FlushedScan.apply``, which a function lacks), or names a function that is
+            also held where no module name reaches it (an update rule's ``kernels`` table holds
+            ``fwbench.variants.rules.delta:_chunk``: the plant changed nothing its callers call).
     """
     module_name, _, function_name = target.partition(":")
     if not module_name.startswith("fwbench.") or not function_name:
@@ -31,7 +35,7 @@ def plant_slowdown(target: str) -> Callable[[], None]:
         original = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"--plant-slowdown: got {target!r}; expected MODULE:FUNCTION of a kernel ({exc})") from None
-    if not callable(original):
+    if not callable(original) or isinstance(original, type):
         raise ValueError(f"--plant-slowdown: got {target!r}; {function_name} is not a function")
 
     def twice(*args, **kwargs):
@@ -51,4 +55,22 @@ def plant_slowdown(target: str) -> Callable[[], None]:
         for module, attribute in replaced:
             setattr(module, attribute, original)
 
+    holder = _holder_beyond_modules(original)
+    if holder is not None:
+        undo()
+        raise ValueError(f"--plant-slowdown: got {target!r}; {function_name} is also held in a {holder}, which the "
+                         "plant cannot replace, so its callers would run it once; expected a kernel its callers "
+                         "look up by module name, e.g. fwbench.variants.kernels.delta_rule:delta_rule_chunk")
     return undo
+
+
+def _holder_beyond_modules(function: object) -> str | None:
+    """A description of a table (a dict other than a module's namespace, such as an update rule's
+    ``kernels``) that still holds ``function`` once every module name for it is replaced; ``None``
+    when there is none. Closures are not counted: the plant's own undo holds the original in one."""
+    namespaces = {id(vars(module)) for module in list(sys.modules.values()) if module is not None}
+    for referrer in gc.get_referrers(function):
+        if isinstance(referrer, dict) and id(referrer) not in namespaces:
+            keys = [key for key, value in referrer.items() if value is function]
+            return f"dict under {', '.join(map(repr, keys))} (a table, such as an update rule's kernels)"
+    return None

@@ -39,3 +39,55 @@ def test_a_plant_reaches_callers_that_imported_the_kernel_by_name(monkeypatch):
 def test_a_target_that_would_plant_nothing_is_refused(target):
     with pytest.raises(ValueError, match="--plant-slowdown: got"):
         plant_slowdown(target)
+
+
+@pytest.mark.parametrize("target, why", [
+    # the delta rule's chunk entry: its kernels table holds the function, which no module name replaces,
+    # so the plant doubled nothing the cases call and the gate stayed green
+    ("fwbench.variants.rules.delta:_chunk", "is also held in a dict"),
+    ("fwbench.variants.rules.fwm:_recurrent", "is also held in a dict"),
+    # an autograd Function: its callers use _FlushedScan.apply, which the plant's function lacks
+    ("fwbench.variants.kernels.fwm_rule:_FlushedScan", "is not a function"),
+])
+def test_a_target_the_plant_cannot_reach_is_refused_and_left_as_it_was(target, why):
+    import importlib
+
+    from fwbench.variants.rules.delta import DELTA
+
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    before, table = getattr(module, name), dict(DELTA.kernels)
+    with pytest.raises(ValueError, match=f"--plant-slowdown: got '{target}'; {name} {why}"):
+        plant_slowdown(target)
+    assert getattr(module, name) is before and DELTA.kernels == table
+
+
+def test_every_kernel_the_gate_names_is_planted_and_doubles_its_case():
+    """Each kernel target the gate's reliability check and the docs name is accepted, and its case
+    then calls the kernel twice per call (counted through the kernel's own code object)."""
+    import importlib
+    import sys
+
+    from fwbench.bench.regression import PERF_CASES
+
+    cases = {c.name: c for c in PERF_CASES}
+    for target, case in [("fwbench.variants.kernels.delta_rule:delta_rule_chunk", "delta_rule_chunk_kernel_T1024"),
+                         ("fwbench.variants.kernels.sum_rule:sum_rule_chunk", "sum_rule_chunk_kernel_T1024")]:
+        module_name, _, name = target.partition(":")
+        code = getattr(importlib.import_module(module_name), name).__code__
+        calls = []
+
+        def count(frame, event, arg, code=code, calls=calls):
+            if event == "call" and frame.f_code is code:
+                calls.append(1)
+
+        fn = cases[case].build()
+        undo = plant_slowdown(target)
+        sys.setprofile(count)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+            undo()
+        assert len(calls) == 2, target
+
