@@ -91,3 +91,43 @@ def test_every_kernel_the_gate_names_is_planted_and_doubles_its_case():
             undo()
         assert len(calls) == 2, target
 
+
+def test_a_plant_doubles_the_backward_too_and_keeps_values_and_gradients():
+    """A kernel twice as slow is twice as slow in its backward too. The plant returned the second
+    call's result alone, so a forward+backward case ran one backward: softmax_parallel_fwd_bwd_T1024
+    grew 1.29x under a planted softmax_parallel, below the gate's 1.5, and the plant went uncaught.
+    Now the backward of both calls runs (counted through the hand-written backward's code object),
+    and the values and gradients are those of the kernel, bit for bit."""
+    import sys
+
+    from fwbench.variants.kernels import delta_rule
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, 2, 3, 4, generator=g), torch.rand(1, 2, 9, 4, generator=g),
+              torch.randn(1, 2, 9, 5, generator=g), torch.rand(1, 2, 9, generator=g)]
+
+    def run():
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        y = delta_rule.delta_rule_write_read(*leaves, chunk_size=4)
+        (y * torch.arange(5.0)).sum().backward()
+        return y.detach(), [x.grad for x in leaves]
+
+    backward_code = delta_rule._DeltaWriteRead.backward.__code__
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is backward_code:
+            calls.append(1)
+
+    y_plain, grads_plain = run()
+    undo = plant_slowdown("fwbench.variants.kernels.delta_rule:delta_rule_write_read")
+    sys.setprofile(count)
+    try:
+        y_planted, grads_planted = run()
+    finally:
+        sys.setprofile(None)
+        undo()
+    assert len(calls) == 2
+    assert torch.equal(y_planted, y_plain)
+    for planted, plain in zip(grads_planted, grads_plain, strict=True):
+        assert torch.equal(planted, plain)
