@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from fwbench.bench.plant import plant_slowdown
-from fwbench.bench.regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
+from fwbench.bench.regression import (
+    BASELINE_PATH,
+    FULL_THRESHOLD,
+    GROSS_THRESHOLD,
+    check_threshold,
+    load_baseline,
+    write_baseline,
+)
 from fwbench.run.environment import describe_environment
 
 
@@ -29,6 +36,12 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     torch.set_num_threads(1)
+    chosen = config.getoption("--threshold")
+    if chosen is not None:
+        try:
+            check_threshold(chosen)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     planted = config.getoption("--plant-slowdown")
     if planted:
         _plant_slowdown(planted)

@@ -1250,6 +1250,25 @@ def _(ctx):
     assert not (ctx.tmp_path / "r").exists()
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:01", "--results-dir", str(ctx.tmp_path / "r"))
 
+
+@row("C121")
+def _(ctx):
+    import subprocess
+    import sys
+
+    from fwbench.bench.regression import check_threshold
+
+    root = Path(__file__).resolve().parents[1]
+    for bad in (float("nan"), float("inf"), 1.0, 0.0, -2.0):  # NaN and ≤ 1 errored in every case; inf let all pass
+        with pytest.raises(ValueError, match=r"^--threshold: got .*; expected a finite factor > 1"):
+            check_threshold(bad)
+    assert check_threshold(1.0001) == 1.0001
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "--collect-only", "-q",
+                           "--threshold", "0.5"], cwd=root, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return f"exit {done.returncode}: {lines[-1]}"
+
 @row("C114")
 def _(ctx):
     ctx.monkeypatch.chdir(ctx.tmp_path)
