@@ -43,6 +43,10 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     planted = config.getoption("--plant-slowdown")
+    if planted and config.getoption("--update-baseline"):
+        # the baseline would hold the planted kernel's ratios: the gate would then pass that slowdown for good
+        raise pytest.UsageError(f"--plant-slowdown: got {planted!r} with --update-baseline; expected one of them "
+                                "(a baseline measured with a planted slowdown would let that slowdown pass)")
     if planted:
         _plant_slowdown(planted)
     config._fwbench_ratios = {}

@@ -1269,6 +1269,22 @@ def _(ctx):
     assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
     return f"exit {done.returncode}: {lines[-1]}"
 
+
+@row("C122")
+def _(ctx):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    before = (root / "results" / "baselines" / "perf_baseline.json").read_bytes()
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q", "-k", "sum_rule_chunk",
+                           "--update-baseline", "--plant-slowdown", "fwbench.variants.kernels.sum_rule:sum_rule_chunk"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert (root / "results" / "baselines" / "perf_baseline.json").read_bytes() == before  # nothing was measured
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return f"exit {done.returncode}: {lines[-1]}"
+
 @row("C114")
 def _(ctx):
     ctx.monkeypatch.chdir(ctx.tmp_path)
