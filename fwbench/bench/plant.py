@@ -94,7 +94,9 @@ def _join_backward(kept: Any, dropped: Any) -> Any:
             return _BackwardOfBoth.apply(kept, dropped)
         return kept
     if isinstance(kept, (tuple, list)) and isinstance(dropped, (tuple, list)) and len(kept) == len(dropped):
-        return type(kept)(_join_backward(k, d) for k, d in zip(kept, dropped, strict=True))
+        joined = [_join_backward(k, d) for k, d in zip(kept, dropped, strict=True)]
+        # a NamedTuple (fla_dispatch.decide's Decision) takes its fields one by one
+        return type(kept)(*joined) if hasattr(kept, "_fields") else type(kept)(joined)
     return kept
 
 

@@ -131,3 +131,20 @@ def test_a_plant_doubles_the_backward_too_and_keeps_values_and_gradients():
     assert torch.equal(y_planted, y_plain)
     for planted, plain in zip(grads_planted, grads_plain, strict=True):
         assert torch.equal(planted, plain)
+
+
+def test_a_plant_of_a_function_returning_a_named_tuple_returns_it_whole():
+    """``fla_dispatch.decide`` returns a ``Decision`` (a NamedTuple): rebuilding it from one iterable
+    raised a TypeError in every chunk call of the delta and sum rules under the plant."""
+    from fwbench import variants
+
+    torch.manual_seed(0)
+    attention = variants.build_attention("linear-delta", 4, form="chunk")
+    q, k, v = (torch.randn(1, 1, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    beta = torch.rand(1, 1, 6, generator=torch.Generator().manual_seed(3))
+    plain = attention(q, k, v, beta)[0]
+    undo = plant_slowdown("fwbench.variants.kernels.fla_dispatch:decide")
+    try:
+        assert torch.equal(attention(q, k, v, beta)[0], plain)
+    finally:
+        undo()
