@@ -148,3 +148,21 @@ def test_a_plant_of_a_function_returning_a_named_tuple_returns_it_whole():
         assert torch.equal(attention(q, k, v, beta)[0], plain)
     finally:
         undo()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--plant", "fwbench.variants.rules.delta:_chunk"], "--plant: got 'fwbench.variants.rules.delta:_chunk'; _chunk is also"),
+    (["--runs", "0"], "--runs: got 0; expected a positive integer"),
+])
+def test_gate_reliability_refuses_a_plant_it_cannot_plant_before_any_run(argv, message):
+    """benchmarks/gate_reliability.py ran every planted run with a target pytest then refused (each
+    counted as a slowdown the gate missed: a false verdict on the gate), and ``--runs 0`` passed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "benchmarks/gate_reliability.py", "--phases", "planted", "-k",
+                           "sum_rule_chunk_kernel", *argv], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    assert done.stderr.strip().splitlines()[-1].startswith(f"gate_reliability.py: error: {message}")
