@@ -14,7 +14,14 @@ import pytest
 import torch
 
 from fwbench.bench.plant import plant_slowdown
-from fwbench.bench.regression import BASELINE_PATH, FULL_THRESHOLD, GROSS_THRESHOLD, load_baseline, write_baseline
+from fwbench.bench.regression import (
+    BASELINE_PATH,
+    FULL_THRESHOLD,
+    GROSS_THRESHOLD,
+    check_threshold,
+    load_baseline,
+    write_baseline,
+)
 from fwbench.run.environment import describe_environment
 
 
@@ -29,7 +36,17 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     torch.set_num_threads(1)
+    chosen = config.getoption("--threshold")
+    if chosen is not None:
+        try:
+            check_threshold(chosen)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     planted = config.getoption("--plant-slowdown")
+    if planted and config.getoption("--update-baseline"):
+        # the baseline would hold the planted kernel's ratios: the gate would then pass that slowdown for good
+        raise pytest.UsageError(f"--plant-slowdown: got {planted!r} with --update-baseline; expected one of them "
+                                "(a baseline measured with a planted slowdown would let that slowdown pass)")
     if planted:
         _plant_slowdown(planted)
     config._fwbench_ratios = {}

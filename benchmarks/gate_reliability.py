@@ -41,6 +41,15 @@ def main() -> int:
     parser.add_argument("--phases", nargs="+", choices=("unchanged", "planted"), default=["unchanged", "planted"])
     parser.add_argument("-k", dest="select", help="pytest -k expression: only these cases (e.g. the planted kernel's)")
     args = parser.parse_args()
+    if args.runs < 1:  # zero runs "passed" with nothing measured
+        parser.error(f"--runs: got {args.runs}; expected a positive integer")
+    if "planted" in args.phases:
+        from fwbench.bench.plant import plant_slowdown
+
+        try:  # a target the plant refuses failed every planted run with pytest's usage error, counted as missed
+            plant_slowdown(args.plant)()
+        except ValueError as exc:
+            parser.error(str(exc).replace("--plant-slowdown", "--plant", 1))
     extra = (["--short"] if args.short else []) + (["-k", args.select] if args.select else [])
     false_failures, missed = 0, 0
     phases = {"unchanged": [], "planted": ["--plant-slowdown", args.plant]}

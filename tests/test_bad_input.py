@@ -26,6 +26,7 @@ from torch import nn
 from fwbench import tasks, variants
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
+from fwbench.run.environment import check_device_name, resolve_device
 from fwbench.run.grid import RunSpec, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
@@ -1233,6 +1234,56 @@ def _(ctx):
         "exit 2: fwbench: error: --device: got 'cuda:²'; expected cuda:N with N < 2")
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:²", "--results-dir", str(ctx.tmp_path / "r"))
 
+
+
+@row("C120")
+def _(ctx):
+    ctx.monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolve_device's checks on a CUDA machine
+    ctx.monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    for device in ("cuda:01", "cuda:"):  # torch.device raised "RuntimeError: Invalid device string" for both
+        assert cli(ctx, "run", "capacity", "--device", device, "--results-dir", str(ctx.tmp_path / "r")) == (
+            f"exit 2: fwbench: error: --device: got {device!r}; expected cuda:N with N < 2")
+        assert cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "none.pt"), "--device", device) == (
+            f"exit 2: fwbench: error: --device: got {device!r}; expected cuda:N with N < 2")
+    assert str(resolve_device("cuda:1")) == "cuda:1" and str(resolve_device("cuda:0")) == "cuda:0"  # still accepted
+    assert check_device_name("cuda:10") == "cuda:10"
+    assert not (ctx.tmp_path / "r").exists()
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:01", "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C121")
+def _(ctx):
+    import subprocess
+    import sys
+
+    from fwbench.bench.regression import check_threshold
+
+    root = Path(__file__).resolve().parents[1]
+    for bad in (float("nan"), float("inf"), 1.0, 0.0, -2.0):  # NaN and ≤ 1 errored in every case; inf let all pass
+        with pytest.raises(ValueError, match=r"^--threshold: got .*; expected a finite factor > 1"):
+            check_threshold(bad)
+    assert check_threshold(1.0001) == 1.0001
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "--collect-only", "-q",
+                           "--threshold", "0.5"], cwd=root, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return f"exit {done.returncode}: {lines[-1]}"
+
+
+@row("C122")
+def _(ctx):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    before = (root / "results" / "baselines" / "perf_baseline.json").read_bytes()
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "-q", "-k", "sum_rule_chunk",
+                           "--update-baseline", "--plant-slowdown", "fwbench.variants.kernels.sum_rule:sum_rule_chunk"],
+                          cwd=root, capture_output=True, text=True, timeout=300)
+    assert (root / "results" / "baselines" / "perf_baseline.json").read_bytes() == before  # nothing was measured
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return f"exit {done.returncode}: {lines[-1]}"
 
 @row("C114")
 def _(ctx):

@@ -34,6 +34,7 @@ lasts through all of them.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -52,6 +53,20 @@ FULL_THRESHOLD = 1.5
 GROSS_THRESHOLD = 5.0
 #: n of the calibration matmul (n × n) @ (n × n), fp32.
 CALIBRATION_N = 768
+
+
+def check_threshold(threshold: float) -> float:
+    """``threshold`` (``--threshold`` of the gate), checked before any case runs: ``compare`` refuses a
+    factor ≤ 1 or NaN, which then failed every case with a ValueError traceback after its timing and
+    confirmations (minutes), and ``inf`` let every slowdown pass (a planted one too).
+
+    Raises:
+        ValueError: not a finite number > 1, naming the option.
+    """
+    if not (math.isfinite(threshold) and threshold > 1):
+        raise ValueError(f"--threshold: got {threshold!r}; expected a finite factor > 1 (a case fails when its "
+                         "ratio is more than that many times its baseline)")
+    return threshold
 
 
 def calibration_workload() -> Callable[[], object]:

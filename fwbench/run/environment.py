@@ -104,10 +104,11 @@ def set_torch_threads(threads: int) -> None:
 
 
 def _is_index(text: str) -> bool:
-    """Whether ``text`` is a device index int() reads: ASCII digits only (str.isdigit() admits
+    """Whether ``text`` is a device index torch reads: ASCII digits only (str.isdigit() admits
     '²', which int() refuses: ``--device cuda:²`` raised a ValueError traceback on a CUDA machine and
-    reached every Ray worker as a device that cannot exist)."""
-    return text.isascii() and text.isdigit()
+    reached every Ray worker as a device that cannot exist), without a leading zero (``torch.device``
+    refuses ``cuda:01``: "RuntimeError: Invalid device string")."""
+    return text.isascii() and text.isdigit() and (text == "0" or not text.startswith("0"))
 
 
 def check_device_name(device: str) -> str:
@@ -139,7 +140,8 @@ def resolve_device(device: str) -> torch.device:
                 "use --device cpu (or auto)"
             )
         index = device.partition(":")[2]
-        if index and (not _is_index(index) or int(index) >= torch.cuda.device_count()):
+        # "cuda:" (an empty index) is no device torch reads: it raised "Invalid device string"
+        if device != "cuda" and (not _is_index(index) or int(index) >= torch.cuda.device_count()):
             raise FwbenchError(f"--device: got {device!r}; expected cuda:N with N < {torch.cuda.device_count()}")
         return torch.device(device)
     raise FwbenchError(f"--device: got {device!r}; expected one of auto, cpu, cuda, cuda:N")

@@ -56,7 +56,8 @@ def restore_non_finite(record: dict[str, Any]) -> dict[str, Any]:
     """A copy of a record read back from a strict file with each value its ``non_finite`` lists put
     back as the float it was (``nan``, ``inf``, ``-inf``), so that the analysis computes with an
     overflowed perplexity as it was measured (inf / inf is NaN, a ratio of null and null a TypeError
-    traceback in ``fwbench report``). A path that no longer leads to a value is left as it is.
+    traceback in ``fwbench report``). A path that no longer leads to a value, or leads to one that is not
+    null, is left as it is.
     """
     replaced = record.get(NON_FINITE_KEY)
     if not isinstance(replaced, dict) or not replaced:

@@ -39,3 +39,130 @@ def test_a_plant_reaches_callers_that_imported_the_kernel_by_name(monkeypatch):
 def test_a_target_that_would_plant_nothing_is_refused(target):
     with pytest.raises(ValueError, match="--plant-slowdown: got"):
         plant_slowdown(target)
+
+
+@pytest.mark.parametrize("target, why", [
+    # the delta rule's chunk entry: its kernels table holds the function, which no module name replaces,
+    # so the plant doubled nothing the cases call and the gate stayed green
+    ("fwbench.variants.rules.delta:_chunk", "is also held in a dict"),
+    ("fwbench.variants.rules.fwm:_recurrent", "is also held in a dict"),
+    # an autograd Function: its callers use _FlushedScan.apply, which the plant's function lacks
+    ("fwbench.variants.kernels.fwm_rule:_FlushedScan", "is not a function"),
+])
+def test_a_target_the_plant_cannot_reach_is_refused_and_left_as_it_was(target, why):
+    import importlib
+
+    from fwbench.variants.rules.delta import DELTA
+
+    module_name, _, name = target.partition(":")
+    module = importlib.import_module(module_name)
+    before, table = getattr(module, name), dict(DELTA.kernels)
+    with pytest.raises(ValueError, match=f"--plant-slowdown: got '{target}'; {name} {why}"):
+        plant_slowdown(target)
+    assert getattr(module, name) is before and DELTA.kernels == table
+
+
+def test_every_kernel_the_gate_names_is_planted_and_doubles_its_case():
+    """Each kernel target the gate's reliability check and the docs name is accepted, and its case
+    then calls the kernel twice per call (counted through the kernel's own code object)."""
+    import importlib
+    import sys
+
+    from fwbench.bench.regression import PERF_CASES
+
+    cases = {c.name: c for c in PERF_CASES}
+    for target, case in [("fwbench.variants.kernels.delta_rule:delta_rule_chunk", "delta_rule_chunk_kernel_T1024"),
+                         ("fwbench.variants.kernels.sum_rule:sum_rule_chunk", "sum_rule_chunk_kernel_T1024")]:
+        module_name, _, name = target.partition(":")
+        code = getattr(importlib.import_module(module_name), name).__code__
+        calls = []
+
+        def count(frame, event, arg, code=code, calls=calls):
+            if event == "call" and frame.f_code is code:
+                calls.append(1)
+
+        fn = cases[case].build()
+        undo = plant_slowdown(target)
+        sys.setprofile(count)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+            undo()
+        assert len(calls) == 2, target
+
+
+def test_a_plant_doubles_the_backward_too_and_keeps_values_and_gradients():
+    """A kernel twice as slow is twice as slow in its backward too. The plant returned the second
+    call's result alone, so a forward+backward case ran one backward: softmax_parallel_fwd_bwd_T1024
+    grew 1.29x under a planted softmax_parallel, below the gate's 1.5, and the plant went uncaught.
+    Now the backward of both calls runs (counted through the hand-written backward's code object),
+    and the values and gradients are those of the kernel, bit for bit."""
+    import sys
+
+    from fwbench.variants.kernels import delta_rule
+
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(1, 2, 3, 4, generator=g), torch.rand(1, 2, 9, 4, generator=g),
+              torch.randn(1, 2, 9, 5, generator=g), torch.rand(1, 2, 9, generator=g)]
+
+    def run():
+        leaves = [x.clone().requires_grad_() for x in inputs]
+        y = delta_rule.delta_rule_write_read(*leaves, chunk_size=4)
+        (y * torch.arange(5.0)).sum().backward()
+        return y.detach(), [x.grad for x in leaves]
+
+    backward_code = delta_rule._DeltaWriteRead.backward.__code__
+    calls = []
+
+    def count(frame, event, arg):
+        if event == "call" and frame.f_code is backward_code:
+            calls.append(1)
+
+    y_plain, grads_plain = run()
+    undo = plant_slowdown("fwbench.variants.kernels.delta_rule:delta_rule_write_read")
+    sys.setprofile(count)
+    try:
+        y_planted, grads_planted = run()
+    finally:
+        sys.setprofile(None)
+        undo()
+    assert len(calls) == 2
+    assert torch.equal(y_planted, y_plain)
+    for planted, plain in zip(grads_planted, grads_plain, strict=True):
+        assert torch.equal(planted, plain)
+
+
+def test_a_plant_of_a_function_returning_a_named_tuple_returns_it_whole():
+    """``fla_dispatch.decide`` returns a ``Decision`` (a NamedTuple): rebuilding it from one iterable
+    raised a TypeError in every chunk call of the delta and sum rules under the plant."""
+    from fwbench import variants
+
+    torch.manual_seed(0)
+    attention = variants.build_attention("linear-delta", 4, form="chunk")
+    q, k, v = (torch.randn(1, 1, 6, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    beta = torch.rand(1, 1, 6, generator=torch.Generator().manual_seed(3))
+    plain = attention(q, k, v, beta)[0]
+    undo = plant_slowdown("fwbench.variants.kernels.fla_dispatch:decide")
+    try:
+        assert torch.equal(attention(q, k, v, beta)[0], plain)
+    finally:
+        undo()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--plant", "fwbench.variants.rules.delta:_chunk"], "--plant: got 'fwbench.variants.rules.delta:_chunk'; _chunk is also"),
+    (["--runs", "0"], "--runs: got 0; expected a positive integer"),
+])
+def test_gate_reliability_refuses_a_plant_it_cannot_plant_before_any_run(argv, message):
+    """benchmarks/gate_reliability.py ran every planted run with a target pytest then refused (each
+    counted as a slowdown the gate missed: a false verdict on the gate), and ``--runs 0`` passed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "benchmarks/gate_reliability.py", "--phases", "planted", "-k",
+                           "sum_rule_chunk_kernel", *argv], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
+    assert done.stderr.strip().splitlines()[-1].startswith(f"gate_reliability.py: error: {message}")

@@ -48,5 +48,11 @@ def test_a_split_that_holds_the_longest_carried_length_builds(task):
     enough = leaving(257)
     assert task.corpus(enough).valid.numel() == 257
     task.build_model(config(train_fraction=enough), "linear")
+    # one character fewer is refused: 256 characters predict only 255 of the 16× = 256-token length
+    # (without this side of the boundary, the check could read `< 16 × context × train_segments` unseen)
+    one_short = leaving(256)
+    assert task.corpus(one_short).valid.numel() == 256
+    with pytest.raises(CorpusError, match=r"leaves 256 validation characters .*\+ 1 = 257"):
+        task.build_model(config(train_fraction=one_short), "linear")
     with pytest.raises(CorpusError, match="train_segments \\+ 1 = 513"):  # two segments carried: 16 × 32 + 1
         task.build_model(config(train_fraction=enough, train_segments=2), "linear")

@@ -81,3 +81,11 @@ def test_shakespeare_loss_and_token_losses_of_a_float64_model_are_float64():
     for losses in (token_losses(model, stream, 6, torch.device("cpu"), carry=False),
                    sliding_window_losses(model, stream, 6, 3, torch.device("cpu"))):
         assert losses.dtype == torch.float64 and losses.shape == (19,)
+    # each segment of 6 tokens read on its own (starts 0, 6, 12: batched; 18: the tail), in float64:
+    # a dtype check alone let either path round to fp32 (torch.cat promotes fp32 beside float64)
+    segments = []
+    for start in range(0, 19, 6):
+        window = stream[start : start + 7]
+        logits, _ = model(window[None, :-1])
+        segments.append(-torch.log_softmax(logits[0], dim=-1).gather(-1, window[1:, None])[:, 0])
+    _close64(token_losses(model, stream, 6, torch.device("cpu"), carry=False), torch.cat(segments))

@@ -305,3 +305,13 @@ def test_dpfp_rows_sum_to_one_over_the_scales_its_docstring_states(dtype, safe, 
     assert all(smallest_row_sum(short, seed) < 0.95 for seed in range(32))
     if dtype == torch.float32:
         assert min(smallest_row_sum(1e-14, seed) for seed in range(32)) < 0.95
+        # "at 1e-20 0" said the docstring; the rows sum to 1e-14 … 3e-9 there (measured, h-break14l)
+        for seed in range(32):
+            g = torch.Generator().manual_seed(seed)
+            q, k = (torch.randn(1, 1, 32, 32, generator=g, dtype=torch.float64) * 1e-20 for _ in range(2))
+            sums = attention(q.to(dtype), k.to(dtype), identity)[0].double().sum(-1)
+            assert ((sums > 1e-15) & (sums < 1e-8)).all(), seed
+    # the overflow end: one decade past the range's top, φ(k) overflows and the read is NaN
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 1, 32, 32, generator=g, dtype=torch.float64) * safe[1] * 10 for _ in range(2))
+    assert torch.isnan(attention(q.to(dtype), k.to(dtype), identity)[0]).any()
