@@ -112,3 +112,32 @@ def test_repeated_calls_are_bit_identical():
 
     for a, b in zip(once(), once()):
         assert torch.equal(a, b)
+
+
+NO_CACHE_DIRECTORY = """
+import torch
+from fwbench.tasks.key_rows import KeyRows, table_scores
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+k = torch.tensor([[[[1.0, 2.0, -3.0]]]], dtype=torch.float64)
+phi_q = torch.arange(1.0, 7.0, dtype=torch.float64).view(1, 1, 1, 6)
+table = k[0, 0]
+ids = torch.zeros(1, 1, dtype=torch.long)
+print(dpfp_query_scores(k, phi_q, 1).item(), table_scores(KeyRows(table, ids, 0 * table, ids), phi_q[0, 0], "dpfp", 1).item())
+"""
+
+
+def test_the_loops_compile_where_numba_finds_no_writable_cache_directory():
+    # a read-only install run by a user whose home is read-only too: numba finds no cache locator,
+    # and cache=True raised "cannot cache function 'row_score': no locator available" when
+    # fwbench.tasks was imported; NUMBA_CACHE_LOCATOR_CLASSES=ZipCacheLocator (a locator that serves
+    # only zipped sources) leaves numba without a locator in the same way
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}
+    done = subprocess.run([sys.executable, "-c", NO_CACHE_DIRECTORY], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-500:]
+    # φ(k)·φ(q) by the paper's definition: r = [1, 2, 0, 0, 0, 3], r ⊙ roll(r, 1) = [3, 2, 0, 0, 0, 0],
+    # and φ(q) = [1, …, 6]: 3 · 1 + 2 · 2 = 7
+    assert [float(x) for x in done.stdout.split()] == [7.0, 7.0]

@@ -18,7 +18,8 @@ The loops are compiled by numba (``fastmath`` limited to reassociation and fused
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
 position only). Sums run in another order than the tensor form's, so results agree to fp32
 rounding, not bit for bit; the same machine gives the same numbers every time. fp32 and float64
-arrays get one compiled loop each, cached on disk after the first call (a few seconds). Every loop
+arrays get one compiled loop each, cached on disk after the first call (a few seconds; compiled in
+each process where numba finds no writable cache directory, see :func:`_compiled`). Every loop
 lives in this one file: numba's disk cache notices a change to the file of the function it
 compiled, not to another file whose functions were inlined into it.
 """
@@ -35,7 +36,23 @@ from torch import Tensor
 _FASTMATH = {"reassoc", "contract"}
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, inline="always")
+def _compiled(**options):
+    """``numba.njit`` with this module's options, cached on disk where numba finds a writable cache
+    directory (beside this file, else the user's cache directory or ``NUMBA_CACHE_DIR``). Where it
+    finds none (a read-only install run by a user whose home is read-only too), numba's ``cache=True``
+    raises ``RuntimeError: cannot cache function ...: no locator available`` at import, which made
+    ``import fwbench.tasks`` fail; the loops are then compiled in each process instead."""
+    def decorate(function):
+        try:
+            return numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, **options)(function)
+        except RuntimeError as error:
+            if "no locator available" not in str(error):
+                raise
+            return numba.njit(cache=False, fastmath=_FASTMATH, nogil=True, **options)(function)
+    return decorate
+
+
+@_compiled(inline="always")
 def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through scores()
     """The score of one key row x (d,) for one query's roll weights P, N (ν, d); ``right`` is a
     (d,) work buffer. Called from compiled loops (here and in :mod:`fwbench.tasks.key_rows`)."""
@@ -53,7 +70,7 @@ def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through sc
     return total
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, inline="always")
+@_compiled(inline="always")
 def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no cover - compiled
     """For one key row x (d,) and its score's gradient g: writes the row's gradient into gx (d,) and
     adds the roll weights' shares into grad_P, grad_N (ν, d); ``right``, ``weighted``: (d,) buffers."""
@@ -81,7 +98,7 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             gx[m + i - d] -= weighted[m] * x[m]
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def _forward(k, P, N, out):  # pragma: no cover - compiled; tested through scores()
     right = np.empty(k.shape[2], k.dtype)
     for r in range(k.shape[0]):
@@ -89,7 +106,7 @@ def _forward(k, P, N, out):  # pragma: no cover - compiled; tested through score
             out[r, t] = row_score(k[r, t], P[r], N[r], right)
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def _backward(k, P, N, g, grad_k, grad_P, grad_N):  # pragma: no cover - compiled; tested through scores_backward()
     right = np.empty(k.shape[2], k.dtype)
     weighted = np.empty(k.shape[2], k.dtype)
@@ -103,7 +120,7 @@ def _backward(k, P, N, g, grad_k, grad_P, grad_N):  # pragma: no cover - compile
 # tables' rows, in token order as index_add adds them.
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dot_forward(a, ia, b, ib, q, out):  # pragma: no cover - compiled; tested through table_scores()
     d = a.shape[1]
     for r in range(ia.shape[0]):
@@ -115,7 +132,7 @@ def table_dot_forward(a, ia, b, ib, q, out):  # pragma: no cover - compiled; tes
             out[r, t] = total
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dot_backward(a, ia, b, ib, q, g, grad_a, grad_b, grad_q):  # pragma: no cover - compiled
     d = a.shape[1]
     for r in range(ia.shape[0]):
@@ -129,7 +146,7 @@ def table_dot_backward(a, ia, b, ib, q, g, grad_a, grad_b, grad_q):  # pragma: n
                 grad_q[r, m] += gt * (ra[m] + rb[m])
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dpfp_forward(a, ia, b, ib, P, N, out):  # pragma: no cover - compiled; tested through table_scores()
     d = a.shape[1]
     x = np.empty(d, a.dtype)
@@ -142,7 +159,7 @@ def table_dpfp_forward(a, ia, b, ib, P, N, out):  # pragma: no cover - compiled;
             out[r, t] = row_score(x, P[r], N[r], right)
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dpfp_backward(a, ia, b, ib, P, N, g, grad_a, grad_b, grad_P, grad_N):  # pragma: no cover - compiled
     d = a.shape[1]
     x, gx = np.empty(d, a.dtype), np.empty(d, a.dtype)
