@@ -138,3 +138,25 @@ def test_a_non_finite_key_table_is_named_when_the_check_is_on():
     batch = sample_batch(1, 20, 4, torch.Generator().manual_seed(0))
     with pytest.raises(NonFiniteError, match=r"^k: got inf at index \(3, 2\)"):
         model(batch["keys"], batch["values"], batch["queries"])
+
+
+@pytest.mark.parametrize("variant", ["softmax", "dpfp:nu=1"])
+def test_finite_tables_whose_rows_sum_past_fp32_are_refused_as_the_lookup_path_refuses(variant):
+    # issue 14 kinds 4 and 13: 3e38 + 3e38 overflows fp32, so the key of the token with value 4 is inf;
+    # with the check on, the table path returned NaN predictions where the looked-up keys are refused
+    torch.manual_seed(0)
+    model = RetrievalModel(variant, S=6, d_key=4)
+    set_check_finite(model, True)
+    keys, values, queries = torch.tensor([[0, 1, 2]]), torch.tensor([[3, 4, 5]]), torch.tensor([[1]])
+    with torch.no_grad():
+        model.key_by_value[4] = 3e38
+        model.key_projection.weight.zero_()
+        model.key_projection.bias.fill_(3e38)
+    with pytest.raises(NonFiniteError) as table_path:
+        model(keys, values, queries)
+    key_rows = KeyRows(model.key_by_value, values, model.key_projection(model.key_embedding.weight), keys)
+    q = model.query_projections(queries)[:, None]
+    with pytest.raises(NonFiniteError) as lookup_path:
+        one_hot_read.one_hot_write_read(model.attention, key_rows.materialise(), values, q, 6)
+    assert str(table_path.value).startswith("k: got inf at index (0, 0, 1, 0)")
+    assert str(table_path.value) == str(lookup_path.value)
