@@ -8,11 +8,15 @@ Setting 1's S = 600 each pass streams megabytes through memory: the op was about
 step on one CPU thread. These loops compute the same terms per key row while the row is in cache:
 for roll i (paper Eq. 27–28 with k' = [k, −k_0, …, −k_{ν−1}]) and m = 0 … d_key−1,
 
-    a_m = k'_m k'_{m+i},   w_m = P_m if k'_{m+i} > 0 else N_m,   score += max(a_m, 0) w_m,
+    a_m = k'_m k'_{m+i},   w_m = P_m if k'_{m+i} > 0 else N_m,   score += f_m w_m,
 
+where f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) (the pair's two features, one of
+them 0) is max(a_m, 0) for finite keys, and NaN, as in φ(k), where an infinite coordinate meets one
+of the other sign or 0 (inf · 0); max(a_m, 0) alone gave 0 there (a_m = −inf), a finite score for
+an infinite key (k = [−1, inf, −1], ν = 1: 0 where φ(k)·φ(q) is NaN),
 with the query's weights P (both coordinates positive) and N (both negative) taken from φ(q) by
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
-k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ max(a_m, 0) to P_m or N_m.
+k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ f_m to P_m or N_m.
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
@@ -66,7 +70,7 @@ def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through sc
         for m in range(d):
             a = x[m] * right[m]
             w = P[i - 1, m] if right[m] > 0 else N[i - 1, m]
-            total += (0.0 if a <= 0 else a) * w
+            total += (a if a > 0 else (x[m] + right[m]) * 0.0) * w
     return total
 
 
@@ -88,7 +92,7 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             w = P[i - 1, m] if positive else N[i - 1, m]
             weighted[m] = g * w if a > 0 else 0.0
             gx[m] += weighted[m] * right[m]
-            feature = g * (0.0 if a <= 0 else a)
+            feature = g * (a if a > 0 else (x[m] + right[m]) * 0.0)
             grad_P[i - 1, m] += feature if positive else 0.0
             grad_N[i - 1, m] += 0.0 if positive else feature
         # k'_{m+i} is k_{m+i} below d_key and −k_{m+i−d} beyond
