@@ -88,12 +88,14 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     both tables and the query.
 
     Raises:
-        ValueError: ``kind`` is neither, an id outside its table, or shapes that do not match,
-            naming the argument.
+        ValueError: ``kind`` is neither, ``nu`` outside [1, d_key] for DPFP, an id outside its table,
+            or shapes that do not match, naming the argument.
     """
     if kind not in ("dot", "dpfp"):
         raise ValueError(f"kind: got {kind!r}; expected 'dot' or 'dpfp'")
     d = keys.table_a.shape[-1]
+    if kind == "dpfp" and not (isinstance(nu, int) and 1 <= nu <= d):
+        raise ValueError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for kind='dpfp'")
     width = d if kind == "dot" else 2 * d * nu
     if query.shape != (keys.ids_a.shape[0], width):
         raise ValueError(f"query: got shape {tuple(query.shape)}; expected ({keys.ids_a.shape[0]}, {width})")

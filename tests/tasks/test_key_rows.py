@@ -82,6 +82,10 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "softmax")
     with pytest.raises(ValueError, match=r"query: got shape \(3, 5\); expected \(3, 20\)"):
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2)
+    # ν outside [1, d_key]: "torch.cat(): expected a non-empty list" (0) or a size mismatch (6)
+    for nu in (0, 6):
+        with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
+            table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * nu), "dpfp", nu)
 
 
 def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
