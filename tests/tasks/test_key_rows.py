@@ -82,6 +82,16 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "softmax")
     with pytest.raises(ValueError, match=r"query: got shape \(3, 5\); expected \(3, 20\)"):
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2)
+    # the compiled loops do not check bounds: ids_b of (3, 2) beside ids_a of (3, 11) read past its
+    # memory (scores of 1e31, or a segmentation fault), as did a narrower table_b
+    with pytest.raises(ValueError, match=r"^ids_b: got torch.int64 ids of shape \(3, 2\); expected int64 \(or int32\) "
+                                         r"ids of shape \(B, T\), one shape for ids_a and ids_b$"):
+        table_scores(KeyRows(table_a, ids_a, table_b, ids_b[:, :2]), query, "dot")
+    with pytest.raises(ValueError, match=r"^ids_a: got torch.float32 ids of shape \(3, 11\)"):
+        table_scores(KeyRows(table_a, ids_a.float(), table_b, ids_b), query, "dot")
+    with pytest.raises(ValueError, match=r"^table_b: got shape \(6, 4\) beside table_a's \(4, 5\); expected two "
+                                         r"\(n, d_key\) tables of one d_key$"):
+        table_scores(KeyRows(table_a, ids_a, table_b[:, :4], ids_b), query, "dot")
     # ν outside [1, d_key]: "torch.cat(): expected a non-empty list" (0) or a size mismatch (6)
     for nu in (0, 6):
         with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
