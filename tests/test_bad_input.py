@@ -1451,6 +1451,13 @@ def _(ctx):
     return grid_error(ctx, LM_GRID.replace('"linear"', '"softmax"') + "train_segments = 2\ntruncated_bptt = [false, true]\n")
 
 
+@row("G116")
+def _(ctx):
+    text = LM_GRID.replace("seed = 1\n", 'seed = 1\ncontext = 16\nprompt = "It is a"\n') + "chunk_size = [6, 7]\n"
+    assert load_grid(grid_file(ctx, text))  # 5 characters are sampled: 6 and 7 cut the 7-character prompt apart
+    return grid_error(ctx, text + "sample_tokens = 0\n")
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
