@@ -88,12 +88,23 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     both tables and the query.
 
     Raises:
-        ValueError: ``kind`` is neither, an id outside its table, or shapes that do not match,
-            naming the argument.
+        ValueError: ``kind`` is neither, ``nu`` outside [1, d_key] for DPFP, an id outside its table,
+            ids that are not (B, T) integers of one shape, tables that are not (n, d_key) of one d_key,
+            or a query of another shape, naming the argument.
     """
     if kind not in ("dot", "dpfp"):
         raise ValueError(f"kind: got {kind!r}; expected 'dot' or 'dpfp'")
+    # the compiled loops index without bounds checks: a mismatch read past the tables' memory
+    if keys.table_a.dim() != 2 or keys.table_b.dim() != 2 or keys.table_b.shape[1] != keys.table_a.shape[1]:
+        raise ValueError(f"table_b: got shape {tuple(keys.table_b.shape)} beside table_a's "
+                         f"{tuple(keys.table_a.shape)}; expected two (n, d_key) tables of one d_key")
+    for name, ids in (("ids_a", keys.ids_a), ("ids_b", keys.ids_b)):
+        if ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64) or ids.shape != keys.ids_a.shape:
+            raise ValueError(f"{name}: got {ids.dtype} ids of shape {tuple(ids.shape)}; expected int64 (or int32) "
+                             f"ids of shape (B, T), one shape for ids_a and ids_b")
     d = keys.table_a.shape[-1]
+    if kind == "dpfp" and not (isinstance(nu, int) and 1 <= nu <= d):
+        raise ValueError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for kind='dpfp'")
     width = d if kind == "dot" else 2 * d * nu
     if query.shape != (keys.ids_a.shape[0], width):
         raise ValueError(f"query: got shape {tuple(query.shape)}; expected ({keys.ids_a.shape[0]}, {width})")

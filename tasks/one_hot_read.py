@@ -51,8 +51,8 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
         NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on (keys as
-            table rows: a table holding one; two finite rows whose sum overflows are not caught here,
-            but in the scores they give).
+            table rows: a table holding one, or two finite rows whose sum overflows, named as ``k``
+            at the key's (B, 1, T, d_key) index as the lookup path names it).
     """
     if not reads_one_hot(attention):
         raise ValueError(f"attention: got {attention!r}; expected softmax without a window or a sum-rule variant")
@@ -66,6 +66,10 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
         check_finite(k=k.table_b)
     if kind is not None:
         scores = _table_key_query_scores(attention, k, q, kind)
+        if attention.check_finite and not bool(torch.isfinite(scores).all()):
+            # finite tables whose rows sum past the dtype's range give inf keys, which the lookup
+            # path refuses; the scores are where they show (the keys are never formed)
+            check_finite(k=k.materialise())
         dtype, d_key = scores.dtype, k.table_a.shape[-1]
     else:
         dtype, d_key = compute_dtype(q, k), k.shape[-1]

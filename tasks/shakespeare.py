@@ -365,8 +365,10 @@ class ShakespeareTask:
         lengths, whose streams hold whole windows), the last, shorter segment of each stream scored segment
         by segment (:func:`~tasks.lm_evaluation.segment_starts`: the validation split, and the stream
         ``stream_characters`` keeps when ``stream_eval`` or ``sliding_stride`` reads one), the first sliding
-        window of a stream shorter than ``context`` + 1, and the prompt's last piece (it is read in the
-        model's form even when nothing is sampled). Two chunk sizes that cut each of these lengths into
+        window of a stream shorter than ``context`` + 1, and the prompt's last piece where characters are
+        sampled (with ``sample_tokens = 0`` the prompt is still read, in the model's form, but nothing
+        it gives reaches the record: ``chunk_size = [6, 7]`` with the 7-character prompt "It is a"
+        stored identical records). Two chunk sizes that cut each of these lengths into
         chunks of one length compute the same numbers (``chunk_size = [6, 7]`` at ``context = 16``: 3 chunks
         of 6 tokens, and the 3-token last segment of the validation split in one chunk, for both).
         """
@@ -382,7 +384,8 @@ class ShakespeareTask:
         if config.stream_eval or config.sliding_stride:
             stream = min(config.stream_characters, valid) if config.stream_characters else valid
             lengths |= {last_segment(stream), min(context, stream - 1)}
-        lengths.add(len(config.prompt) % context or context)
+        if config.sample_tokens:  # with nothing to sample, the prompt's read leaves nothing in the record
+            lengths.add(len(config.prompt) % context or context)
         return lengths
 
     def acting_variant(self, config: ShakespeareConfig, variant: str) -> str:

@@ -940,6 +940,24 @@ def _(ctx):
     return raised(VariantError, variants.build_attention, "favor:m=9223372036854775807", d_key=D_KEY)
 
 
+@row("L90")
+def _(ctx):
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    answers = set()
+    for spec in ("softmax", "dpfp:nu=1"):
+        model = RetrievalModel(spec, S=6, d_key=4)
+        variants.set_check_finite(model, True)
+        with torch.no_grad():
+            model.key_by_value[4] = 3e38
+            model.key_projection.weight.zero_()
+            model.key_projection.bias.fill_(3e38)
+        answers.add(raised(NonFiniteError, model, torch.tensor([[0, 1, 2]]), torch.tensor([[3, 4, 5]]),
+                           torch.tensor([[1]])))
+    (answer,) = answers
+    return answer
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""
@@ -1482,6 +1500,13 @@ def _(ctx):
 @row("G107")
 def _(ctx):
     return grid_error(ctx, LM_GRID.replace('"linear"', '"softmax"') + "train_segments = 2\ntruncated_bptt = [false, true]\n")
+
+
+@row("G116")
+def _(ctx):
+    text = LM_GRID.replace("seed = 1\n", 'seed = 1\ncontext = 16\nprompt = "It is a"\n') + "chunk_size = [6, 7]\n"
+    assert load_grid(grid_file(ctx, text))  # 5 characters are sampled: 6 and 7 cut the 7-character prompt apart
+    return grid_error(ctx, text + "sample_tokens = 0\n")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -82,6 +82,20 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "softmax")
     with pytest.raises(ValueError, match=r"query: got shape \(3, 5\); expected \(3, 20\)"):
         table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2)
+    # the compiled loops do not check bounds: ids_b of (3, 2) beside ids_a of (3, 11) read past its
+    # memory (scores of 1e31, or a segmentation fault), as did a narrower table_b
+    with pytest.raises(ValueError, match=r"^ids_b: got torch.int64 ids of shape \(3, 2\); expected int64 \(or int32\) "
+                                         r"ids of shape \(B, T\), one shape for ids_a and ids_b$"):
+        table_scores(KeyRows(table_a, ids_a, table_b, ids_b[:, :2]), query, "dot")
+    with pytest.raises(ValueError, match=r"^ids_a: got torch.float32 ids of shape \(3, 11\)"):
+        table_scores(KeyRows(table_a, ids_a.float(), table_b, ids_b), query, "dot")
+    with pytest.raises(ValueError, match=r"^table_b: got shape \(6, 4\) beside table_a's \(4, 5\); expected two "
+                                         r"\(n, d_key\) tables of one d_key$"):
+        table_scores(KeyRows(table_a, ids_a, table_b[:, :4], ids_b), query, "dot")
+    # ν outside [1, d_key]: "torch.cat(): expected a non-empty list" (0) or a size mismatch (6)
+    for nu in (0, 6):
+        with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
+            table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * nu), "dpfp", nu)
 
 
 def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
@@ -138,3 +152,25 @@ def test_a_non_finite_key_table_is_named_when_the_check_is_on():
     batch = sample_batch(1, 20, 4, torch.Generator().manual_seed(0))
     with pytest.raises(NonFiniteError, match=r"^k: got inf at index \(3, 2\)"):
         model(batch["keys"], batch["values"], batch["queries"])
+
+
+@pytest.mark.parametrize("variant", ["softmax", "dpfp:nu=1"])
+def test_finite_tables_whose_rows_sum_past_fp32_are_refused_as_the_lookup_path_refuses(variant):
+    # issue 14 kinds 4 and 13: 3e38 + 3e38 overflows fp32, so the key of the token with value 4 is inf;
+    # with the check on, the table path returned NaN predictions where the looked-up keys are refused
+    torch.manual_seed(0)
+    model = RetrievalModel(variant, S=6, d_key=4)
+    set_check_finite(model, True)
+    keys, values, queries = torch.tensor([[0, 1, 2]]), torch.tensor([[3, 4, 5]]), torch.tensor([[1]])
+    with torch.no_grad():
+        model.key_by_value[4] = 3e38
+        model.key_projection.weight.zero_()
+        model.key_projection.bias.fill_(3e38)
+    with pytest.raises(NonFiniteError) as table_path:
+        model(keys, values, queries)
+    key_rows = KeyRows(model.key_by_value, values, model.key_projection(model.key_embedding.weight), keys)
+    q = model.query_projections(queries)[:, None]
+    with pytest.raises(NonFiniteError) as lookup_path:
+        one_hot_read.one_hot_write_read(model.attention, key_rows.materialise(), values, q, 6)
+    assert str(table_path.value).startswith("k: got inf at index (0, 0, 1, 0)")
+    assert str(table_path.value) == str(lookup_path.value)

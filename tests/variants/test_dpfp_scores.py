@@ -103,6 +103,12 @@ def test_bad_shapes_are_refused_naming_the_argument():
         dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 8), 1)
     with pytest.raises(ValueError, match="nu: got 5"):
         dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 1, 40), 5)
+    # one query for two sequences: the compiled CPU loops read past φ(q)'s memory (scores of 1e-38);
+    # four for two: they read the first two and returned scores without a word
+    for leading in ((1, 1), (4, 3)):
+        with pytest.raises(ValueError, match=rf"^phi_q: got shape \({leading[0]}, {leading[1]}, 1, 8\); expected k's "
+                                             r"leading dimensions \(2, 3\) before \(1, 8\)$"):
+            dpfp_query_scores(torch.randn(2, 3, 5, 4), torch.rand(*leading, 1, 8), 1)
 
 
 @pytest.mark.parametrize("variant", ["dpfp:nu=1", "dpfp:nu=2"])

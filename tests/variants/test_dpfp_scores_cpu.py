@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fwbench.tasks.key_rows import KeyRows, table_scores
 from fwbench.variants.kernels import compiled_scores
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 
@@ -112,3 +113,58 @@ def test_repeated_calls_are_bit_identical():
 
     for a, b in zip(once(), once()):
         assert torch.equal(a, b)
+
+
+NO_CACHE_DIRECTORY = """
+import torch
+from fwbench.tasks.key_rows import KeyRows, table_scores
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+k = torch.tensor([[[[1.0, 2.0, -3.0]]]], dtype=torch.float64)
+phi_q = torch.arange(1.0, 7.0, dtype=torch.float64).view(1, 1, 1, 6)
+table = k[0, 0]
+ids = torch.zeros(1, 1, dtype=torch.long)
+print(dpfp_query_scores(k, phi_q, 1).item(), table_scores(KeyRows(table, ids, 0 * table, ids), phi_q[0, 0], "dpfp", 1).item())
+"""
+
+
+def test_the_loops_compile_where_numba_finds_no_writable_cache_directory():
+    # a read-only install run by a user whose home is read-only too: numba finds no cache locator,
+    # and cache=True raised "cannot cache function 'row_score': no locator available" when
+    # fwbench.tasks was imported; NUMBA_CACHE_LOCATOR_CLASSES=ZipCacheLocator (a locator that serves
+    # only zipped sources) leaves numba without a locator in the same way
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "ZipCacheLocator"}
+    done = subprocess.run([sys.executable, "-c", NO_CACHE_DIRECTORY], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-500:]
+    # φ(k)·φ(q) by the paper's definition: r = [1, 2, 0, 0, 0, 3], r ⊙ roll(r, 1) = [3, 2, 0, 0, 0, 0],
+    # and φ(q) = [1, …, 6]: 3 · 1 + 2 · 2 = 7
+    assert [float(x) for x in done.stdout.split()] == [7.0, 7.0]
+
+
+@pytest.mark.parametrize("nu", [1, 2, 4])
+def test_infinite_and_overflowing_keys_score_as_the_paper_features(nu):
+    # kind 13 of issue 14: max(k'_m k'_{m+i}, 0) turned a key's −inf pair product into 0, so
+    # k = [−1, inf, −1] scored 0 (finite) where φ(k)·φ(q) is NaN (relu(inf) · relu(−1) = inf · 0);
+    # a product that overflows from finite coordinates (1e20 · −1e20 in fp32) must still give 0
+    generator = torch.Generator().manual_seed(5)
+    k = torch.randn(1, 64, 4, generator=generator)
+    where = torch.rand(1, 64, 4, generator=generator)
+    k[where < 0.1], k[where > 0.9] = float("inf"), -float("inf")
+    k[0, :4] = torch.tensor([[-1.0, float("inf"), -1.0, 2.0], [1.0, -float("inf"), 1.0, -2.0],
+                             [1e20, -1e20, 0.0, 0.0], [2.0, -1.0, float("inf"), 1.0]])
+    phi_q = torch.rand(1, 1, 8 * nu, generator=generator, requires_grad=True)
+    out = dpfp_query_scores(k, phi_q, nu)
+    expected = paper_dpfp(k, nu) @ phi_q.detach().mT
+    assert torch.isnan(expected[0, :2]).all() and torch.isnan(expected[0, 3]).all()
+    assert expected[0, 2].item() == 0 or nu > 2  # from roll 3 on, 1e20 meets −(−1e20): inf
+    torch.testing.assert_close(out.detach(), expected, rtol=1e-6, atol=0, equal_nan=True)
+    # the same loops read keys given as table rows (Setting 1's training reads)
+    ids = torch.arange(64).view(1, 64)
+    from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q.detach()[:, 0], "dpfp", nu)
+    torch.testing.assert_close(from_tables, expected[..., 0], rtol=1e-6, atol=0, equal_nan=True)
+    # φ(q)'s gradient Σ_t ḡ_t φ(k_t) is NaN as the features are
+    (grad_q,) = torch.autograd.grad(out[0, :1].sum(), phi_q)
+    assert torch.isnan(grad_q).any()

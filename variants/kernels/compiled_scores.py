@@ -8,17 +8,23 @@ Setting 1's S = 600 each pass streams megabytes through memory: the op was about
 step on one CPU thread. These loops compute the same terms per key row while the row is in cache:
 for roll i (paper Eq. 27–28 with k' = [k, −k_0, …, −k_{ν−1}]) and m = 0 … d_key−1,
 
-    a_m = k'_m k'_{m+i},   w_m = P_m if k'_{m+i} > 0 else N_m,   score += max(a_m, 0) w_m,
+    a_m = k'_m k'_{m+i},   w_m = P_m if k'_{m+i} > 0 else N_m,   score += f_m w_m,
 
+where f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) (the pair's two features, one of
+them 0) is max(a_m, 0) for finite keys, and NaN, as in φ(k), where an infinite coordinate meets one
+of the other sign or 0 (inf · 0); max(a_m, 0) alone gave 0 there (a_m = −inf), a finite score for
+an infinite key (k = [−1, inf, −1], ν = 1: 0 where φ(k)·φ(q) is NaN; the tensor form, which CUDA
+runs, still gives 0 there),
 with the query's weights P (both coordinates positive) and N (both negative) taken from φ(q) by
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
-k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ max(a_m, 0) to P_m or N_m.
+k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ f_m to P_m or N_m.
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
 position only). Sums run in another order than the tensor form's, so results agree to fp32
 rounding, not bit for bit; the same machine gives the same numbers every time. fp32 and float64
-arrays get one compiled loop each, cached on disk after the first call (a few seconds). Every loop
+arrays get one compiled loop each, cached on disk after the first call (a few seconds; compiled in
+each process where numba finds no writable cache directory, see :func:`_compiled`). Every loop
 lives in this one file: numba's disk cache notices a change to the file of the function it
 compiled, not to another file whose functions were inlined into it.
 """
@@ -31,11 +37,27 @@ import torch
 from torch import Tensor
 
 #: reassociation lets the sums over m vectorise; contraction allows fused multiply-add. No
-#: ``nnan``/``ninf``: a NaN or inf input must come out as it does from the tensor form.
+#: ``nnan``/``ninf``: a NaN or inf input must come out as it does from φ(k)·φ(q) by the paper's definition.
 _FASTMATH = {"reassoc", "contract"}
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, inline="always")
+def _compiled(**options):
+    """``numba.njit`` with this module's options, cached on disk where numba finds a writable cache
+    directory (beside this file, else the user's cache directory or ``NUMBA_CACHE_DIR``). Where it
+    finds none (a read-only install run by a user whose home is read-only too), numba's ``cache=True``
+    raises ``RuntimeError: cannot cache function ...: no locator available`` at import, which made
+    ``import fwbench.tasks`` fail; the loops are then compiled in each process instead."""
+    def decorate(function):
+        try:
+            return numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, **options)(function)
+        except RuntimeError as error:
+            if "no locator available" not in str(error):
+                raise
+            return numba.njit(cache=False, fastmath=_FASTMATH, nogil=True, **options)(function)
+    return decorate
+
+
+@_compiled(inline="always")
 def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through scores()
     """The score of one key row x (d,) for one query's roll weights P, N (ν, d); ``right`` is a
     (d,) work buffer. Called from compiled loops (here and in :mod:`fwbench.tasks.key_rows`)."""
@@ -49,11 +71,11 @@ def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through sc
         for m in range(d):
             a = x[m] * right[m]
             w = P[i - 1, m] if right[m] > 0 else N[i - 1, m]
-            total += (0.0 if a <= 0 else a) * w
+            total += (a if a > 0 else (x[m] + right[m]) * 0.0) * w
     return total
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True, inline="always")
+@_compiled(inline="always")
 def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no cover - compiled
     """For one key row x (d,) and its score's gradient g: writes the row's gradient into gx (d,) and
     adds the roll weights' shares into grad_P, grad_N (ν, d); ``right``, ``weighted``: (d,) buffers."""
@@ -71,7 +93,7 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             w = P[i - 1, m] if positive else N[i - 1, m]
             weighted[m] = g * w if a > 0 else 0.0
             gx[m] += weighted[m] * right[m]
-            feature = g * (0.0 if a <= 0 else a)
+            feature = g * (a if a > 0 else (x[m] + right[m]) * 0.0)
             grad_P[i - 1, m] += feature if positive else 0.0
             grad_N[i - 1, m] += 0.0 if positive else feature
         # k'_{m+i} is k_{m+i} below d_key and −k_{m+i−d} beyond
@@ -81,7 +103,7 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             gx[m + i - d] -= weighted[m] * x[m]
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def _forward(k, P, N, out):  # pragma: no cover - compiled; tested through scores()
     right = np.empty(k.shape[2], k.dtype)
     for r in range(k.shape[0]):
@@ -89,7 +111,7 @@ def _forward(k, P, N, out):  # pragma: no cover - compiled; tested through score
             out[r, t] = row_score(k[r, t], P[r], N[r], right)
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def _backward(k, P, N, g, grad_k, grad_P, grad_N):  # pragma: no cover - compiled; tested through scores_backward()
     right = np.empty(k.shape[2], k.dtype)
     weighted = np.empty(k.shape[2], k.dtype)
@@ -103,7 +125,7 @@ def _backward(k, P, N, g, grad_k, grad_P, grad_N):  # pragma: no cover - compile
 # tables' rows, in token order as index_add adds them.
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dot_forward(a, ia, b, ib, q, out):  # pragma: no cover - compiled; tested through table_scores()
     d = a.shape[1]
     for r in range(ia.shape[0]):
@@ -115,7 +137,7 @@ def table_dot_forward(a, ia, b, ib, q, out):  # pragma: no cover - compiled; tes
             out[r, t] = total
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dot_backward(a, ia, b, ib, q, g, grad_a, grad_b, grad_q):  # pragma: no cover - compiled
     d = a.shape[1]
     for r in range(ia.shape[0]):
@@ -129,7 +151,7 @@ def table_dot_backward(a, ia, b, ib, q, g, grad_a, grad_b, grad_q):  # pragma: n
                 grad_q[r, m] += gt * (ra[m] + rb[m])
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dpfp_forward(a, ia, b, ib, P, N, out):  # pragma: no cover - compiled; tested through table_scores()
     d = a.shape[1]
     x = np.empty(d, a.dtype)
@@ -142,7 +164,7 @@ def table_dpfp_forward(a, ia, b, ib, P, N, out):  # pragma: no cover - compiled;
             out[r, t] = row_score(x, P[r], N[r], right)
 
 
-@numba.njit(cache=True, fastmath=_FASTMATH, nogil=True)
+@_compiled()
 def table_dpfp_backward(a, ia, b, ib, P, N, g, grad_a, grad_b, grad_P, grad_N):  # pragma: no cover - compiled
     d = a.shape[1]
     x, gx = np.empty(d, a.dtype), np.empty(d, a.dtype)

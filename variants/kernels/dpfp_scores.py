@@ -173,11 +173,15 @@ def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
     to any order (second derivatives by recomputation, :mod:`.double_backward`).
 
     Raises:
-        VariantError: ``phi_q`` is not one query of 2·d_key·ν features, or ν is outside [1, d_key].
+        VariantError: ``phi_q`` is not one query of 2·d_key·ν features per key sequence (its leading
+            dimensions those of ``k``), or ν is outside [1, d_key].
     """
     d = k.shape[-1]
     if not 1 <= nu <= d:
         raise VariantError(f"nu: got {nu}; expected an integer in [1, d_key={d}] for the key-space backward")
     if phi_q.shape[-2:] != (1, 2 * d * nu):
         raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected (…, 1, 2·d_key·ν = {2 * d * nu})")
+    if phi_q.shape[:-2] != k.shape[:-2]:  # the compiled loops read one query per key row, unchecked
+        raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected k's leading dimensions "
+                           f"{tuple(k.shape[:-2])} before (1, {2 * d * nu})")
     return _DPFPQueryScores.apply(k, phi_q, nu)
