@@ -30,7 +30,9 @@ def plant_slowdown(target: str) -> Callable[[], None]:
             a second copy that no case calls), names no function of it (a class: its callers use its
             attributes, ``_FlushedScan.apply``, which a function lacks), or names a function that is
             also held where no module name reaches it (an update rule's ``kernels`` table holds
-            ``fwbench.variants.rules.delta:_chunk``: the plant changed nothing its callers call).
+            ``fwbench.variants.rules.delta:_chunk``: the plant changed nothing its callers call), or names
+            a function that compiled (numba) code calls (``fwbench.variants.kernels.compiled_scores:row_score``:
+            a compiled caller bound it when it was compiled, so the plant changed nothing it runs).
     """
     module_name, _, function_name = target.partition(":")
     if not module_name.startswith("fwbench.") or not function_name:
@@ -64,7 +66,7 @@ def plant_slowdown(target: str) -> Callable[[], None]:
         for module, attribute in replaced:
             setattr(module, attribute, original)
 
-    holder = _holder_beyond_modules(original)
+    holder = _holder_beyond_modules(original) or _compiled_caller({attribute for _, attribute in replaced})
     if holder is not None:
         undo()
         raise ValueError(f"--plant-slowdown: got {target!r}; {function_name} is also held in a {holder}, which the "
@@ -98,6 +100,20 @@ def _join_backward(kept: Any, dropped: Any) -> Any:
         # a NamedTuple (fla_dispatch.decide's Decision) takes its fields one by one
         return type(kept)(*joined) if hasattr(kept, "_fields") else type(kept)(joined)
     return kept
+
+
+def _compiled_caller(names: set[str]) -> str | None:
+    """A description of a numba-compiled function of a loaded ``fwbench`` module whose code names one of
+    ``names`` (a global or an attribute it calls); ``None`` when there is none. Compiled code looks its
+    callees up when it is compiled (or loads them from numba's cache), not at each call."""
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "fwbench" or module_name.startswith("fwbench.")):
+            continue
+        for attribute, value in list(vars(module).items()):
+            code = getattr(getattr(value, "py_func", None), "__code__", None)  # a numba dispatcher's Python source
+            if code is not None and names & set(code.co_names):
+                return f"compiled (numba) function {module_name}.{attribute}"
+    return None
 
 
 def _holder_beyond_modules(function: object) -> str | None:
