@@ -6,7 +6,8 @@ one after another on this machine as it is, and print each run's failed cases an
 Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases unchanged planted]
 [-k EXPR] [--plant MODULE:FUNCTION] [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the
 kernel's own case and the two forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
-no false failure and every planted run failed one of the expected cases."""
+no false failure and every planted run failed one of the expected cases; 2 when the options select no case, or no expected
+case for the planted runs, or pytest ends a run with an error (nothing judged)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,24 @@ DEFAULT_PLANT = "fwbench.variants.kernels.delta_rule:delta_rule_chunk"
 DEFAULT_EXPECT = ["delta_rule_chunk_kernel_T1024", "dpfp_delta_chunk_forward_T1024", "favor_delta_chunk_forward_T1024"]
 
 
-def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str]:
-    """Run the suite once; (failed case name → pytest's message, seconds, the last line pytest printed)."""
+def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str, int]:
+    """Run the suite once; (failed case name → pytest's message, seconds, the last line pytest printed,
+    pytest's exit status: 0 all passed, 1 some failed, anything else nothing judged)."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "-rf", "-p", "no:cacheprovider",
                            "--benchmark-disable-gc", *extra], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "400"})  # whole failure messages in -rf
     lines = done.stdout.strip().splitlines()
     failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
-    return failed, time.perf_counter() - start, lines[-1] if lines else done.stderr.strip()[-200:]
+    last = lines[-1] if lines else done.stderr.strip()[-200:]
+    return failed, time.perf_counter() - start, last, done.returncode
+
+
+def selected_cases(extra: list[str]) -> set[str]:
+    """The names of the cases a run with ``extra`` (``--short``, ``-k``) times (pytest's collection)."""
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "--collect-only", "-p", "no:cacheprovider",
+                           *extra], capture_output=True, text=True)
+    return set(re.findall(r"^benchmarks/test_perf\.py::test_perf\[(\w+)\]$", done.stdout, re.MULTILINE))
 
 
 def main() -> int:
@@ -51,11 +61,24 @@ def main() -> int:
         except ValueError as exc:
             parser.error(str(exc).replace("--plant-slowdown", "--plant", 1))
     extra = (["--short"] if args.short else []) + (["-k", args.select] if args.select else [])
+    # a selection of no case "passed" every unchanged run with nothing measured, and one without an
+    # expected case counted every planted run as a slowdown the gate missed, on cases never timed
+    selected = selected_cases(extra)
+    if not selected:
+        parser.error(f"-k: got {args.select!r}{' with --short' if args.short else ''}; expected a selection of at "
+                     "least one benchmark case")
+    if "planted" in args.phases and not set(args.expect) & selected:
+        parser.error(f"--expect: got {' '.join(args.expect)}; expected at least one of the cases the runs time: "
+                     f"{' '.join(sorted(selected))}")
     false_failures, missed = 0, 0
     phases = {"unchanged": [], "planted": ["--plant-slowdown", args.plant]}
     for label, plant in ((name, phases[name]) for name in args.phases):
         for index in range(1, args.runs + 1):
-            failed, seconds, last = failed_cases(extra + plant)
+            failed, seconds, last, status = failed_cases(extra + plant)
+            if status not in (0, 1):  # an error, not a verdict: no case was judged
+                print(f"{label} run {index:2d}: pytest exited with status {status}, judging nothing: {last}",
+                      file=sys.stderr)
+                return 2
             if plant:
                 missed += not set(args.expect) & set(failed)  # the gate let the slowdown through
             else:
@@ -63,8 +86,9 @@ def main() -> int:
             print(f"{label} run {index:2d} ({seconds:.0f} s): failed {sorted(failed) or 'none'} | {last}", flush=True)
             for message in failed.values():
                 print(f"    {message}", flush=True)
-    print(f"unchanged: {false_failures} of {args.runs} runs failed; planted: {missed} of {args.runs} runs failed "
-          f"none of {args.expect}")
+    totals = {"unchanged": f"unchanged: {false_failures} of {args.runs} runs failed",
+              "planted": f"planted: {missed} of {args.runs} runs failed none of {args.expect}"}
+    print("; ".join(totals[name] for name in args.phases))  # only the phases that ran
     return 0 if false_failures == 0 and missed == 0 else 1
 
 

@@ -157,6 +157,14 @@ def test_a_plant_of_a_function_returning_a_named_tuple_returns_it_whole():
 @pytest.mark.parametrize("argv, message", [
     (["--plant", "fwbench.variants.rules.delta:_chunk"], "--plant: got 'fwbench.variants.rules.delta:_chunk'; _chunk is also"),
     (["--runs", "0"], "--runs: got 0; expected a positive integer"),
+    # a selection of no case: every unchanged run "passed" (exit 0) with nothing measured (h-break14n)
+    (["--runs", "1", "--phases", "unchanged", "-k", "nosuchcase"],
+     "-k: got 'nosuchcase'; expected a selection of at least one benchmark case"),
+    # expected cases the runs never time (the default plant's, beside -k sum_rule_chunk_kernel): every
+    # planted run was counted as a slowdown the gate missed (exit 1), a false verdict (h-break14n)
+    (["--runs", "1"], "--expect: got delta_rule_chunk_kernel_T1024 dpfp_delta_chunk_forward_T1024 "
+                      "favor_delta_chunk_forward_T1024; expected at least one of the cases the runs time: "
+                      "sum_rule_chunk_kernel_T1024"),
 ])
 def test_gate_reliability_refuses_a_plant_it_cannot_plant_before_any_run(argv, message):
     """benchmarks/gate_reliability.py ran every planted run with a target pytest then refused (each
@@ -170,3 +178,23 @@ def test_gate_reliability_refuses_a_plant_it_cannot_plant_before_any_run(argv, m
                            "sum_rule_chunk_kernel", *argv], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout)
     assert done.stderr.strip().splitlines()[-1].startswith(f"gate_reliability.py: error: {message}")
+
+
+def test_gate_reliability_gives_no_verdict_on_a_run_pytest_ended_with_an_error(monkeypatch, capsys):
+    """A run pytest ends with an error (status 2 to 5: interrupted, internal error, usage, nothing
+    collected) judged no case, and was counted as an unchanged run without a false failure (exit 0)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gate_reliability.py"
+    spec = importlib.util.spec_from_file_location("gate_reliability_under_test", path)
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    monkeypatch.setattr(gate, "selected_cases", lambda extra: {"delta_rule_chunk_kernel_T1024"}, raising=False)
+    monkeypatch.setattr(gate, "failed_cases", lambda extra: ({}, 1.0, "INTERNALERROR> boom", 3))
+    monkeypatch.setattr(sys, "argv", ["gate_reliability.py", "--runs", "2", "--phases", "unchanged"])
+    assert gate.main() == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == "unchanged run  1: pytest exited with status 3, judging nothing: INTERNALERROR> boom"
