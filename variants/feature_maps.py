@@ -188,11 +188,13 @@ class DPFP(FeatureMap):
 
     - fp32: for c from 1e-13 to 1e18; at c = 1e-14 a few seeds have a row below 1 (down to 0.01),
       at 1e-15 every seed does (smallest row sums 7e-5 to 0.5), at 1e-16 they are below 0.01,
-      at 1e-20 between 1e-14 and 3e-9 (a mass of ≈ 1e-40 against the floor); from c ≈ 1e19
-      φ(k) overflows and the read is NaN;
+      at 1e-20 between 1e-14 and 3e-9 (a mass of ≈ 1e-40 against the floor); from c ≈ 3e18
+      φ(k) overflows: a row whose mass overflows reads 0, with no NaN (at 5e18 a third of the
+      seeds have one at ν = 1, most at ν = 2), and from c ≈ 1e19 the read is NaN;
     - float64: for c from 1e-147 to 1e153; at c = 1e-148 one seed has a row at 0.9 (ν = 1), at
       1e-150 every seed has one (smallest row sums 1e-4 to 0.5), at 1e-152 they are below 1e-4;
-      from c ≈ 1e154 φ(k) overflows and the read is NaN.
+      from c ≈ 3e153 rows read 0 likewise (at 5e153 most seeds have one), and from c ≈ 1e154
+      the read is NaN.
     """
 
     name = "dpfp"
