@@ -43,11 +43,13 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
     planted = config.getoption("--plant-slowdown")
-    if planted and config.getoption("--update-baseline"):
+    # None is "no plant"; an empty target ("--plant-slowdown $KERNEL" with KERNEL unset) planted nothing
+    # and the gate passed, read as a plant the gate missed: it is refused as any other target
+    if planted is not None and config.getoption("--update-baseline"):
         # the baseline would hold the planted kernel's ratios: the gate would then pass that slowdown for good
         raise pytest.UsageError(f"--plant-slowdown: got {planted!r} with --update-baseline; expected one of them "
                                 "(a baseline measured with a planted slowdown would let that slowdown pass)")
-    if planted:
+    if planted is not None:
         _plant_slowdown(planted)
     config._fwbench_ratios = {}
     config._fwbench_seconds = {}

@@ -1327,6 +1327,19 @@ def _(ctx):
     return f"exit {done.returncode}: {lines[-1]}"
 
 
+@row("C151")
+def _(ctx):
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "no:cacheprovider", "--collect-only", "-q",
+                           "--plant-slowdown", ""], cwd=root, capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return f"exit {done.returncode}: {lines[-1]}"
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
