@@ -35,11 +35,14 @@ def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str, int]:
     return failed, time.perf_counter() - start, last, done.returncode
 
 
-def selected_cases(extra: list[str]) -> set[str]:
-    """The names of the cases a run with ``extra`` (``--short``, ``-k``) times (pytest's collection)."""
+def selected_cases(extra: list[str]) -> tuple[set[str], str]:
+    """The names of the cases a run with ``extra`` (``--short``, ``-k``) times (pytest's collection), and
+    the last line pytest printed."""
     done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "--collect-only", "-p", "no:cacheprovider",
                            *extra], capture_output=True, text=True)
-    return set(re.findall(r"^benchmarks/test_perf\.py::test_perf\[(\w+)\]$", done.stdout, re.MULTILINE))
+    lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
+    names = set(re.findall(r"^benchmarks/test_perf\.py::test_perf\[(\w+)\]$", done.stdout, re.MULTILINE))
+    return names, lines[-1] if lines else ""
 
 
 def main() -> int:
@@ -63,10 +66,12 @@ def main() -> int:
     extra = (["--short"] if args.short else []) + (["-k", args.select] if args.select else [])
     # a selection of no case "passed" every unchanged run with nothing measured, and one without an
     # expected case counted every planted run as a slowdown the gate missed, on cases never timed
-    selected = selected_cases(extra)
-    if not selected:
+    selected, collected = selected_cases(extra)
+    if not selected and (args.select or args.short):
         parser.error(f"-k: got {args.select!r}{' with --short' if args.short else ''}; expected a selection of at "
-                     "least one benchmark case")
+                     f"least one benchmark case (pytest: {collected})")
+    if not selected:
+        parser.error(f"benchmarks: pytest collected no case; expected the gate's cases (pytest: {collected})")
     if "planted" in args.phases and not set(args.expect) & selected:
         parser.error(f"--expect: got {' '.join(args.expect)}; expected at least one of the cases the runs time: "
                      f"{' '.join(sorted(selected))}")

@@ -191,7 +191,7 @@ def test_gate_reliability_gives_no_verdict_on_a_run_pytest_ended_with_an_error(m
     spec = importlib.util.spec_from_file_location("gate_reliability_under_test", path)
     gate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gate)
-    monkeypatch.setattr(gate, "selected_cases", lambda extra: {"delta_rule_chunk_kernel_T1024"}, raising=False)
+    monkeypatch.setattr(gate, "selected_cases", lambda extra: ({"delta_rule_chunk_kernel_T1024"}, ""), raising=False)
     monkeypatch.setattr(gate, "failed_cases", lambda extra: ({}, 1.0, "INTERNALERROR> boom", 3))
     monkeypatch.setattr(sys, "argv", ["gate_reliability.py", "--runs", "2", "--phases", "unchanged"])
     assert gate.main() == 2
