@@ -168,3 +168,31 @@ def test_infinite_and_overflowing_keys_score_as_the_paper_features(nu):
     # φ(q)'s gradient Σ_t ḡ_t φ(k_t) is NaN as the features are
     (grad_q,) = torch.autograd.grad(out[0, :1].sum(), phi_q)
     assert torch.isnan(grad_q).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nu", [1, 2, 3])
+def test_the_tensor_form_scores_non_finite_keys_as_the_paper_features(dtype, nu, monkeypatch):
+    # issue 14 kinds 4 and 13: the tensor form CUDA runs took relu(k'_m k'_{m+i}), so k = [1, −1, inf]
+    # (ν = 1) scored 0 where φ(k)·φ(q) is NaN (relu(−1) · relu(inf) = 0 · inf), and summed
+    # f (N + [k'_{m+i} > 0] (P − N)), NaN for an inf feature where P < N: [0, −3e38, 3e38] in fp32
+    # (ν = 2, 3e38 · 3e38 overflows) scored NaN where φ(k)·φ(q) is inf
+    values = [0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 3e38, -3e38, 1e-45, 1e20, -1e20]
+    import itertools
+
+    k = torch.tensor(list(itertools.product(values, repeat=3)), dtype=dtype)[None]
+    phi_q = torch.rand(1, 1, 6 * nu, generator=torch.Generator().manual_seed(nu), dtype=dtype).add(0.5)
+    expected = paper_dpfp(k, nu) @ phi_q.mT
+    assert torch.isnan(expected[0, values.index(1.0) * 11 * 11 + values.index(-1.0) * 11 + values.index(float("inf"))])
+    monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
+    phi_q.requires_grad_()
+    out = dpfp_query_scores(k, phi_q, nu)
+    finite = expected.isfinite()
+    torch.testing.assert_close(out.detach()[finite], expected[finite], rtol=1e-5, atol=1e-30)
+    assert torch.equal(out.detach()[~finite].isnan(), expected[~finite].isnan())
+    assert torch.equal(out.detach()[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()])
+    # φ(q)'s gradient Σ_t ḡ_t φ(k_t) over the keys whose features are all finite (an inf feature
+    # makes the sum over both P's and N's share inf, as it does the paper's)
+    finite_keys = k[:, paper_dpfp(k, nu)[0].isfinite().all(dim=-1)]
+    (grad_q,) = torch.autograd.grad(dpfp_query_scores(finite_keys, phi_q, nu).sum(), phi_q)
+    torch.testing.assert_close(grad_q[0, 0], paper_dpfp(finite_keys[0], nu).sum(dim=0), rtol=1e-5, atol=0)

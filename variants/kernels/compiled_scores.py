@@ -14,7 +14,7 @@ where f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) (the pai
 them 0) is max(a_m, 0) for finite keys, and NaN, as in φ(k), where an infinite coordinate meets one
 of the other sign or 0 (inf · 0); max(a_m, 0) alone gave 0 there (a_m = −inf), a finite score for
 an infinite key (k = [−1, inf, −1], ν = 1: 0 where φ(k)·φ(q) is NaN; the tensor form, which CUDA
-runs, still gives 0 there),
+runs, computes the same features),
 with the query's weights P (both coordinates positive) and N (both negative) taken from φ(q) by
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
 k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ f_m to P_m or N_m.

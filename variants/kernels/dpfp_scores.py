@@ -72,11 +72,23 @@ def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) ->
 
 
 def _pair_features(extended: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
-    """The pair features f_m = relu(k'_m k'_{m+i}) and those of the positive pairs, f_m [k'_{m+i} > 0],
-    each (…, T, d)."""
-    right = extended[..., i : i + d]
-    features = torch.mul(extended[..., :d], right).clamp_(min=0)
+    """The pair features f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) and those of
+    the positive pairs, f_m [k'_{m+i} > 0], each (…, T, d). f_m is relu(k'_m k'_{m+i}) for finite keys
+    and NaN, as in φ(k), where an infinite coordinate meets 0 or one of the other sign (inf · 0):
+    relu of the product alone gave 0 there, a finite score for an infinite key (k = [1, −1, inf],
+    ν = 1: 0 where φ(k)·φ(q) is NaN), as :mod:`.compiled_scores` computes it."""
+    left, right = extended[..., :d], extended[..., i : i + d]
+    products = torch.mul(left, right)
+    # (left + right) · 0 is 0 for finite pairs of opposite signs (their sum cannot overflow) and NaN
+    # where one is infinite
+    features = torch.where(products > 0, products, left.add(right).mul_(0))
     return features, _where_positive(features, right, 0)
+
+
+def _negative_pair_features(features: Tensor, extended: Tensor, i: int, d: int) -> Tensor:
+    """f_m [k'_{m+i} ≤ 0]: the features weighted by N. Not f_m − f_m [k'_{m+i} > 0], which is NaN
+    where f_m is infinite (a key past the dtype's range, or 1e20 · 1e20 in fp32) where φ(k)·φ(q) is inf."""
+    return torch.where(extended[..., i : i + d] > 0, 0.0, features)
 
 
 def _extend(k: Tensor, nu: int) -> Tensor:
@@ -104,12 +116,12 @@ class _DPFPQueryScores(torch.autograd.Function):
             positive, negative = _roll_weights(query, i, d)
             features, features_positive = _pair_features(extended, i, d)
             saved += [features, features_positive]
-            # Σ_m f_m (N_m + [k'_{m+i} > 0] (P_m − N_m)), as two matrix-vector products
+            # Σ_m f_m [k'_{m+i} > 0] P_m + f_m [k'_{m+i} ≤ 0] N_m, as two matrix-vector products
             if i == 1:
-                torch.bmm(features, negative.mT, out=out)
+                torch.bmm(features_positive, positive.mT, out=out)
             else:
-                out.baddbmm_(features, negative.mT)
-            out.baddbmm_(features_positive, (positive - negative).mT)
+                out.baddbmm_(features_positive, positive.mT)
+            out.baddbmm_(_negative_pair_features(features, extended, i, d), negative.mT)
         ctx.save_for_backward(k, phi_q, extended, query, *saved)
         return out.view(*lead, T, 1)
 
@@ -138,9 +150,8 @@ class _DPFPQueryScores(torch.autograd.Function):
             positive, negative = _roll_weights(query, i, d)
             right, features, features_positive = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
             if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t f_m [k'_{m+i} > 0], ∂/∂N_m the rest
-                grad_positive = (features_positive.mT @ g).mT
                 grad_q[..., (i - 1) * 2 * d : i * 2 * d] = _scatter_roll_weights(
-                    grad_positive, (features.mT @ g).mT - grad_positive, i, d)
+                    (features_positive.mT @ g).mT, (_negative_pair_features(features, extended, i, d).mT @ g).mT, i, d)
             if grad_k is not None:
                 # ḡ_t [a_m > 0] w_m, w_m = P_m where k'_{m+i} > 0 else N_m
                 weight = _where_positive((positive - negative).expand(right.shape), right, 0).add_(negative)
