@@ -95,7 +95,9 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     if kind not in ("dot", "dpfp"):
         raise ValueError(f"kind: got {kind!r}; expected 'dot' or 'dpfp'")
     # the compiled loops index without bounds checks: a mismatch read past the tables' memory
-    if keys.table_a.dim() != 2 or keys.table_b.dim() != 2 or keys.table_b.shape[1] != keys.table_a.shape[1]:
+    if keys.table_a.dim() != 2:
+        raise ValueError(f"table_a: got shape {tuple(keys.table_a.shape)}; expected an (n, d_key) table")
+    if keys.table_b.dim() != 2 or keys.table_b.shape[1] != keys.table_a.shape[1]:
         raise ValueError(f"table_b: got shape {tuple(keys.table_b.shape)} beside table_a's "
                          f"{tuple(keys.table_a.shape)}; expected two (n, d_key) tables of one d_key")
     for name, ids in (("ids_a", keys.ids_a), ("ids_b", keys.ids_b)):
