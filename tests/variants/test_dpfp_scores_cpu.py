@@ -196,3 +196,29 @@ def test_the_tensor_form_scores_non_finite_keys_as_the_paper_features(dtype, nu,
     finite_keys = k[:, paper_dpfp(k, nu)[0].isfinite().all(dim=-1)]
     (grad_q,) = torch.autograd.grad(dpfp_query_scores(finite_keys, phi_q, nu).sum(), phi_q)
     torch.testing.assert_close(grad_q[0, 0], paper_dpfp(finite_keys[0], nu).sum(dim=0), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("tensor_form", [False, True])
+@pytest.mark.parametrize("nu", [1, 2])
+def test_a_pair_whose_product_underflows_keeps_its_gradient(nu, tensor_form, monkeypatch):
+    # issue 14 kind 1: the backward passed a pair's gradient where k'_m k'_{m+i} > 0, which a product
+    # that underflows to 0 fails: k = [0, 0.4, 5e-324] in float64 (0.4 · 5e-324 = 0) got 0 for its
+    # last coordinate where φ(k)'s autograd gives relu(0.4) · w · ḡ (a coordinate of one sign passes
+    # relu's gradient however small it is)
+    k = torch.tensor([[[0.0, 0.4, 5e-324], [-5e-324, -1.0, 0.4], [2.0, 5e-324, 5e-324]]], dtype=torch.float64)
+    phi_q = torch.rand(1, 1, 6 * nu, generator=torch.Generator().manual_seed(nu), dtype=torch.float64).add(0.5)
+    grad = torch.tensor([[[1.0], [-2.0], [3.0]]], dtype=torch.float64)
+    k_exact = k.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(paper_dpfp(k_exact, nu) @ phi_q.mT, k_exact, grad)
+    assert expected[0, 0, 2] != 0 and expected[0, 1, 0] != 0
+    if tensor_form:
+        monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
+    k_op = k.clone().requires_grad_()
+    (got,) = torch.autograd.grad(dpfp_query_scores(k_op, phi_q, nu), k_op, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    # the table path's loops (the compiled ones only: CUDA looks the keys up)
+    table = k[0].clone().requires_grad_()
+    ids = torch.arange(3).view(1, 3)
+    (from_tables,) = torch.autograd.grad(table_scores(KeyRows(table, ids, torch.zeros_like(k[0]), ids), phi_q[:, 0],
+                                                      "dpfp", nu), table, grad[..., 0])
+    torch.testing.assert_close(from_tables, expected[0], rtol=1e-12, atol=0)

@@ -17,7 +17,9 @@ an infinite key (k = [−1, inf, −1], ν = 1: 0 where φ(k)·φ(q) is NaN; the
 runs, computes the same features),
 with the query's weights P (both coordinates positive) and N (both negative) taken from φ(q) by
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
-k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ f_m to P_m or N_m.
+k'_{m+i} where both are of one sign (−k_j's share subtracted from k_j; a_m > 0 alone dropped the
+gradient of a pair whose product underflows, k = [0, 0.4, 5e-324] in float64: 0 where φ(k)'s autograd
+gives 0.4 w), and ḡ f_m to P_m or N_m.
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
@@ -91,7 +93,10 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             a = x[m] * right[m]
             positive = right[m] > 0
             w = P[i - 1, m] if positive else N[i - 1, m]
-            weighted[m] = g * w if a > 0 else 0.0
+            # both coordinates of one sign, not a > 0: a product that underflows to 0 (5e-324 · 0.4)
+            # still passes relu's gradient to each coordinate, as φ(k)'s autograd does
+            same_sign = (x[m] > 0 and right[m] > 0) or (x[m] < 0 and right[m] < 0)
+            weighted[m] = g * w if same_sign else 0.0
             gx[m] += weighted[m] * right[m]
             feature = g * (a if a > 0 else (x[m] + right[m]) * 0.0)
             grad_P[i - 1, m] += feature if positive else 0.0

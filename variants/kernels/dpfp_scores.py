@@ -12,9 +12,11 @@ Key-space form, for one roll i: with k' = [k, −k_0, …, −k_{i−1}], every 
 relu(k'_m) relu(k'_{m+i}) or relu(−k'_m) relu(−k'_{m+i}) (m = 0 … d_key−1): a product a_m =
 k'_m k'_{m+i} of two coordinates of one sign, taken where a_m > 0. The sign of k'_{m+i} picks the
 feature, i.e. the query weight w_m: φ(q) at index m+i (both positive) or (m+i+d_key) mod 2·d_key
-(both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = [a_m > 0] w_m k'_{m+i},
-∂score/∂k'_{m+i} = [a_m > 0] w_m k'_m; −k_j's gradient is subtracted from k_j's. At a zero
-coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
+(both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = s_m w_m k'_{m+i},
+∂score/∂k'_{m+i} = s_m w_m k'_m with s_m = 1 where k'_m and k'_{m+i} are of one sign (as [a_m > 0]
+in exact arithmetic; a product that underflows to 0, 5e-324 · 0.4 in float64, keeps its gradient
+as relu's does); −k_j's gradient is subtracted from k_j's. At a zero coordinate: no gradient, as
+relu'(0) = 0 gives the autograd path. Under
 ``create_graph=True`` the backward differentiates the feature product instead
 (:mod:`.double_backward`), so second derivatives are exact.
 
@@ -153,9 +155,10 @@ class _DPFPQueryScores(torch.autograd.Function):
                 grad_q[..., (i - 1) * 2 * d : i * 2 * d] = _scatter_roll_weights(
                     (features_positive.mT @ g).mT, (_negative_pair_features(features, extended, i, d).mT @ g).mT, i, d)
             if grad_k is not None:
-                # ḡ_t [a_m > 0] w_m, w_m = P_m where k'_{m+i} > 0 else N_m
+                # ḡ_t s_m w_m, w_m = P_m where k'_{m+i} > 0 else N_m
                 weight = _where_positive((positive - negative).expand(right.shape), right, 0).add_(negative)
-                weight = _where_positive(weight.mul_(g), features, 0)
+                # where k'_m and k'_{m+i} are of one sign; f_m > 0 dropped pairs whose product underflows
+                weight = _where_positive(weight.mul_(g), left.sign().mul_(right.sign()), 0)
                 # k'_m gets w_m k'_{m+i}; k'_{m+i} gets w_m k'_m, which is k_{m+i} for m+i < d
                 # and −k_{m+i−d} beyond
                 if i == 1:
