@@ -27,6 +27,8 @@ operations below.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -104,7 +106,8 @@ class _DPFPQueryScores(torch.autograd.Function):
         dtype = compute_dtype(k, phi_q)
         *lead, T, d = k.shape
         ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
-        keys, query = k.to(dtype).reshape(-1, T, d), phi_q.to(dtype).reshape(-1, 1, phi_q.shape[-1])
+        rows = math.prod(lead)  # not -1: with T = 0 keys a reshape cannot infer it
+        keys, query = k.to(dtype).reshape(rows, T, d), phi_q.to(dtype).reshape(rows, 1, phi_q.shape[-1])
         ctx.compiled = compiled_scores.runs_here(keys)
         if ctx.compiled:  # one pass per key row instead of ~10 over the whole (R, T, d) tensors
             keys = keys.contiguous()
