@@ -222,3 +222,20 @@ def test_a_pair_whose_product_underflows_keeps_its_gradient(nu, tensor_form, mon
     (from_tables,) = torch.autograd.grad(table_scores(KeyRows(table, ids, torch.zeros_like(k[0]), ids), phi_q[:, 0],
                                                       "dpfp", nu), table, grad[..., 0])
     torch.testing.assert_close(from_tables, expected[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("query", [[1e20, 2e20, -1.0], [float("inf"), 1.0, 1.0], [-3e19, -4e19, 1.0]])
+def test_a_query_whose_features_overflow_scores_as_the_paper_features(query):
+    # issue 14 kind 13: the compiled loops weight each pair by the one query weight its nonzero
+    # feature meets, so φ(q) = [1e20, inf, 0, 0, 0, 0] (q = [1e20, 2e20, −1] in fp32, finite) scored
+    # keys 0 where φ(k)·φ(q) is 0 · inf = NaN; on the key path and on the table path
+    k = torch.randn(1, 16, 3, generator=torch.Generator().manual_seed(0))
+    k[0, 0] = torch.tensor([1.0, 2.0, -1.0])
+    phi_q = paper_dpfp(torch.tensor([[query]]), 1)
+    expected = (paper_dpfp(k, 1) @ phi_q.mT)[..., 0]
+    assert expected.isnan().any()
+    out = dpfp_query_scores(k, phi_q, 1)[..., 0]
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    ids = torch.arange(16).view(1, 16)
+    from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q[:, 0], "dpfp", 1)
+    torch.testing.assert_close(from_tables, expected, equal_nan=True)

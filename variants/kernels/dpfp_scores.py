@@ -21,8 +21,8 @@ relu'(0) = 0 gives the autograd path. Under
 (:mod:`.double_backward`), so second derivatives are exact.
 
 On CPU (fp32 and float64) the forward and backward run as compiled loops, one pass per key row
-(:mod:`.compiled_scores`); elsewhere (CUDA, and the tensor form's reference tests) as the tensor
-operations below.
+(:mod:`.compiled_scores`) where φ(q) is finite; elsewhere (CUDA, a φ(q) holding ±inf or NaN, and the
+tensor form's reference tests) as the tensor operations below.
 """
 
 from __future__ import annotations
@@ -108,7 +108,10 @@ class _DPFPQueryScores(torch.autograd.Function):
         ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
         rows = math.prod(lead)  # not -1: with T = 0 keys a reshape cannot infer it
         keys, query = k.to(dtype).reshape(rows, T, d), phi_q.to(dtype).reshape(rows, 1, phi_q.shape[-1])
-        ctx.compiled = compiled_scores.runs_here(keys)
+        # the loops weight each pair by the one query weight its nonzero feature meets, so a φ(q)
+        # past the dtype's range (q = [1e20, 2e20, −1] in fp32) scored 0 where φ(k)·φ(q) has 0 · inf,
+        # NaN; the tensor form multiplies every feature by its weight
+        ctx.compiled = compiled_scores.runs_here(keys) and bool(query.isfinite().all())
         if ctx.compiled:  # one pass per key row instead of ~10 over the whole (R, T, d) tensors
             keys = keys.contiguous()
             P, N = query_roll_weights(query, nu, d)
