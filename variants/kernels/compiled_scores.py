@@ -192,10 +192,12 @@ def runs_here(k: Tensor) -> bool:
 
 
 def scores(k: Tensor, P: Tensor, N: Tensor) -> Tensor:
-    """Σ_i Σ_m max(a_m, 0) w_m for each key row (the module docstring's sum).
+    """Σ_i Σ_m f_m w_m for each key row (the module docstring's sum; was max(a_m, 0), which is 0
+    where an infinite coordinate meets 0 or the other sign and f_m is NaN).
 
     k: (R, T, d_key) contiguous CPU keys; P, N: (R, ν, d_key) the query's roll weights, in k's
-    dtype (fp32 or float64). Returns (R, T) in that dtype.
+    dtype (fp32 or float64), finite (each pair meets one of its two weights: an infinite other
+    weight would give φ(k)·φ(q) a 0 · inf, NaN, that this sum leaves out). Returns (R, T) in that dtype.
     """
     out = k.new_empty(k.shape[0], k.shape[1])
     _forward(k.detach().numpy(), P.detach().numpy(), N.detach().numpy(), out.numpy())
