@@ -239,3 +239,27 @@ def test_a_query_whose_features_overflow_scores_as_the_paper_features(query):
     ids = torch.arange(16).view(1, 16)
     from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q[:, 0], "dpfp", 1)
     torch.testing.assert_close(from_tables, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_the_query_gradient_of_each_non_finite_key_is_its_paper_features(nu):
+    # issue 14 kind 14: the backward's feature for φ(q)'s gradient (NaN where an infinite coordinate
+    # meets 0 or the other sign) could be 0 there and the other tests passed: their rows held another
+    # NaN. One key per sequence: φ(q)'s gradient is ḡ φ(k) by the paper's definition, entry by entry
+    import itertools
+
+    values = [0.0, 1.0, -1.0, float("inf"), -float("inf"), 2.0]
+    k = torch.tensor(list(itertools.product(values, repeat=3)))[:, None]  # (216, 1, 3)
+    phi_q = torch.rand(k.shape[0], 1, 6 * nu, generator=torch.Generator().manual_seed(nu)).add(0.5)
+    grad = torch.linspace(0.5, 2.0, k.shape[0]).view(-1, 1, 1)
+    expected = grad * paper_dpfp(k, nu)
+    assert expected.isnan().any() and expected.isfinite().any()
+    phi_q.requires_grad_()
+    (got,) = torch.autograd.grad(dpfp_query_scores(k, phi_q, nu), phi_q, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0, equal_nan=True)
+    # the table path's loops, one key per sequence
+    ids = torch.arange(k.shape[0]).view(-1, 1)
+    query = phi_q.detach()[:, 0].clone().requires_grad_()
+    scores = table_scores(KeyRows(k[:, 0], ids, torch.zeros_like(k[:, 0]), ids), query, "dpfp", nu)
+    (got,) = torch.autograd.grad(scores, query, grad[:, 0])
+    torch.testing.assert_close(got, expected[:, 0], rtol=1e-6, atol=0, equal_nan=True)

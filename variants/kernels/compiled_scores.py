@@ -19,7 +19,8 @@ with the query's weights P (both coordinates positive) and N (both negative) tak
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
 k'_{m+i} where both are of one sign (−k_j's share subtracted from k_j; a_m > 0 alone dropped the
 gradient of a pair whose product underflows, k = [0, 0.4, 5e-324] in float64: 0 where φ(k)'s autograd
-gives 0.4 w), and ḡ f_m to P_m or N_m.
+gives 0.4 w), and ḡ relu(k'_m) relu(k'_{m+i}) to P_m, ḡ relu(−k'_m) relu(−k'_{m+i}) to N_m (φ(k)'s two
+features of the pair, so that a NaN lands on the weight whose feature holds it).
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
@@ -90,7 +91,6 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
         for m in range(d - i, d):
             right[m] = -x[m + i - d]
         for m in range(d):
-            a = x[m] * right[m]
             positive = right[m] > 0
             w = P[i - 1, m] if positive else N[i - 1, m]
             # both coordinates of one sign, not a > 0: a product that underflows to 0 (5e-324 · 0.4)
@@ -98,9 +98,14 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             same_sign = (x[m] > 0 and right[m] > 0) or (x[m] < 0 and right[m] < 0)
             weighted[m] = g * w if same_sign else 0.0
             gx[m] += weighted[m] * right[m]
-            feature = g * (a if a > 0 else (x[m] + right[m]) * 0.0)
-            grad_P[i - 1, m] += feature if positive else 0.0
-            grad_N[i - 1, m] += 0.0 if positive else feature
+            # each of the pair's two features as φ(k) has it (relu(NaN) = NaN): picking one by the sign
+            # of k'_{m+i} put the NaN of [inf, −0] on N's gradient where φ(k) has it on P's
+            x_positive = x[m] if not x[m] <= 0 else 0.0
+            x_negative = -x[m] if not x[m] >= 0 else 0.0
+            right_positive = right[m] if not right[m] <= 0 else 0.0
+            right_negative = -right[m] if not right[m] >= 0 else 0.0
+            grad_P[i - 1, m] += g * (x_positive * right_positive)
+            grad_N[i - 1, m] += g * (x_negative * right_negative)
         # k'_{m+i} is k_{m+i} below d_key and −k_{m+i−d} beyond
         for m in range(d - i):
             gx[m + i] += weighted[m] * x[m]

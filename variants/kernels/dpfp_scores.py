@@ -76,23 +76,15 @@ def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) ->
 
 
 def _pair_features(extended: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
-    """The pair features f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) and those of
-    the positive pairs, f_m [k'_{m+i} > 0], each (…, T, d). f_m is relu(k'_m k'_{m+i}) for finite keys
-    and NaN, as in φ(k), where an infinite coordinate meets 0 or one of the other sign (inf · 0):
-    relu of the product alone gave 0 there, a finite score for an infinite key (k = [1, −1, inf],
-    ν = 1: 0 where φ(k)·φ(q) is NaN), as :mod:`.compiled_scores` computes it."""
+    """The pair's two features of φ(k), each (…, T, d): relu(k'_m) relu(k'_{m+i}) (weighted by P) and
+    relu(−k'_m) relu(−k'_{m+i}) (by N), as the paper defines them, so that an infinite coordinate
+    meeting 0 or one of the other sign gives NaN (inf · 0) in the feature φ(k) has it in: relu of the
+    product gave 0 there, a finite score for an infinite key (k = [1, −1, inf], ν = 1: 0 where
+    φ(k)·φ(q) is NaN), and one feature picked by the sign of k'_{m+i} put φ(q)'s NaN gradient on the
+    other weight (k = [0, 0, inf])."""
     left, right = extended[..., :d], extended[..., i : i + d]
-    products = torch.mul(left, right)
-    # (left + right) · 0 is 0 for finite pairs of opposite signs (their sum cannot overflow) and NaN
-    # where one is infinite
-    features = torch.where(products > 0, products, left.add(right).mul_(0))
-    return features, _where_positive(features, right, 0)
-
-
-def _negative_pair_features(features: Tensor, extended: Tensor, i: int, d: int) -> Tensor:
-    """f_m [k'_{m+i} ≤ 0]: the features weighted by N. Not f_m − f_m [k'_{m+i} > 0], which is NaN
-    where f_m is infinite (a key past the dtype's range, or 1e20 · 1e20 in fp32) where φ(k)·φ(q) is inf."""
-    return torch.where(extended[..., i : i + d] > 0, 0.0, features)
+    return (left.clamp(min=0).mul_(right.clamp(min=0)),
+            left.neg().clamp_(min=0).mul_(right.neg().clamp_(min=0)))
 
 
 def _extend(k: Tensor, nu: int) -> Tensor:
@@ -122,14 +114,14 @@ class _DPFPQueryScores(torch.autograd.Function):
         saved = []
         for i in range(1, nu + 1):
             positive, negative = _roll_weights(query, i, d)
-            features, features_positive = _pair_features(extended, i, d)
-            saved += [features, features_positive]
-            # Σ_m f_m [k'_{m+i} > 0] P_m + f_m [k'_{m+i} ≤ 0] N_m, as two matrix-vector products
+            features_positive, features_negative = _pair_features(extended, i, d)
+            saved += [features_positive, features_negative]
+            # Σ_m relu(k'_m) relu(k'_{m+i}) P_m + relu(−k'_m) relu(−k'_{m+i}) N_m, two matrix-vector products
             if i == 1:
                 torch.bmm(features_positive, positive.mT, out=out)
             else:
                 out.baddbmm_(features_positive, positive.mT)
-            out.baddbmm_(_negative_pair_features(features, extended, i, d), negative.mT)
+            out.baddbmm_(features_negative, negative.mT)
         ctx.save_for_backward(k, phi_q, extended, query, *saved)
         return out.view(*lead, T, 1)
 
@@ -156,10 +148,10 @@ class _DPFPQueryScores(torch.autograd.Function):
         left = extended[..., :d]
         for i in range(1, nu + 1):
             positive, negative = _roll_weights(query, i, d)
-            right, features, features_positive = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
-            if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t f_m [k'_{m+i} > 0], ∂/∂N_m the rest
+            right, features_positive, features_negative = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
+            if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t relu(k'_m) relu(k'_{m+i}), ∂/∂N_m with −k'
                 grad_q[..., (i - 1) * 2 * d : i * 2 * d] = _scatter_roll_weights(
-                    (features_positive.mT @ g).mT, (_negative_pair_features(features, extended, i, d).mT @ g).mT, i, d)
+                    (features_positive.mT @ g).mT, (features_negative.mT @ g).mT, i, d)
             if grad_k is not None:
                 # ḡ_t s_m w_m, w_m = P_m where k'_{m+i} > 0 else N_m
                 weight = _where_positive((positive - negative).expand(right.shape), right, 0).add_(negative)
