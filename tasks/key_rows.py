@@ -85,7 +85,8 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     keys: the (B, T) keys as table rows; query: (B, d_key) the softmax query, or φ(q) (B, 2·d_key·ν)
     for ``kind="dpfp"``; ``nu``: DPFP's ν (1 ≤ ν ≤ d_key). Returns (B, T) in the wider of the inputs'
     dtypes and fp32: q·k_t (``kind="dot"``) or φ(q)·φ(k_t) (``kind="dpfp"``), differentiable in
-    both tables and the query.
+    both tables and the query. A φ(q) holding ±inf or NaN is scored by the plain lookup and product
+    (the compiled loops meet each pair with one query weight only, not with 0 · inf).
 
     Raises:
         ValueError: ``kind`` is neither, ``nu`` outside [1, d_key] for DPFP, an id outside its table,
@@ -95,7 +96,9 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     if kind not in ("dot", "dpfp"):
         raise ValueError(f"kind: got {kind!r}; expected 'dot' or 'dpfp'")
     # the compiled loops index without bounds checks: a mismatch read past the tables' memory
-    if keys.table_a.dim() != 2 or keys.table_b.dim() != 2 or keys.table_b.shape[1] != keys.table_a.shape[1]:
+    if keys.table_a.dim() != 2:
+        raise ValueError(f"table_a: got shape {tuple(keys.table_a.shape)}; expected an (n, d_key) table")
+    if keys.table_b.dim() != 2 or keys.table_b.shape[1] != keys.table_a.shape[1]:
         raise ValueError(f"table_b: got shape {tuple(keys.table_b.shape)} beside table_a's "
                          f"{tuple(keys.table_a.shape)}; expected two (n, d_key) tables of one d_key")
     for name, ids in (("ids_a", keys.ids_a), ("ids_b", keys.ids_b)):
@@ -112,6 +115,10 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
         if ids.numel() and not 0 <= int(ids.min()) <= int(ids.max()) < table.shape[0]:
             raise ValueError(f"{name}: got ids in [{int(ids.min())}, {int(ids.max())}]; "
                              f"expected rows of its table, in [0, {table.shape[0]})")
+    if kind == "dpfp" and not bool(query.isfinite().all()):
+        # the compiled loops weight each pair by one of its two query weights, so a φ(q) past the
+        # dtype's range scored 0 where φ(k)·φ(q) has 0 · inf, NaN: the plain lookup and product here
+        return _scores_composed(keys.table_a, keys.ids_a, keys.table_b, keys.ids_b, query, kind, nu)
     return _TableScores.apply(keys.table_a, keys.ids_a, keys.table_b, keys.ids_b, query, kind, nu)
 
 

@@ -4,6 +4,8 @@ paper's definitions (softmax Eq. 1–2, DPFP Eq. 27–28), differentiated by pla
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import assert_close
@@ -92,6 +94,11 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match=r"^table_b: got shape \(6, 4\) beside table_a's \(4, 5\); expected two "
                                          r"\(n, d_key\) tables of one d_key$"):
         table_scores(KeyRows(table_a, ids_a, table_b[:, :4], ids_b), query, "dot")
+    # a table_a of another rank was blamed on table_b ("table_b: got shape (6, 5) beside table_a's (5,)")
+    for bad in (table_a[0], table_a[None]):
+        with pytest.raises(ValueError, match=rf"^table_a: got shape {re.escape(str(tuple(bad.shape)))}; "
+                                             r"expected an \(n, d_key\) table$"):
+            table_scores(KeyRows(bad, ids_a, table_b, ids_b), query, "dot")
     # ν outside [1, d_key]: "torch.cat(): expected a non-empty list" (0) or a size mismatch (6)
     for nu in (0, 6):
         with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):

@@ -98,6 +98,17 @@ def test_second_derivatives_of_fp32_keys_beside_float64_features_are_float64():
     torch.testing.assert_close(fast[1], reference[1], rtol=1e-13, atol=1e-13)
 
 
+def test_no_keys_give_no_scores():
+    # T = 0: the reshape to (-1, T, d_key) raised "cannot reshape tensor of 0 elements into shape
+    # [-1, 0, 4] because the unspecified dimension size -1 can be any value" where φ(k) φ(q)ᵀ is (2, 3, 0, 1)
+    k = torch.randn(2, 3, 0, 4, requires_grad=True)
+    phi_q = torch.rand(2, 3, 1, 8, requires_grad=True)
+    out = dpfp_query_scores(k, phi_q, 1)
+    assert out.shape == (2, 3, 0, 1)
+    grad_k, grad_q = torch.autograd.grad(out.sum(), (k, phi_q))
+    assert grad_k.shape == k.shape and torch.equal(grad_q, torch.zeros_like(phi_q))
+
+
 def test_bad_shapes_are_refused_naming_the_argument():
     with pytest.raises(ValueError, match="phi_q: got shape"):
         dpfp_query_scores(torch.randn(1, 1, 3, 4), torch.randn(1, 1, 2, 8), 1)

@@ -168,3 +168,98 @@ def test_infinite_and_overflowing_keys_score_as_the_paper_features(nu):
     # φ(q)'s gradient Σ_t ḡ_t φ(k_t) is NaN as the features are
     (grad_q,) = torch.autograd.grad(out[0, :1].sum(), phi_q)
     assert torch.isnan(grad_q).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nu", [1, 2, 3])
+def test_the_tensor_form_scores_non_finite_keys_as_the_paper_features(dtype, nu, monkeypatch):
+    # issue 14 kinds 4 and 13: the tensor form CUDA runs took relu(k'_m k'_{m+i}), so k = [1, −1, inf]
+    # (ν = 1) scored 0 where φ(k)·φ(q) is NaN (relu(−1) · relu(inf) = 0 · inf), and summed
+    # f (N + [k'_{m+i} > 0] (P − N)), NaN for an inf feature where P < N: [0, −3e38, 3e38] in fp32
+    # (ν = 2, 3e38 · 3e38 overflows) scored NaN where φ(k)·φ(q) is inf
+    values = [0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), 3e38, -3e38, 1e-45, 1e20, -1e20]
+    import itertools
+
+    k = torch.tensor(list(itertools.product(values, repeat=3)), dtype=dtype)[None]
+    phi_q = torch.rand(1, 1, 6 * nu, generator=torch.Generator().manual_seed(nu), dtype=dtype).add(0.5)
+    expected = paper_dpfp(k, nu) @ phi_q.mT
+    assert torch.isnan(expected[0, values.index(1.0) * 11 * 11 + values.index(-1.0) * 11 + values.index(float("inf"))])
+    monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
+    phi_q.requires_grad_()
+    out = dpfp_query_scores(k, phi_q, nu)
+    finite = expected.isfinite()
+    torch.testing.assert_close(out.detach()[finite], expected[finite], rtol=1e-5, atol=1e-30)
+    assert torch.equal(out.detach()[~finite].isnan(), expected[~finite].isnan())
+    assert torch.equal(out.detach()[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()])
+    # φ(q)'s gradient Σ_t ḡ_t φ(k_t) over the keys whose features are all finite (an inf feature
+    # makes the sum over both P's and N's share inf, as it does the paper's)
+    finite_keys = k[:, paper_dpfp(k, nu)[0].isfinite().all(dim=-1)]
+    (grad_q,) = torch.autograd.grad(dpfp_query_scores(finite_keys, phi_q, nu).sum(), phi_q)
+    torch.testing.assert_close(grad_q[0, 0], paper_dpfp(finite_keys[0], nu).sum(dim=0), rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("tensor_form", [False, True])
+@pytest.mark.parametrize("nu", [1, 2])
+def test_a_pair_whose_product_underflows_keeps_its_gradient(nu, tensor_form, monkeypatch):
+    # issue 14 kind 1: the backward passed a pair's gradient where k'_m k'_{m+i} > 0, which a product
+    # that underflows to 0 fails: k = [0, 0.4, 5e-324] in float64 (0.4 · 5e-324 = 0) got 0 for its
+    # last coordinate where φ(k)'s autograd gives relu(0.4) · w · ḡ (a coordinate of one sign passes
+    # relu's gradient however small it is)
+    k = torch.tensor([[[0.0, 0.4, 5e-324], [-5e-324, -1.0, 0.4], [2.0, 5e-324, 5e-324]]], dtype=torch.float64)
+    phi_q = torch.rand(1, 1, 6 * nu, generator=torch.Generator().manual_seed(nu), dtype=torch.float64).add(0.5)
+    grad = torch.tensor([[[1.0], [-2.0], [3.0]]], dtype=torch.float64)
+    k_exact = k.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(paper_dpfp(k_exact, nu) @ phi_q.mT, k_exact, grad)
+    assert expected[0, 0, 2] != 0 and expected[0, 1, 0] != 0
+    if tensor_form:
+        monkeypatch.setattr(compiled_scores, "runs_here", lambda k: False)
+    k_op = k.clone().requires_grad_()
+    (got,) = torch.autograd.grad(dpfp_query_scores(k_op, phi_q, nu), k_op, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    # the table path's loops (the compiled ones only: CUDA looks the keys up)
+    table = k[0].clone().requires_grad_()
+    ids = torch.arange(3).view(1, 3)
+    (from_tables,) = torch.autograd.grad(table_scores(KeyRows(table, ids, torch.zeros_like(k[0]), ids), phi_q[:, 0],
+                                                      "dpfp", nu), table, grad[..., 0])
+    torch.testing.assert_close(from_tables, expected[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("query", [[1e20, 2e20, -1.0], [float("inf"), 1.0, 1.0], [-3e19, -4e19, 1.0]])
+def test_a_query_whose_features_overflow_scores_as_the_paper_features(query):
+    # issue 14 kind 13: the compiled loops weight each pair by the one query weight its nonzero
+    # feature meets, so φ(q) = [1e20, inf, 0, 0, 0, 0] (q = [1e20, 2e20, −1] in fp32, finite) scored
+    # keys 0 where φ(k)·φ(q) is 0 · inf = NaN; on the key path and on the table path
+    k = torch.randn(1, 16, 3, generator=torch.Generator().manual_seed(0))
+    k[0, 0] = torch.tensor([1.0, 2.0, -1.0])
+    phi_q = paper_dpfp(torch.tensor([[query]]), 1)
+    expected = (paper_dpfp(k, 1) @ phi_q.mT)[..., 0]
+    assert expected.isnan().any()
+    out = dpfp_query_scores(k, phi_q, 1)[..., 0]
+    torch.testing.assert_close(out, expected, equal_nan=True)
+    ids = torch.arange(16).view(1, 16)
+    from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q[:, 0], "dpfp", 1)
+    torch.testing.assert_close(from_tables, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_the_query_gradient_of_each_non_finite_key_is_its_paper_features(nu):
+    # issue 14 kind 14: the backward's feature for φ(q)'s gradient (NaN where an infinite coordinate
+    # meets 0 or the other sign) could be 0 there and the other tests passed: their rows held another
+    # NaN. One key per sequence: φ(q)'s gradient is ḡ φ(k) by the paper's definition, entry by entry
+    import itertools
+
+    values = [0.0, 1.0, -1.0, float("inf"), -float("inf"), 2.0]
+    k = torch.tensor(list(itertools.product(values, repeat=3)))[:, None]  # (216, 1, 3)
+    phi_q = torch.rand(k.shape[0], 1, 6 * nu, generator=torch.Generator().manual_seed(nu)).add(0.5)
+    grad = torch.linspace(0.5, 2.0, k.shape[0]).view(-1, 1, 1)
+    expected = grad * paper_dpfp(k, nu)
+    assert expected.isnan().any() and expected.isfinite().any()
+    phi_q.requires_grad_()
+    (got,) = torch.autograd.grad(dpfp_query_scores(k, phi_q, nu), phi_q, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0, equal_nan=True)
+    # the table path's loops, one key per sequence
+    ids = torch.arange(k.shape[0]).view(-1, 1)
+    query = phi_q.detach()[:, 0].clone().requires_grad_()
+    scores = table_scores(KeyRows(k[:, 0], ids, torch.zeros_like(k[:, 0]), ids), query, "dpfp", nu)
+    (got,) = torch.autograd.grad(scores, query, grad[:, 0])
+    torch.testing.assert_close(got, expected[:, 0], rtol=1e-6, atol=0, equal_nan=True)

@@ -14,10 +14,13 @@ where f_m = relu(k'_m) relu(k'_{m+i}) + relu(−k'_m) relu(−k'_{m+i}) (the pai
 them 0) is max(a_m, 0) for finite keys, and NaN, as in φ(k), where an infinite coordinate meets one
 of the other sign or 0 (inf · 0); max(a_m, 0) alone gave 0 there (a_m = −inf), a finite score for
 an infinite key (k = [−1, inf, −1], ν = 1: 0 where φ(k)·φ(q) is NaN; the tensor form, which CUDA
-runs, still gives 0 there),
+runs, computes the same features),
 with the query's weights P (both coordinates positive) and N (both negative) taken from φ(q) by
 :func:`~.dpfp_scores.query_roll_weights`. The backward adds ḡ w_m k'_{m+i} to k'_m and ḡ w_m k'_m to
-k'_{m+i} where a_m > 0 (−k_j's share subtracted from k_j), and ḡ f_m to P_m or N_m.
+k'_{m+i} where both are of one sign (−k_j's share subtracted from k_j; a_m > 0 alone dropped the
+gradient of a pair whose product underflows, k = [0, 0.4, 5e-324] in float64: 0 where φ(k)'s autograd
+gives 0.4 w), and ḡ relu(k'_m) relu(k'_{m+i}) to P_m, ḡ relu(−k'_m) relu(−k'_{m+i}) to N_m (φ(k)'s two
+features of the pair, so that a NaN lands on the weight whose feature holds it).
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
@@ -88,14 +91,21 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
         for m in range(d - i, d):
             right[m] = -x[m + i - d]
         for m in range(d):
-            a = x[m] * right[m]
             positive = right[m] > 0
             w = P[i - 1, m] if positive else N[i - 1, m]
-            weighted[m] = g * w if a > 0 else 0.0
+            # both coordinates of one sign, not a > 0: a product that underflows to 0 (5e-324 · 0.4)
+            # still passes relu's gradient to each coordinate, as φ(k)'s autograd does
+            same_sign = (x[m] > 0 and right[m] > 0) or (x[m] < 0 and right[m] < 0)
+            weighted[m] = g * w if same_sign else 0.0
             gx[m] += weighted[m] * right[m]
-            feature = g * (a if a > 0 else (x[m] + right[m]) * 0.0)
-            grad_P[i - 1, m] += feature if positive else 0.0
-            grad_N[i - 1, m] += 0.0 if positive else feature
+            # each of the pair's two features as φ(k) has it (relu(NaN) = NaN): picking one by the sign
+            # of k'_{m+i} put the NaN of [inf, −0] on N's gradient where φ(k) has it on P's
+            x_positive = x[m] if not x[m] <= 0 else 0.0
+            x_negative = -x[m] if not x[m] >= 0 else 0.0
+            right_positive = right[m] if not right[m] <= 0 else 0.0
+            right_negative = -right[m] if not right[m] >= 0 else 0.0
+            grad_P[i - 1, m] += g * (x_positive * right_positive)
+            grad_N[i - 1, m] += g * (x_negative * right_negative)
         # k'_{m+i} is k_{m+i} below d_key and −k_{m+i−d} beyond
         for m in range(d - i):
             gx[m + i] += weighted[m] * x[m]
@@ -187,10 +197,12 @@ def runs_here(k: Tensor) -> bool:
 
 
 def scores(k: Tensor, P: Tensor, N: Tensor) -> Tensor:
-    """Σ_i Σ_m max(a_m, 0) w_m for each key row (the module docstring's sum).
+    """Σ_i Σ_m f_m w_m for each key row (the module docstring's sum; was max(a_m, 0), which is 0
+    where an infinite coordinate meets 0 or the other sign and f_m is NaN).
 
     k: (R, T, d_key) contiguous CPU keys; P, N: (R, ν, d_key) the query's roll weights, in k's
-    dtype (fp32 or float64). Returns (R, T) in that dtype.
+    dtype (fp32 or float64), finite (each pair meets one of its two weights: an infinite other
+    weight would give φ(k)·φ(q) a 0 · inf, NaN, that this sum leaves out). Returns (R, T) in that dtype.
     """
     out = k.new_empty(k.shape[0], k.shape[1])
     _forward(k.detach().numpy(), P.detach().numpy(), N.detach().numpy(), out.numpy())

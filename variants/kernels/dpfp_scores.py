@@ -12,18 +12,22 @@ Key-space form, for one roll i: with k' = [k, −k_0, …, −k_{i−1}], every 
 relu(k'_m) relu(k'_{m+i}) or relu(−k'_m) relu(−k'_{m+i}) (m = 0 … d_key−1): a product a_m =
 k'_m k'_{m+i} of two coordinates of one sign, taken where a_m > 0. The sign of k'_{m+i} picks the
 feature, i.e. the query weight w_m: φ(q) at index m+i (both positive) or (m+i+d_key) mod 2·d_key
-(both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = [a_m > 0] w_m k'_{m+i},
-∂score/∂k'_{m+i} = [a_m > 0] w_m k'_m; −k_j's gradient is subtracted from k_j's. At a zero
-coordinate a_m = 0: no gradient, as relu'(0) = 0 gives the autograd path. Under
+(both negative). So score = Σ_i Σ_m [a_m > 0] w_m a_m, and ∂score/∂k'_m = s_m w_m k'_{m+i},
+∂score/∂k'_{m+i} = s_m w_m k'_m with s_m = 1 where k'_m and k'_{m+i} are of one sign (as [a_m > 0]
+in exact arithmetic; a product that underflows to 0, 5e-324 · 0.4 in float64, keeps its gradient
+as relu's does); −k_j's gradient is subtracted from k_j's. At a zero coordinate: no gradient, as
+relu'(0) = 0 gives the autograd path. Under
 ``create_graph=True`` the backward differentiates the feature product instead
 (:mod:`.double_backward`), so second derivatives are exact.
 
 On CPU (fp32 and float64) the forward and backward run as compiled loops, one pass per key row
-(:mod:`.compiled_scores`); elsewhere (CUDA, and the tensor form's reference tests) as the tensor
-operations below.
+(:mod:`.compiled_scores`) where φ(q) is finite; elsewhere (CUDA, a φ(q) holding ±inf or NaN, and the
+tensor form's reference tests) as the tensor operations below.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -72,11 +76,15 @@ def _scatter_roll_weights(positive: Tensor, negative: Tensor, i: int, d: int) ->
 
 
 def _pair_features(extended: Tensor, i: int, d: int) -> tuple[Tensor, Tensor]:
-    """The pair features f_m = relu(k'_m k'_{m+i}) and those of the positive pairs, f_m [k'_{m+i} > 0],
-    each (…, T, d)."""
-    right = extended[..., i : i + d]
-    features = torch.mul(extended[..., :d], right).clamp_(min=0)
-    return features, _where_positive(features, right, 0)
+    """The pair's two features of φ(k), each (…, T, d): relu(k'_m) relu(k'_{m+i}) (weighted by P) and
+    relu(−k'_m) relu(−k'_{m+i}) (by N), as the paper defines them, so that an infinite coordinate
+    meeting 0 or one of the other sign gives NaN (inf · 0) in the feature φ(k) has it in: relu of the
+    product gave 0 there, a finite score for an infinite key (k = [1, −1, inf], ν = 1: 0 where
+    φ(k)·φ(q) is NaN), and one feature picked by the sign of k'_{m+i} put φ(q)'s NaN gradient on the
+    other weight (k = [0, 0, inf])."""
+    left, right = extended[..., :d], extended[..., i : i + d]
+    return (left.clamp(min=0).mul_(right.clamp(min=0)),
+            left.neg().clamp_(min=0).mul_(right.neg().clamp_(min=0)))
 
 
 def _extend(k: Tensor, nu: int) -> Tensor:
@@ -90,8 +98,12 @@ class _DPFPQueryScores(torch.autograd.Function):
         dtype = compute_dtype(k, phi_q)
         *lead, T, d = k.shape
         ctx.nu, ctx.k_dtype, ctx.q_dtype, ctx.k_shape, ctx.q_shape = nu, k.dtype, phi_q.dtype, k.shape, phi_q.shape
-        keys, query = k.to(dtype).reshape(-1, T, d), phi_q.to(dtype).reshape(-1, 1, phi_q.shape[-1])
-        ctx.compiled = compiled_scores.runs_here(keys)
+        rows = math.prod(lead)  # not -1: with T = 0 keys a reshape cannot infer it
+        keys, query = k.to(dtype).reshape(rows, T, d), phi_q.to(dtype).reshape(rows, 1, phi_q.shape[-1])
+        # the loops weight each pair by the one query weight its nonzero feature meets, so a φ(q)
+        # past the dtype's range (q = [1e20, 2e20, −1] in fp32) scored 0 where φ(k)·φ(q) has 0 · inf,
+        # NaN; the tensor form multiplies every feature by its weight
+        ctx.compiled = compiled_scores.runs_here(keys) and bool(query.isfinite().all())
         if ctx.compiled:  # one pass per key row instead of ~10 over the whole (R, T, d) tensors
             keys = keys.contiguous()
             P, N = query_roll_weights(query, nu, d)
@@ -102,14 +114,14 @@ class _DPFPQueryScores(torch.autograd.Function):
         saved = []
         for i in range(1, nu + 1):
             positive, negative = _roll_weights(query, i, d)
-            features, features_positive = _pair_features(extended, i, d)
-            saved += [features, features_positive]
-            # Σ_m f_m (N_m + [k'_{m+i} > 0] (P_m − N_m)), as two matrix-vector products
+            features_positive, features_negative = _pair_features(extended, i, d)
+            saved += [features_positive, features_negative]
+            # Σ_m relu(k'_m) relu(k'_{m+i}) P_m + relu(−k'_m) relu(−k'_{m+i}) N_m, two matrix-vector products
             if i == 1:
-                torch.bmm(features, negative.mT, out=out)
+                torch.bmm(features_positive, positive.mT, out=out)
             else:
-                out.baddbmm_(features, negative.mT)
-            out.baddbmm_(features_positive, (positive - negative).mT)
+                out.baddbmm_(features_positive, positive.mT)
+            out.baddbmm_(features_negative, negative.mT)
         ctx.save_for_backward(k, phi_q, extended, query, *saved)
         return out.view(*lead, T, 1)
 
@@ -136,15 +148,15 @@ class _DPFPQueryScores(torch.autograd.Function):
         left = extended[..., :d]
         for i in range(1, nu + 1):
             positive, negative = _roll_weights(query, i, d)
-            right, features, features_positive = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
-            if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t f_m [k'_{m+i} > 0], ∂/∂N_m the rest
-                grad_positive = (features_positive.mT @ g).mT
+            right, features_positive, features_negative = extended[..., i : i + d], saved[2 * i - 2], saved[2 * i - 1]
+            if grad_q is not None:  # ∂/∂P_m = Σ_t ḡ_t relu(k'_m) relu(k'_{m+i}), ∂/∂N_m with −k'
                 grad_q[..., (i - 1) * 2 * d : i * 2 * d] = _scatter_roll_weights(
-                    grad_positive, (features.mT @ g).mT - grad_positive, i, d)
+                    (features_positive.mT @ g).mT, (features_negative.mT @ g).mT, i, d)
             if grad_k is not None:
-                # ḡ_t [a_m > 0] w_m, w_m = P_m where k'_{m+i} > 0 else N_m
+                # ḡ_t s_m w_m, w_m = P_m where k'_{m+i} > 0 else N_m
                 weight = _where_positive((positive - negative).expand(right.shape), right, 0).add_(negative)
-                weight = _where_positive(weight.mul_(g), features, 0)
+                # where k'_m and k'_{m+i} are of one sign; f_m > 0 dropped pairs whose product underflows
+                weight = _where_positive(weight.mul_(g), left.sign().mul_(right.sign()), 0)
                 # k'_m gets w_m k'_{m+i}; k'_{m+i} gets w_m k'_m, which is k_{m+i} for m+i < d
                 # and −k_{m+i−d} beyond
                 if i == 1:
