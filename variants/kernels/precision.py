@@ -50,7 +50,7 @@ def causal_matmul(lower: Tensor, x: Tensor) -> Tensor:
     """
     bad = ~torch.isfinite(x)
     reached = bad.cumsum(dim=-2, dtype=torch.int32) > 0  # entries at or after a non-finite one
-    product = lower @ x.masked_fill(bad, 0.0)
+    product = lower @ zeroed_in_layout(x, bad)
     return product.masked_fill(reached, float("nan"))
 
 
@@ -60,9 +60,19 @@ def masked_matmul(weights: Tensor, x: Tensor, allowed: Tensor) -> Tensor:
     holds NaN or ±inf: such an entry x[j, d] is read as 0, and the outputs [s, d] of every row s
     allowed to read it are set to NaN. For softmax attention with a cache (P ≥ T keys)."""
     bad = ~torch.isfinite(x)
-    product = weights @ x.masked_fill(bad, 0.0)
+    product = weights @ zeroed_in_layout(x, bad)
     reached = (allowed.to(x.dtype) @ bad.to(x.dtype)) > 0
     return product.masked_fill(reached, float("nan"))
+
+
+def zeroed_in_layout(x: Tensor, bad: Tensor) -> Tensor:
+    """``x`` with its ``bad`` entries set to 0, in ``x``'s own memory layout. Why: a BLAS may pick
+    another kernel, and so another summation order, for a row-major operand than for a column-major
+    one (MKL's AVX2 path on an AMD EPYC: 1 ulp of the largest term apart), and ``masked_fill``
+    returns a row-major copy of a column-major ``x`` (``solve_triangular``'s result); the product's
+    unreached entries must be those of the plain product, bit for bit, on any machine."""
+    zeroed = x.clone()  # preserve_format: the strides of a dense x are kept
+    return zeroed.masked_fill_(bad, 0.0)
 
 
 def denormals_are_flushed() -> bool:

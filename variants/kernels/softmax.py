@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from .precision import all_finite, masked_matmul
+from .precision import all_finite, masked_matmul, zeroed_in_layout
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -54,11 +54,24 @@ def softmax_parallel(
 
 
 def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
-    """The masked attention when q, k or v hold NaN/inf: a masked logit is replaced (not added to,
-    NaN + −inf = NaN) by −inf, and a non-finite value reaches only the queries allowed to see it."""
+    """The masked attention when q, k or v hold NaN/inf.
+
+    An output entry that sees no non-finite input is the fused kernel's on the inputs with their
+    non-finite entries set to 0 (those entries sit at masked positions for it, where the kernel's
+    weight is exactly 0), so it is bit for bit what it is without them; the fused kernel and the
+    explicit product round differently. An entry that sees one is the explicit form's: a masked logit
+    replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
+    queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
+    ``allowed[t, j]``."""
+    bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
+    seen = allowed.to(q.dtype)
+    touched = (bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0))[..., None]
+    touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
+    clean = torch.nn.functional.scaled_dot_product_attention(
+        *(zeroed_in_layout(x, bad) for x, bad in ((q, bad_q), (keys, bad_k), (values, bad_v))), attn_mask=allowed)
     logits = (q @ keys.mT) * (1.0 / math.sqrt(q.shape[-1]))
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    return masked_matmul(weights, values, allowed)
+    return torch.where(touched, masked_matmul(weights, values, allowed), clean)
 
 
 def softmax_recurrent(
