@@ -1539,6 +1539,11 @@ def _(ctx):
     return grid_error(ctx, LM_GRID.replace("seed = 1\n", "seed = 1\ncontext = 16\n") + "chunk_size = [6, 7]\n")
 
 
+@row("G130")
+def _(ctx):
+    return grid_error(ctx, LM_GRID + "context = 64\nstream_eval = false\nstream_characters = 100\nsliding_stride = [36, 64]\n")
+
+
 @row("G106")
 def _(ctx):
     return grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "linear"\nform = ["chunk", "parallel"]'))
