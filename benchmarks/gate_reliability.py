@@ -7,7 +7,8 @@ Usage: ``python benchmarks/gate_reliability.py [--runs 12] [--short] [--phases u
 [-k EXPR] [--plant MODULE:FUNCTION] [--expect CASE ...]`` (defaults: 12 runs, every case, delta_rule_chunk planted, the
 kernel's own case and the two forward-only cases that call it, of which at least one must fail). Exit status 0 when there was
 no false failure and every planted run failed one of the expected cases; 2 when the options select no case, or no expected
-case for the planted runs, or pytest ends a run with an error (nothing judged)."""
+case for the planted runs, or pytest ends a run with an error or without a timing verdict on every selected case
+(a case that errored, was skipped or crashed: nothing judged)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,28 @@ def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str, int]:
     failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
     last = lines[-1] if lines else done.stderr.strip()[-200:]
     return failed, time.perf_counter() - start, last, done.returncode
+
+
+#: How a case's timing verdict begins in pytest's -rf line (``Regression.message`` through ``pytest.fail``);
+#: any other failure is a crash of the case (an exception in its body), not a measured slowdown.
+VERDICT = "Failed: {name}: time / calibration = "
+
+
+def unjudged(failed: dict[str, str], last: str, selected: set[str]) -> str | None:
+    """Why a run that pytest ended with status 0 or 1 gave no timing verdict on every case of ``selected``
+    (``None`` where it did): a case that errored (a fixture: a baseline that does not load), was skipped, or
+    failed with an exception instead of a measured ratio. Each was counted before as a case that passed
+    (unchanged runs: "no false failure", exit 0) or, in a planted run, the crash as the slowdown caught."""
+    counts = {}
+    for number, word in re.findall(r"(\d+) (\w+)", last):  # "1 failed, 12 passed, 1 error in 9.1s"
+        counts[word.rstrip("s") if word in ("errors", "warnings") else word] = int(number)
+    crashed = sorted(name for name, message in failed.items() if not message.startswith(VERDICT.format(name=name)))
+    if crashed:
+        return f"{', '.join(crashed)} failed without a timing verdict ({failed[crashed[0]]})"
+    judged = counts.get("passed", 0) + counts.get("failed", 0)
+    if judged != len(selected):
+        return f"pytest judged {judged} of the {len(selected)} selected cases"
+    return None
 
 
 def selected_cases(extra: list[str]) -> tuple[set[str], str]:
@@ -83,6 +106,10 @@ def main() -> int:
             if status not in (0, 1):  # an error, not a verdict: no case was judged
                 print(f"{label} run {index:2d}: pytest exited with status {status}, judging nothing: {last}",
                       file=sys.stderr)
+                return 2
+            reason = unjudged(failed, last, selected)
+            if reason is not None:  # an error or a skip read as a pass, a crash as a slowdown caught
+                print(f"{label} run {index:2d}: {reason}, judging nothing: {last}", file=sys.stderr)
                 return 2
             if plant:
                 missed += not set(args.expect) & set(failed)  # the gate let the slowdown through

@@ -329,7 +329,9 @@ class ShakespeareTask:
         nothing a run computes (a resumed run ends with the same metrics); on the corpus this task
         verifies by its checksum, whose length is known, ``train_fraction`` acts as its training split's
         int(train_fraction · length) characters, and ``eval_segments`` of at least the validation split's
-        segments and ``stream_characters`` of at least its characters act as 0 (all of it)."""
+        segments and ``stream_characters`` of at least its characters act as 0 (all of it), and a
+        ``sliding_stride`` of at least the characters between the first and the last sliding window's ends
+        acts as that many (every such stride scores the same two windows)."""
         acts: dict[str, tuple[int | None, str]] = {
             "checkpoint_every": (None, "checkpoints say where a run can resume from, not what it computes")}
         if self.sha256 != CORPUS_SHA256:  # another corpus (tests): its length is not known before it is read
@@ -347,6 +349,19 @@ class ShakespeareTask:
         if config.stream_characters >= valid:
             acts["stream_characters"] = (0, f"the validation split has {valid} characters; as many or more is all "
                                             "of them, as 0")
+        if config.sliding_stride:
+            # sliding_window_ends: windows end at min(context, N − 1), then every stride, and the last at N − 1;
+            # a stride of at least the D = N − 1 − min(context, N − 1) characters between the first and last ends
+            # leaves only those two ends (one window where D = 0): stride 36 and 64 at context 64 over 100
+            # characters scored the same windows (a short stream_characters with stream_eval = false)
+            text = min(config.stream_characters, valid) if config.stream_characters else valid
+            last = text - 1
+            first = min(config.context, last)
+            widest = max(last - first, 1)
+            if config.sliding_stride >= widest:
+                acts["sliding_stride"] = (widest, f"the sliding window over the {text}-character validation text ends "
+                                                  f"at {first} and then at {last}, the last character, for every "
+                                                  f"stride of at least {widest}")
         return acts
 
     def longest_chunked_call(self, config: ShakespeareConfig) -> int:

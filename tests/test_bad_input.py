@@ -1340,6 +1340,26 @@ def _(ctx):
     return f"exit {done.returncode}: {lines[-1]}"
 
 
+@row("C170")
+def _(ctx):
+    import importlib.util
+    import sys
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gate_reliability.py"
+    spec = importlib.util.spec_from_file_location("gate_reliability_c170", path)
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    # what pytest gives for one selected case whose baseline fixture errored (measured: 28 s a run)
+    ctx.monkeypatch.setattr(gate, "selected_cases", lambda extra: ({"sum_rule_chunk_kernel_T1024"}, ""))
+    ctx.monkeypatch.setattr(gate, "failed_cases", lambda extra: ({}, 17.0, "13 deselected, 1 error in 4.60s", 1))
+    ctx.monkeypatch.setattr(sys, "argv", ["gate_reliability.py", "--runs", "1", "--phases", "unchanged", "-k",
+                                          "sum_rule_chunk_kernel"])
+    status = gate.main()
+    captured = ctx.capsys.readouterr()
+    assert captured.out == "", captured.out
+    return f"exit {status}: {captured.err.strip()}"
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
@@ -1517,6 +1537,11 @@ def _(ctx):
 @row("G105")
 def _(ctx):
     return grid_error(ctx, LM_GRID.replace("seed = 1\n", "seed = 1\ncontext = 16\n") + "chunk_size = [6, 7]\n")
+
+
+@row("G130")
+def _(ctx):
+    return grid_error(ctx, LM_GRID + "context = 64\nstream_eval = false\nstream_characters = 100\nsliding_stride = [36, 64]\n")
 
 
 @row("G106")

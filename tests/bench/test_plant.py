@@ -198,3 +198,47 @@ def test_gate_reliability_gives_no_verdict_on_a_run_pytest_ended_with_an_error(m
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.strip() == "unchanged run  1: pytest exited with status 3, judging nothing: INTERNALERROR> boom"
+
+
+VERDICT_LINE = ("Failed: delta_rule_chunk_kernel_T1024: time / calibration = 0.900 now vs 0.450 in the baseline "
+                "(2.00× slower; threshold 1.50×)")
+
+
+@pytest.mark.parametrize(("phase", "outcome", "expected", "reason"), [
+    # a baseline that does not load errors every case in its fixture (pytest exits 1, no FAILED line):
+    # counted as an unchanged run without a false failure, exit 0 (h-break14q)
+    ("unchanged", ({}, 1.0, "13 deselected, 1 error in 4.60s", 1), 2,
+     "pytest judged 0 of the 1 selected cases, judging nothing: 13 deselected, 1 error in 4.60s"),
+    # a case skipped (PYTEST_ADDOPTS=--benchmark-disable) passed nothing and was counted as a pass
+    ("unchanged", ({}, 1.0, "1 skipped, 13 deselected in 2.00s", 0), 2,
+     "pytest judged 0 of the 1 selected cases, judging nothing: 1 skipped, 13 deselected in 2.00s"),
+    # a plant that crashes the case (an exception, no ratio) was counted as the slowdown caught
+    ("planted", ({"delta_rule_chunk_kernel_T1024": "TypeError: boom"}, 1.0, "1 failed, 13 deselected in 2.00s", 1), 2,
+     "delta_rule_chunk_kernel_T1024 failed without a timing verdict (TypeError: boom), judging nothing: "
+     "1 failed, 13 deselected in 2.00s"),
+    # what is judged stays judged: a measured slowdown caught, a pass
+    ("planted", ({"delta_rule_chunk_kernel_T1024": VERDICT_LINE}, 1.0, "1 failed, 13 deselected in 9.00s", 1), 0, ""),
+    ("unchanged", ({}, 1.0, "1 passed, 13 deselected, 2 warnings in 9.00s", 0), 0, ""),
+])
+def test_gate_reliability_gives_no_verdict_where_a_case_was_not_timed(monkeypatch, capsys, phase, outcome, expected,
+                                                                      reason):
+    """A run whose selected cases did not all end with a timing verdict (an error, a skip, a crash) judged
+    nothing: exit 2 naming why, never a pass or a caught plant."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gate_reliability.py"
+    spec = importlib.util.spec_from_file_location("gate_reliability_under_test", path)
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    monkeypatch.setattr(gate, "selected_cases", lambda extra: ({"delta_rule_chunk_kernel_T1024"}, ""))
+    monkeypatch.setattr(gate, "failed_cases", lambda extra: outcome)
+    monkeypatch.setattr(sys, "argv", ["gate_reliability.py", "--runs", "1", "--phases", phase])
+    assert gate.main() == expected
+    captured = capsys.readouterr()
+    if expected == 2:
+        assert captured.out == ""
+        assert captured.err.strip() == f"{phase} run  1: {reason}"
+    else:
+        assert captured.err == ""
