@@ -2,7 +2,8 @@
 default ``pytest`` run (``testpaths = ["tests"]``).
 
 Options: ``--short`` (the CI subset, failing only on gross regressions), ``--update-baseline``
-(write the measured ratios to ``results/baselines/perf_baseline.json`` instead of judging them),
+(write the measured ratios to this CPU model's baseline in ``results/baselines/`` instead of judging
+them; the gate judges each CPU against its own baseline, see :func:`~fwbench.bench.regression.choose_baseline`),
 ``--threshold X`` (override the slowdown factor that fails), ``--plant-slowdown MODULE:FUNCTION``
 (run that kernel twice per call, e.g. ``fwbench.variants.kernels.delta_rule:delta_rule_chunk``: a
 planted 2× slowdown, which the gate must catch).
@@ -15,20 +16,22 @@ import torch
 
 from fwbench.bench.plant import plant_slowdown
 from fwbench.bench.regression import (
-    BASELINE_PATH,
     FULL_THRESHOLD,
     GROSS_THRESHOLD,
+    baseline_path_for,
     check_threshold,
+    choose_baseline,
     load_baseline,
     write_baseline,
 )
-from fwbench.run.environment import describe_environment
+from fwbench.run.environment import cpu_model, describe_environment
 
 
 def pytest_addoption(parser):
     group = parser.getgroup("fwbench performance regression")
     group.addoption("--short", action="store_true", help="only the CI subset; fail only on gross regressions")
-    group.addoption("--update-baseline", action="store_true", help=f"write the measured ratios to {BASELINE_PATH}")
+    group.addoption("--update-baseline", action="store_true", help="write the measured ratios to this CPU's baseline "
+                    "(results/baselines/perf_baseline.json, or perf_baseline-<cpu>.json where that file is another CPU's)")
     group.addoption("--threshold", type=float, default=None, help="slowdown factor over the baseline that fails")
     group.addoption("--plant-slowdown", default=None, metavar="MODULE:FUNCTION",
                     help="run this kernel twice per call (a planted 2x slowdown the gate must catch)")
@@ -79,9 +82,23 @@ def threshold(pytestconfig) -> float:
     return GROSS_THRESHOLD if pytestconfig.getoption("--short") else FULL_THRESHOLD
 
 
+def pytest_report_header(config):
+    if config.getoption("--update-baseline"):
+        return [f"fwbench baseline: writing {baseline_path_for(cpu_model()).name} (CPU {cpu_model()!r})"]
+    path, warning = choose_baseline(cpu_model())
+    return [f"fwbench baseline: {path.name}"] + ([f"WARNING: {warning}"] if warning else [])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not config.getoption("--update-baseline"):
+        _, warning = choose_baseline(cpu_model())
+        if warning:  # said again at the end, beside the verdict it qualifies
+            terminalreporter.write_line(f"WARNING: {warning}", yellow=True)
+
+
 @pytest.fixture(scope="session")
 def baseline(pytestconfig) -> dict[str, float]:
-    return {} if pytestconfig.getoption("--update-baseline") else load_baseline()
+    return {} if pytestconfig.getoption("--update-baseline") else load_baseline(choose_baseline(cpu_model())[0])
 
 
 @pytest.fixture(scope="session")
@@ -93,5 +110,5 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if config.getoption("--update-baseline") and config._fwbench_ratios:
         path = write_baseline(config._fwbench_ratios, config._fwbench_seconds,
-                              describe_environment(torch.device("cpu")))
+                              describe_environment(torch.device("cpu")), baseline_path_for(cpu_model()))
         print(f"\nbaseline written: {path} ({len(config._fwbench_ratios)} benchmarks)")

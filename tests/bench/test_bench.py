@@ -23,10 +23,13 @@ import torch
 
 from fwbench.bench.measure import count_flops, peak_memory_bytes, time_call, time_interleaved
 from fwbench.bench.regression import (
-    BASELINE_PATH,
+    BASELINE_DIR,
     GROSS_THRESHOLD,
     PERF_CASES,
     PerfCase,
+    baseline_cpu,
+    baseline_path_for,
+    choose_baseline,
     compare,
     confirmed_ratio,
     cpu_seconds,
@@ -39,6 +42,7 @@ from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchP
 from fwbench.bench.summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
 from fwbench.cli import main
 from fwbench.report.bench_section import section_bench
+from fwbench.run.environment import cpu_model
 from fwbench.run.store import ResultsStore
 
 CPU = torch.device("cpu")
@@ -336,7 +340,41 @@ def test_baseline_round_trip_keeps_benchmarks_not_measured_now(tmp_path):
 
 
 def test_committed_baseline_names_every_tracked_benchmark():
-    assert set(load_baseline(BASELINE_PATH)) == {case.name for case in PERF_CASES}
+    for path in sorted(BASELINE_DIR.glob("perf_baseline*.json")):
+        assert set(load_baseline(path)) == {case.name for case in PERF_CASES}, path.name
+        assert baseline_cpu(path), f"{path.name} does not say which CPU measured it"
+        assert baseline_path_for(baseline_cpu(path)) == path  # each file is found again for its CPU
+
+
+def _baseline_on(path, cpu: str, ratio: float = 1.0):
+    write_baseline({"a": ratio}, {}, {"device_name": cpu}, path)
+    return path
+
+
+def test_each_cpu_is_judged_against_its_own_baseline(tmp_path):
+    """Ratios differ between machines (the cases read 0.31-0.99x their Intel Xeon ratios on an AMD
+    EPYC: a planted 2x slowdown of the sum rule read 3.6x against a limit of 4.33x and passed)."""
+    intel = _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    assert choose_baseline("Intel(R) Xeon(R) Processor", tmp_path) == (intel, None)
+    # no baseline of its own: the first one, with a warning naming both CPUs and how to make one
+    path, warning = choose_baseline("AMD EPYC", tmp_path)
+    assert path == intel
+    assert "'AMD EPYC'" in warning and "'Intel(R) Xeon(R) Processor'" in warning
+    assert "perf_baseline-amd-epyc.json" in warning and "--update-baseline" in warning
+    # --update-baseline there writes the AMD file and leaves the Intel one as it was
+    own = baseline_path_for("AMD EPYC", tmp_path)
+    assert own == tmp_path / "perf_baseline-amd-epyc.json"
+    _baseline_on(own, "AMD EPYC", 0.5)
+    assert choose_baseline("AMD EPYC", tmp_path) == (own, None)
+    assert load_baseline(own) == {"a": 0.5} and load_baseline(intel) == {"a": 2.0}
+    assert choose_baseline("Intel(R) Xeon(R) Processor", tmp_path) == (intel, None)
+
+
+def test_the_first_baseline_file_is_written_where_there_is_none(tmp_path):
+    assert baseline_path_for("AMD EPYC", tmp_path) == tmp_path / "perf_baseline.json"
+    assert baseline_cpu(tmp_path / "perf_baseline.json") is None
+    _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor")
+    assert baseline_path_for("Weird CPU @ 2.0GHz (x/y)", tmp_path) == tmp_path / "perf_baseline-weird-cpu-2-0ghz-x-y.json"
 
 
 @pytest.mark.slow
@@ -344,7 +382,7 @@ def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
     """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
     torch.set_num_threads(1)
     measured = {case.name: measure_ratio(case, rounds=5)[0] for case in PERF_CASES if case.short}
-    regressions = compare(measured, load_baseline(BASELINE_PATH), GROSS_THRESHOLD)
+    regressions = compare(measured, load_baseline(choose_baseline(cpu_model())[0]), GROSS_THRESHOLD)
     assert not regressions, "; ".join(r.message() for r in regressions)
 
 
