@@ -24,6 +24,7 @@ the lookup path's matrix products and index-adds to rounding. Second derivatives
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -106,8 +107,11 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
             raise ValueError(f"{name}: got {ids.dtype} ids of shape {tuple(ids.shape)}; expected int64 (or int32) "
                              f"ids of shape (B, T), one shape for ids_a and ids_b")
     d = keys.table_a.shape[-1]
-    if kind == "dpfp" and not (isinstance(nu, int) and 1 <= nu <= d):
+    # an integer as the feature maps take one (Python or NumPy, not a bool): isinstance(nu, int)
+    # refused np.int64(2) as "not an integer" and took True as ν = 1
+    if kind == "dpfp" and (isinstance(nu, bool) or not isinstance(nu, numbers.Integral) or not 1 <= nu <= d):
         raise ValueError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for kind='dpfp'")
+    nu = int(nu) if kind == "dpfp" else 0
     width = d if kind == "dot" else 2 * d * nu
     if query.shape != (keys.ids_a.shape[0], width):
         raise ValueError(f"query: got shape {tuple(query.shape)}; expected ({keys.ids_a.shape[0]}, {width})")

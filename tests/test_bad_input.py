@@ -958,6 +958,14 @@ def _(ctx):
     return answer
 
 
+@row("L91")
+def _(ctx):
+    from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+    k, phi_q = torch.randn(B, H, T, D_KEY), torch.rand(B, H, 1, 2 * D_KEY * 2)
+    return raised(VariantError, dpfp_query_scores, k, phi_q, 2.0)
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""

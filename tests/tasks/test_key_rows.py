@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close
@@ -103,6 +104,13 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
     for nu in (0, 6):
         with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
             table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * nu), "dpfp", nu)
+    # an integer as the feature maps take one: True was taken as ν = 1, NumPy's 2 refused as "not an integer"
+    for nu in (True, 2.0):
+        with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
+            table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * int(nu)), "dpfp", nu)
+    query = query.new_ones(3, 20)
+    torch.testing.assert_close(table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", np.int64(2)),
+                               table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2), rtol=0, atol=0)
 
 
 def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
