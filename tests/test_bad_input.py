@@ -966,6 +966,14 @@ def _(ctx):
     return raised(VariantError, dpfp_query_scores, k, phi_q, 2.0)
 
 
+@row("L92")
+def _(ctx):
+    from fwbench.tasks.key_rows import KeyRows, table_scores
+
+    table, ids = torch.randn(3, D_KEY), torch.zeros(B, T, dtype=torch.long)
+    return raised(ValueError, table_scores, KeyRows(table, ids, table.to("meta"), ids), torch.randn(B, D_KEY), "dot")
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""

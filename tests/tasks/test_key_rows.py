@@ -113,6 +113,20 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
                                table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_a_tensor_off_the_cpu_is_refused_naming_the_argument(device):
+    # the compiled loops read memory through NumPy: "TypeError: can't convert cuda:0 device type tensor
+    # to numpy" (meta: the same) from deep in the op, for every argument
+    arguments = dict(zip(("table_a", "ids_a", "table_b", "ids_b", "query"), inputs("dpfp", 1)))
+    for name in arguments:
+        moved = {**arguments, name: arguments[name].to(device)}
+        query = moved.pop("query")
+        with pytest.raises(ValueError, match=rf"^{name}: got a tensor on {device}(:0)?; expected a CPU tensor \(the "
+                                             r"compiled loops run on CPU; elsewhere look the keys up with "
+                                             r"KeyRows.materialise\(\)\)$"):
+            table_scores(KeyRows(**moved), query, "dpfp", 1)
+
+
 def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
     table_a, ids_a, table_b, ids_b, query = inputs("dpfp", 1, dtype=torch.float32)
     clean = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 1)
