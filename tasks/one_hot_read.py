@@ -23,16 +23,21 @@ from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 from fwbench.variants.kernels.limits import floor_for
 from fwbench.variants.kernels.precision import compute_dtype
+from fwbench.variants.rules.sum import SumRule
 
 from .key_rows import KeyRows, table_scores, table_scores_apply
 
 
 def reads_one_hot(attention: Attention) -> bool:
     """Whether :func:`one_hot_write_read` has a code-free path for ``attention``: softmax without a
-    window, or a fast-weight variant with the sum rule."""
+    window, or a fast-weight variant with the sum rule, each with the built-in ``write_read`` (the
+    sum rule's fused read, :class:`~variants.rules.sum.SumRule`). Not every rule that carries a
+    normaliser z: a rule of a user's own with another read (one that halves the sum rule's) was
+    answered with the sum rule's weights."""
     if isinstance(attention, SoftmaxAttention):
-        return attention.window is None
-    return isinstance(attention, FastWeightAttention) and attention.update_rule.carries_normalizer
+        return attention.window is None and type(attention).write_read is SoftmaxAttention.write_read
+    return (isinstance(attention, FastWeightAttention) and type(attention).write_read is FastWeightAttention.write_read
+            and type(attention.update_rule).write_read is SumRule.write_read)
 
 
 def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor, q: Tensor, S: int) -> Tensor:
@@ -109,9 +114,12 @@ def _table_key_query_scores(attention: Attention, keys: KeyRows, q: Tensor, kind
 
 
 def _reads_dpfp_scores(attention: FastWeightAttention, d_key: int) -> bool:
-    """Whether one query's sum-rule scores are DPFP's key-space ones (:func:`dpfp_query_scores`)."""
+    """Whether one query's sum-rule scores are DPFP's key-space ones (:func:`dpfp_query_scores`):
+    φ(k) is DPFP's own (a subclass whose ``forward`` maps keys otherwise, φ(k) = DPFP(k) + 1, was
+    scored with DPFP(k))."""
     feature_map = attention.feature_map
-    return isinstance(feature_map, DPFP) and not attention.sum_normalize and feature_map.nu <= d_key
+    return (isinstance(feature_map, DPFP) and type(feature_map).forward is DPFP.forward and not attention.sum_normalize
+            and feature_map.nu <= d_key)
 
 
 def _key_query_scores(attention: FastWeightAttention, k: Tensor, q: Tensor) -> Tensor:
