@@ -65,7 +65,9 @@ def _compiled(**options):
 @_compiled(inline="always")
 def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through scores()
     """The score of one key row x (d,) for one query's roll weights P, N (ν, d); ``right`` is a
-    (d,) work buffer. Called from compiled loops (here and in :mod:`fwbench.tasks.key_rows`)."""
+    (d,) work buffer. Called from the compiled loops of this file only (the key path's and the table
+    path's; :mod:`fwbench.tasks.key_rows` calls those, and a loop elsewhere would miss numba's cache
+    invalidation, see the module docstring)."""
     d = x.shape[0]
     zero = x.dtype.type(0)  # not 0.0, a float64 literal: each term is computed in x's dtype, as φ(k)·φ(q)
     total = 0.0
