@@ -22,7 +22,7 @@ from fwbench.variants.checks import check_finite
 from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 from fwbench.variants.kernels.limits import floor_for
-from fwbench.variants.kernels.precision import compute_dtype
+from fwbench.variants.kernels.precision import all_finite, compute_dtype
 from fwbench.variants.rules.sum import SumRule
 
 from .key_rows import KeyRows, table_scores, table_scores_apply
@@ -56,8 +56,9 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
         NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on (keys as
-            table rows: a table holding one, or two finite rows whose sum overflows, named as ``k``
-            at the key's (B, 1, T, d_key) index as the lookup path names it).
+            table rows: a key that reads a table row holding one, or two finite rows whose sum
+            overflows, named as ``k`` at the key's (B, 1, T, d_key) index as the lookup path names
+            it; a row no token reads is not a key).
     """
     if not reads_one_hot(attention):
         raise ValueError(f"attention: got {attention!r}; expected softmax without a window or a sum-rule variant")
@@ -67,8 +68,12 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
     if attention.check_finite and kind is None:
         check_finite(q=q, k=k)
     elif attention.check_finite:
-        check_finite(q=q, k=k.table_a)
-        check_finite(k=k.table_b)
+        check_finite(q=q)
+        if not all_finite(k.table_a, k.table_b):
+            # the keys the lookup path checks (one pass over the small tables first): a NaN in a row no
+            # token reads was refused here and not there (a CPU run diverged where a CUDA run went on),
+            # and a NaN that is read was named at the table's index, (3, 2), not the key's
+            check_finite(k=k.materialise())
     if kind is not None:
         scores = _table_key_query_scores(attention, k, q, kind)
         if attention.check_finite and not bool(torch.isfinite(scores).all()):
