@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from fwbench.variants import Attention, FastWeightAttention, SoftmaxAttention
+from fwbench.variants.attention import check_queries
 from fwbench.variants.checks import check_finite
 from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
@@ -55,6 +56,8 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
 
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
+        VariantError: q is not (B, H, T_q, d_key) for keys of (B, H, ·, d_key) (H = 1 for table rows),
+            as the variant's ``write_read`` refuses it.
         NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on (keys as
             table rows: a key that reads a table row holding one, or two finite rows whose sum
             overflows, named as ``k`` at the key's (B, 1, T, d_key) index as the lookup path names
@@ -62,6 +65,11 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
     """
     if not reads_one_hot(attention):
         raise ValueError(f"attention: got {attention!r}; expected softmax without a window or a sum-rule variant")
+    # the queries the variant's own write_read takes (B and H those of the keys): two heads of queries
+    # against one head's keys were broadcast by softmax and the dot-product reads and refused by DPFP's
+    # as a phi_q shape (an argument the caller never gave)
+    keys_shape = (*k.ids_a.shape[:1], 1, *k.ids_a.shape[1:], k.table_a.shape[-1]) if isinstance(k, KeyRows) else k.shape
+    check_queries(q, torch.empty(keys_shape, device="meta"))
     kind = _table_kind(attention, k, q)
     if kind is None and isinstance(k, KeyRows):
         k = k.materialise()

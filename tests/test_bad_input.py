@@ -974,6 +974,19 @@ def _(ctx):
     return raised(ValueError, table_scores, KeyRows(table, ids, table.to("meta"), ids), torch.randn(B, D_KEY), "dot")
 
 
+@row("L93")
+def _(ctx):
+    from fwbench.tasks.key_rows import KeyRows
+    from fwbench.tasks.one_hot_read import one_hot_write_read
+
+    table, values = torch.randn(5, D_KEY), torch.randint(0, 5, (B, T))
+    answers = {raised(VariantError, one_hot_write_read, variants.build_attention(spec, D_KEY),
+                      KeyRows(table, values, table, values), values, torch.randn(B, 2, 1, D_KEY), 5)
+               for spec in ("dpfp:nu=1", "softmax", "linear")}
+    (answer,) = answers
+    return answer
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""

@@ -8,9 +8,10 @@ import pytest
 import torch
 from helpers import SPECS, assert_close
 
+from fwbench.tasks.key_rows import KeyRows
 from fwbench.tasks.one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 from fwbench.tasks.retrieval import RetrievalModel, last_occurrence_values, retrieval_loss, sample_batch
-from fwbench.variants import DPFP, FastWeightAttention, SoftmaxAttention, build_attention
+from fwbench.variants import DPFP, FastWeightAttention, SoftmaxAttention, VariantError, build_attention
 from fwbench.variants.kernels import sum_rule
 from fwbench.variants.kernels.dpfp import dpfp
 from fwbench.variants.rules.base import UpdateRule
@@ -95,3 +96,22 @@ def test_a_users_dpfp_subclass_or_rule_reads_as_its_own_write_read():
             assert_close(model(keys, values, queries), dense, rel_rmse=1e-5)
     assert reads_one_hot(FastWeightAttention(_ShiftedDPFP(d_key, 2)))
     assert not reads_one_hot(FastWeightAttention(DPFP(d_key), rule=half))
+
+
+@pytest.mark.parametrize("variant", ["softmax", "linear", "dpfp:nu=1"])
+def test_queries_of_other_heads_than_the_keys_are_refused_as_write_read_refuses_them(variant):
+    # two heads of queries against one head's keys: softmax's and the dot-product reads broadcast
+    # them (an answer per query head), DPFP's refused them as "phi_q: got shape (2, 2, 1, 8)", an
+    # argument the caller never gave; the variant's own write_read names q
+    attention = build_attention(variant, 4)
+    g = torch.Generator().manual_seed(0)
+    table_a, table_b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    values = torch.randint(0, 6, (2, 5), generator=g)
+    q = torch.randn(2, 2, 1, 4, generator=g)
+    message = r"^q: got \(2, 2, 1, 4\); expected a tensor of shape \(B, H, T_q, d_key\) = \(2, 1, 'T_q', 4\)$"
+    for k in (KeyRows(table_a, values, table_b, values), KeyRows(table_a, values, table_b, values).materialise()):
+        with pytest.raises(VariantError, match=message):
+            one_hot_write_read(attention, k, values, q, 6)
+    if variant != "softmax":  # softmax's write_read names its cache instead
+        with pytest.raises(VariantError, match=message):
+            attention.write_read(KeyRows(table_a, values, table_b, values).materialise(), one_hot_codes(values, 6)[:, None], q)
