@@ -24,6 +24,7 @@ the lookup path's matrix products and index-adds to rounding. Second derivatives
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -82,19 +83,27 @@ def table_scores_apply(keys: KeyRows, q: Tensor) -> bool:
 def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor:
     """The scores of each sequence's one query against its keys, from the key tables.
 
-    keys: the (B, T) keys as table rows; query: (B, d_key) the softmax query, or φ(q) (B, 2·d_key·ν)
-    for ``kind="dpfp"``; ``nu``: DPFP's ν (1 ≤ ν ≤ d_key). Returns (B, T) in the wider of the inputs'
-    dtypes and fp32: q·k_t (``kind="dot"``) or φ(q)·φ(k_t) (``kind="dpfp"``), differentiable in
-    both tables and the query. A φ(q) holding ±inf or NaN is scored by the plain lookup and product
-    (the compiled loops meet each pair with one query weight only, not with 0 · inf).
+    keys: the (B, T) keys as table rows, CPU tensors (:func:`table_scores_apply`); query: (B, d_key)
+    the softmax query, or φ(q) (B, 2·d_key·ν) for ``kind="dpfp"``; ``nu``: DPFP's ν (1 ≤ ν ≤ d_key).
+    Returns (B, T) in the wider of the inputs' dtypes and fp32: q·k_t (``kind="dot"``) or φ(q)·φ(k_t)
+    (``kind="dpfp"``), differentiable in both tables and the query. A φ(q) holding ±inf or NaN is
+    scored by the plain lookup and product (the compiled loops meet each pair with one query weight
+    only, not with 0 · inf).
 
     Raises:
-        ValueError: ``kind`` is neither, ``nu`` outside [1, d_key] for DPFP, an id outside its table,
-            ids that are not (B, T) integers of one shape, tables that are not (n, d_key) of one d_key,
-            or a query of another shape, naming the argument.
+        ValueError: ``kind`` is neither, a tensor not on the CPU, ``nu`` not an integer in [1, d_key]
+            for DPFP, an id outside its table, ids that are not (B, T) integers of one shape, tables
+            that are not (n, d_key) of one d_key, or a query of another shape, naming the argument.
     """
     if kind not in ("dot", "dpfp"):
         raise ValueError(f"kind: got {kind!r}; expected 'dot' or 'dpfp'")
+    # the loops read the tensors' memory through NumPy: a CUDA (or meta) tensor raised "TypeError: can't
+    # convert cuda:0 device type tensor to numpy" deep in the op
+    for name, tensor in (("table_a", keys.table_a), ("ids_a", keys.ids_a), ("table_b", keys.table_b),
+                         ("ids_b", keys.ids_b), ("query", query)):
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{name}: got a tensor on {tensor.device}; expected a CPU tensor (the compiled loops "
+                             f"run on CPU; elsewhere look the keys up with KeyRows.materialise())")
     # the compiled loops index without bounds checks: a mismatch read past the tables' memory
     if keys.table_a.dim() != 2:
         raise ValueError(f"table_a: got shape {tuple(keys.table_a.shape)}; expected an (n, d_key) table")
@@ -106,8 +115,11 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
             raise ValueError(f"{name}: got {ids.dtype} ids of shape {tuple(ids.shape)}; expected int64 (or int32) "
                              f"ids of shape (B, T), one shape for ids_a and ids_b")
     d = keys.table_a.shape[-1]
-    if kind == "dpfp" and not (isinstance(nu, int) and 1 <= nu <= d):
+    # an integer as the feature maps take one (Python or NumPy, not a bool): isinstance(nu, int)
+    # refused np.int64(2) as "not an integer" and took True as ν = 1
+    if kind == "dpfp" and (isinstance(nu, bool) or not isinstance(nu, numbers.Integral) or not 1 <= nu <= d):
         raise ValueError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for kind='dpfp'")
+    nu = int(nu) if kind == "dpfp" else 0
     width = d if kind == "dot" else 2 * d * nu
     if query.shape != (keys.ids_a.shape[0], width):
         raise ValueError(f"query: got shape {tuple(query.shape)}; expected ({keys.ids_a.shape[0]}, {width})")

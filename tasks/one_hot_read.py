@@ -18,21 +18,27 @@ import torch
 from torch import Tensor
 
 from fwbench.variants import Attention, FastWeightAttention, SoftmaxAttention
+from fwbench.variants.attention import check_queries
 from fwbench.variants.checks import check_finite
 from fwbench.variants.feature_maps import DPFP
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 from fwbench.variants.kernels.limits import floor_for
-from fwbench.variants.kernels.precision import compute_dtype
+from fwbench.variants.kernels.precision import all_finite, compute_dtype
+from fwbench.variants.rules.sum import SumRule
 
 from .key_rows import KeyRows, table_scores, table_scores_apply
 
 
 def reads_one_hot(attention: Attention) -> bool:
     """Whether :func:`one_hot_write_read` has a code-free path for ``attention``: softmax without a
-    window, or a fast-weight variant with the sum rule."""
+    window, or a fast-weight variant with the sum rule, each with the built-in ``write_read`` (the
+    sum rule's fused read, :class:`~variants.rules.sum.SumRule`). Not every rule that carries a
+    normaliser z: a rule of a user's own with another read (one that halves the sum rule's) was
+    answered with the sum rule's weights."""
     if isinstance(attention, SoftmaxAttention):
-        return attention.window is None
-    return isinstance(attention, FastWeightAttention) and attention.update_rule.carries_normalizer
+        return attention.window is None and type(attention).write_read is SoftmaxAttention.write_read
+    return (isinstance(attention, FastWeightAttention) and type(attention).write_read is FastWeightAttention.write_read
+            and type(attention.update_rule).write_read is SumRule.write_read)
 
 
 def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor, q: Tensor, S: int) -> Tensor:
@@ -50,20 +56,32 @@ def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor
 
     Raises:
         ValueError: ``attention`` has no code-free path (see :func:`reads_one_hot`).
+        VariantError: q is not (B, H, T_q, d_key) for keys of (B, H, ·, d_key) (H = 1 for table rows),
+            as the variant's ``write_read`` refuses it.
         NonFiniteError: q or k holds a NaN or ±inf while ``attention.check_finite`` is on (keys as
-            table rows: a table holding one, or two finite rows whose sum overflows, named as ``k``
-            at the key's (B, 1, T, d_key) index as the lookup path names it).
+            table rows: a key that reads a table row holding one, or two finite rows whose sum
+            overflows, named as ``k`` at the key's (B, 1, T, d_key) index as the lookup path names
+            it; a row no token reads is not a key).
     """
     if not reads_one_hot(attention):
         raise ValueError(f"attention: got {attention!r}; expected softmax without a window or a sum-rule variant")
+    # the queries the variant's own write_read takes (B and H those of the keys): two heads of queries
+    # against one head's keys were broadcast by softmax and the dot-product reads and refused by DPFP's
+    # as a phi_q shape (an argument the caller never gave)
+    keys_shape = (*k.ids_a.shape[:1], 1, *k.ids_a.shape[1:], k.table_a.shape[-1]) if isinstance(k, KeyRows) else k.shape
+    check_queries(q, torch.empty(keys_shape, device="meta"))
     kind = _table_kind(attention, k, q)
     if kind is None and isinstance(k, KeyRows):
         k = k.materialise()
     if attention.check_finite and kind is None:
         check_finite(q=q, k=k)
     elif attention.check_finite:
-        check_finite(q=q, k=k.table_a)
-        check_finite(k=k.table_b)
+        check_finite(q=q)
+        if not all_finite(k.table_a, k.table_b):
+            # the keys the lookup path checks (one pass over the small tables first): a NaN in a row no
+            # token reads was refused here and not there (a CPU run diverged where a CUDA run went on),
+            # and a NaN that is read was named at the table's index, (3, 2), not the key's
+            check_finite(k=k.materialise())
     if kind is not None:
         scores = _table_key_query_scores(attention, k, q, kind)
         if attention.check_finite and not bool(torch.isfinite(scores).all()):
@@ -109,9 +127,12 @@ def _table_key_query_scores(attention: Attention, keys: KeyRows, q: Tensor, kind
 
 
 def _reads_dpfp_scores(attention: FastWeightAttention, d_key: int) -> bool:
-    """Whether one query's sum-rule scores are DPFP's key-space ones (:func:`dpfp_query_scores`)."""
+    """Whether one query's sum-rule scores are DPFP's key-space ones (:func:`dpfp_query_scores`):
+    φ(k) is DPFP's own (a subclass whose ``forward`` maps keys otherwise, φ(k) = DPFP(k) + 1, was
+    scored with DPFP(k))."""
     feature_map = attention.feature_map
-    return isinstance(feature_map, DPFP) and not attention.sum_normalize and feature_map.nu <= d_key
+    return (isinstance(feature_map, DPFP) and type(feature_map).forward is DPFP.forward and not attention.sum_normalize
+            and feature_map.nu <= d_key)
 
 
 def _key_query_scores(attention: FastWeightAttention, k: Tensor, q: Tensor) -> Tensor:

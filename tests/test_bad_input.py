@@ -958,6 +958,35 @@ def _(ctx):
     return answer
 
 
+@row("L91")
+def _(ctx):
+    from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+    k, phi_q = torch.randn(B, H, T, D_KEY), torch.rand(B, H, 1, 2 * D_KEY * 2)
+    return raised(VariantError, dpfp_query_scores, k, phi_q, 2.0)
+
+
+@row("L92")
+def _(ctx):
+    from fwbench.tasks.key_rows import KeyRows, table_scores
+
+    table, ids = torch.randn(3, D_KEY), torch.zeros(B, T, dtype=torch.long)
+    return raised(ValueError, table_scores, KeyRows(table, ids, table.to("meta"), ids), torch.randn(B, D_KEY), "dot")
+
+
+@row("L93")
+def _(ctx):
+    from fwbench.tasks.key_rows import KeyRows
+    from fwbench.tasks.one_hot_read import one_hot_write_read
+
+    table, values = torch.randn(5, D_KEY), torch.randint(0, 5, (B, T))
+    answers = {raised(VariantError, one_hot_write_read, variants.build_attention(spec, D_KEY),
+                      KeyRows(table, values, table, values), values, torch.randn(B, 2, 1, D_KEY), 5)
+               for spec in ("dpfp:nu=1", "softmax", "linear")}
+    (answer,) = answers
+    return answer
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""

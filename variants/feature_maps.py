@@ -193,8 +193,8 @@ class DPFP(FeatureMap):
       seeds have one at ν = 1, most at ν = 2), and from c ≈ 1e19 the read is NaN;
     - float64: for c from 1e-147 to 1e153; at c = 1e-148 one seed has a row at 0.9 (ν = 1), at
       1e-150 every seed has one (smallest row sums 1e-4 to 0.5), at 1e-152 they are below 1e-4;
-      from c ≈ 3e153 rows read 0 likewise (at 5e153 most seeds have one), and from c ≈ 1e154
-      the read is NaN.
+      from c ≈ 3e153 rows read 0 likewise (at 5e153 most seeds have one, and a few, 4 of 32 at
+      ν = 1 and 2, already a NaN row), and from c ≈ 1e154 the read is NaN.
     """
 
     name = "dpfp"

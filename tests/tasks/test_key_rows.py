@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close
@@ -103,6 +104,27 @@ def test_bad_ids_kind_and_query_shape_are_refused_naming_the_argument():
     for nu in (0, 6):
         with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
             table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * nu), "dpfp", nu)
+    # an integer as the feature maps take one: True was taken as ν = 1, NumPy's 2 refused as "not an integer"
+    for nu in (True, 2.0):
+        with pytest.raises(ValueError, match=rf"^nu: got {nu}; expected an integer in \[1, d_key=5\] for kind='dpfp'$"):
+            table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query.new_ones(3, 10 * int(nu)), "dpfp", nu)
+    query = query.new_ones(3, 20)
+    torch.testing.assert_close(table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", np.int64(2)),
+                               table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, "dpfp", 2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", ["meta"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_a_tensor_off_the_cpu_is_refused_naming_the_argument(device):
+    # the compiled loops read memory through NumPy: "TypeError: can't convert cuda:0 device type tensor
+    # to numpy" (meta: the same) from deep in the op, for every argument
+    arguments = dict(zip(("table_a", "ids_a", "table_b", "ids_b", "query"), inputs("dpfp", 1)))
+    for name in arguments:
+        moved = {**arguments, name: arguments[name].to(device)}
+        query = moved.pop("query")
+        with pytest.raises(ValueError, match=rf"^{name}: got a tensor on {device}(:0)?; expected a CPU tensor \(the "
+                                             r"compiled loops run on CPU; elsewhere look the keys up with "
+                                             r"KeyRows.materialise\(\)\)$"):
+            table_scores(KeyRows(**moved), query, "dpfp", 1)
 
 
 def test_a_nan_table_row_reaches_only_the_tokens_that_read_it():
@@ -150,15 +172,33 @@ def test_setting1_training_takes_the_table_path_and_gives_the_lookup_paths_losse
                                rtol=1e-12, atol=0)
 
 
-def test_a_non_finite_key_table_is_named_when_the_check_is_on():
+@pytest.mark.parametrize("variant", ["softmax", "dpfp:nu=1"])
+def test_a_non_finite_key_table_is_named_when_the_check_is_on_as_the_lookup_path_names_it(variant, monkeypatch):
+    # issue 14 kinds 4 and 13: the table path checked the whole tables, so an inf in a row that a token
+    # reads was named at the table's index ("k: got inf at index (3, 2)") where the lookup path names
+    # the key's, and one in a row no token reads was refused where the lookup path (CUDA, evaluation)
+    # reads on: the same batch diverged on CPU only
     torch.manual_seed(0)
-    model = RetrievalModel("dpfp:nu=1", S=20, d_key=8)
+    model = RetrievalModel(variant, S=60, d_key=8)
     set_check_finite(model, True)
+    batch = sample_batch(2, 60, 1, torch.Generator().manual_seed(0))  # Setting 2: values repeat, some unread
+    read, unread = int(batch["values"][0, 2]), sorted(set(range(60)) - set(batch["values"].flatten().tolist()))[0]
+    clean = model(batch["keys"], batch["values"], batch["queries"])
     with torch.no_grad():
-        model.key_by_value[3, 2] = float("inf")
-    batch = sample_batch(1, 20, 4, torch.Generator().manual_seed(0))
-    with pytest.raises(NonFiniteError, match=r"^k: got inf at index \(3, 2\)"):
-        model(batch["keys"], batch["values"], batch["queries"])
+        model.key_by_value[unread, 2] = float("inf")
+    torch.testing.assert_close(model(batch["keys"], batch["values"], batch["queries"]), clean, rtol=0, atol=0)
+    with torch.no_grad():
+        model.key_by_value[read, 2] = float("inf")
+    messages = []
+    for table_path in (True, False):
+        if not table_path:
+            monkeypatch.setattr(one_hot_read, "table_scores_apply", lambda keys, q: False)
+        with pytest.raises(NonFiniteError) as error:
+            model(batch["keys"], batch["values"], batch["queries"])
+        messages.append(str(error.value))
+    first = (batch["values"] == read).nonzero()[0].tolist()
+    assert messages[0] == messages[1]
+    assert messages[0].startswith(f"k: got inf at index ({first[0]}, 0, {first[1]}, 2)")
 
 
 @pytest.mark.parametrize("variant", ["softmax", "dpfp:nu=1"])

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 import torch
 from helpers import SPECS, assert_close
 
+from fwbench.tasks.key_rows import KeyRows
 from fwbench.tasks.one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
 from fwbench.tasks.retrieval import RetrievalModel, last_occurrence_values, retrieval_loss, sample_batch
-from fwbench.variants import SoftmaxAttention, build_attention
+from fwbench.variants import DPFP, FastWeightAttention, SoftmaxAttention, VariantError, build_attention
+from fwbench.variants.kernels import sum_rule
+from fwbench.variants.kernels.dpfp import dpfp
+from fwbench.variants.rules.base import UpdateRule
 
 CODE_FREE = [spec for spec in SPECS if reads_one_hot(build_attention(spec, 8))]
 
@@ -49,3 +55,63 @@ def test_model_answer_and_gradients_equal_the_dense_codes_read(variant, setting)
             assert (a is None) == (b is None), name
             if a is not None:
                 assert_close(a, b, rel_rmse=1e-4)
+
+
+class _ShiftedDPFP(DPFP):
+    """A user's DPFP subclass with keys mapped otherwise: φ(x) = DPFP(x) + 1."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dpfp(x, self.nu) + 1.0
+
+
+@dataclass(frozen=True)
+class _HalfRule(UpdateRule):
+    """A user's rule that carries the normaliser z but reads half the sum rule's answer."""
+
+    def write(self, pk, v, beta, W0, z0, chunk_size):
+        return sum_rule.sum_rule_write(pk, v, W0, z0)
+
+    def read(self, pq, W, z):
+        return 0.5 * sum_rule.sum_rule_read(pq, W, z)
+
+
+def test_a_users_dpfp_subclass_or_rule_reads_as_its_own_write_read():
+    # the code-free read took every DPFP subclass's keys as DPFP's (φ(k) = DPFP(k) + 1 read with
+    # DPFP(k): outputs off by 0.33) and every rule carrying z as the sum rule (a rule reading half the
+    # sum rule's answer read the whole: off by 0.5), on the table path and the lookup path alike
+    half = _HalfRule(name="half", key="half", description="", source="", kernels={"recurrent": None},
+                     auto_form="recurrent", uses_beta=False, carries_normalizer=True, sum_normalize=False)
+    S, d_key = 23, 8
+    for attention in (FastWeightAttention(_ShiftedDPFP(d_key, 2)), FastWeightAttention(DPFP(d_key, 1), rule=half)):
+        torch.manual_seed(4)
+        model = RetrievalModel("dpfp:nu=1", S=S, d_key=d_key)
+        model.attention = attention
+        batch = sample_batch(1, S, 5, torch.Generator().manual_seed(6))
+        keys, values = batch["keys"], batch["values"]
+        for queries in (batch["queries"], torch.arange(S).expand(5, -1)):
+            key_by_value, key_by_key, _, _ = model.token_projections()
+            k = (key_by_value[values] + key_by_key[keys])[:, None]
+            q = model.W_q(model.key_embedding.weight)[queries][:, None]
+            dense = attention.write_read(k, torch.eye(S)[values][:, None], q)[:, 0]
+            assert_close(model(keys, values, queries), dense, rel_rmse=1e-5)
+    assert reads_one_hot(FastWeightAttention(_ShiftedDPFP(d_key, 2)))
+    assert not reads_one_hot(FastWeightAttention(DPFP(d_key), rule=half))
+
+
+@pytest.mark.parametrize("variant", ["softmax", "linear", "dpfp:nu=1"])
+def test_queries_of_other_heads_than_the_keys_are_refused_as_write_read_refuses_them(variant):
+    # two heads of queries against one head's keys: softmax's and the dot-product reads broadcast
+    # them (an answer per query head), DPFP's refused them as "phi_q: got shape (2, 2, 1, 8)", an
+    # argument the caller never gave; the variant's own write_read names q
+    attention = build_attention(variant, 4)
+    g = torch.Generator().manual_seed(0)
+    table_a, table_b = torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)
+    values = torch.randint(0, 6, (2, 5), generator=g)
+    q = torch.randn(2, 2, 1, 4, generator=g)
+    message = r"^q: got \(2, 2, 1, 4\); expected a tensor of shape \(B, H, T_q, d_key\) = \(2, 1, 'T_q', 4\)$"
+    for k in (KeyRows(table_a, values, table_b, values), KeyRows(table_a, values, table_b, values).materialise()):
+        with pytest.raises(VariantError, match=message):
+            one_hot_write_read(attention, k, values, q, 6)
+    if variant != "softmax":  # softmax's write_read names its cache instead
+        with pytest.raises(VariantError, match=message):
+            attention.write_read(KeyRows(table_a, values, table_b, values).materialise(), one_hot_codes(values, 6)[:, None], q)

@@ -4,12 +4,16 @@ autograd gradients; a few Setting 1 training steps give the losses of the featur
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 from helpers import assert_close
 
 from fwbench.tasks import one_hot_read
 from fwbench.tasks.retrieval import RetrievalModel, retrieval_loss, sample_batch
+from fwbench.variants import VariantError
 from fwbench.variants.kernels import compiled_scores
 from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
 
@@ -120,6 +124,18 @@ def test_bad_shapes_are_refused_naming_the_argument():
         with pytest.raises(ValueError, match=rf"^phi_q: got shape \({leading[0]}, {leading[1]}, 1, 8\); expected k's "
                                              r"leading dimensions \(2, 3\) before \(1, 8\)$"):
             dpfp_query_scores(torch.randn(2, 3, 5, 4), torch.rand(*leading, 1, 8), 1)
+
+
+def test_nu_is_an_integer_as_the_feature_maps_take_one():
+    # ν = 2.0 passed the range check and failed in range() deep in the op ("TypeError: 'float' object
+    # cannot be interpreted as an integer"), 2.5 was refused as a shape of 10.0 features, '2' raised a
+    # TypeError from <=; True was taken as ν = 1. NumPy integers are integers (the feature maps take them)
+    k, phi_q = torch.randn(1, 1, 3, 4), torch.rand(1, 1, 1, 16)
+    for nu in (2.0, 2.5, "2", None, True):
+        with pytest.raises(VariantError, match=rf"^nu: got {re.escape(repr(nu))}; expected an integer in \[1, d_key=4\] "
+                                               r"for the key-space backward$"):
+            dpfp_query_scores(k, phi_q if nu is not True else phi_q[..., :8], nu)
+    torch.testing.assert_close(dpfp_query_scores(k, phi_q, np.int64(2)), dpfp_query_scores(k, phi_q, 2), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("variant", ["dpfp:nu=1", "dpfp:nu=2"])

@@ -263,3 +263,25 @@ def test_the_query_gradient_of_each_non_finite_key_is_its_paper_features(nu):
     scores = table_scores(KeyRows(k[:, 0], ids, torch.zeros_like(k[:, 0]), ids), query, "dpfp", nu)
     (got,) = torch.autograd.grad(scores, query, grad[:, 0])
     torch.testing.assert_close(got, expected[:, 0], rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_fp32_query_gradient_takes_the_features_in_fp32_where_they_overflow_or_underflow(nu):
+    # issue 14 kind 1: numba widened `x if c else 0.0` (a float64 literal) to float64, so the fp32
+    # loops formed the features of φ(q)'s gradient in float64: k = [1e20, 1e20, 1] (ν = 1) with
+    # ḡ = 1e-10 gave 1e30 where ḡ φ(k) is inf (1e20 · 1e20 overflows fp32, as the forward's score
+    # does), and k = [1e-25, 1e-25, 1] with ḡ = 1e20 gave 1e-30 where φ(k) underflows to 0;
+    # one key per sequence, so φ(q)'s gradient is ḡ φ(k) entry by entry, on both compiled paths
+    k = torch.tensor([[[1e20, 1e20, 1.0]], [[1e-25, 1e-25, 1.0]], [[-1e20, -1e20, 1.0]], [[-1e-25, -1e-25, 2.0]],
+                      [[3e19, 1.0, -2e19]], [[1.0, 2.0, -3.0]]])
+    grad = torch.tensor([1e-10, 1e20, 1e-10, 1e20, 1e-10, 0.5]).view(-1, 1, 1)
+    expected = grad * paper_dpfp(k, nu)
+    assert expected.isinf().any() and (expected == 0).any()
+    phi_q = torch.full((k.shape[0], 1, 6 * nu), 0.5, requires_grad=True)
+    (got,) = torch.autograd.grad(dpfp_query_scores(k, phi_q, nu), phi_q, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+    ids = torch.arange(k.shape[0]).view(-1, 1)
+    query = phi_q.detach()[:, 0].clone().requires_grad_()
+    scores = table_scores(KeyRows(k[:, 0], ids, torch.zeros_like(k[:, 0]), ids), query, "dpfp", nu)
+    (got,) = torch.autograd.grad(scores, query, grad[:, 0])
+    torch.testing.assert_close(got, expected[:, 0], rtol=1e-6, atol=0)

@@ -24,7 +24,9 @@ features of the pair, so that a NaN lands on the weight whose feature holds it).
 
 The loops are compiled by numba (``fastmath`` limited to reassociation and fused multiply-add, so
 that sums vectorise while NaN and ±inf keep IEEE semantics: a NaN key gives a NaN score at its own
-position only). Sums run in another order than the tensor form's, so results agree to fp32
+position only). Each feature and term is computed in the arrays' dtype, as φ(k) has it (a
+product that overflows fp32 is inf, one that underflows is 0, in the backward too); a row's sum
+is accumulated in float64. Sums run in another order than the tensor form's, so results agree to fp32
 rounding, not bit for bit; the same machine gives the same numbers every time. fp32 and float64
 arrays get one compiled loop each, cached on disk after the first call (a few seconds; compiled in
 each process where numba finds no writable cache directory, see :func:`_compiled`). Every loop
@@ -63,8 +65,11 @@ def _compiled(**options):
 @_compiled(inline="always")
 def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through scores()
     """The score of one key row x (d,) for one query's roll weights P, N (ν, d); ``right`` is a
-    (d,) work buffer. Called from compiled loops (here and in :mod:`fwbench.tasks.key_rows`)."""
+    (d,) work buffer. Called from the compiled loops of this file only (the key path's and the table
+    path's; :mod:`fwbench.tasks.key_rows` calls those, and a loop elsewhere would miss numba's cache
+    invalidation, see the module docstring)."""
     d = x.shape[0]
+    zero = x.dtype.type(0)  # not 0.0, a float64 literal: each term is computed in x's dtype, as φ(k)·φ(q)
     total = 0.0
     for i in range(1, P.shape[0] + 1):
         for m in range(d - i):
@@ -74,7 +79,7 @@ def row_score(x, P, N, right):  # pragma: no cover - compiled; tested through sc
         for m in range(d):
             a = x[m] * right[m]
             w = P[i - 1, m] if right[m] > 0 else N[i - 1, m]
-            total += (a if a > 0 else (x[m] + right[m]) * 0.0) * w
+            total += (a if a > 0 else (x[m] + right[m]) * zero) * w
     return total
 
 
@@ -83,8 +88,12 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
     """For one key row x (d,) and its score's gradient g: writes the row's gradient into gx (d,) and
     adds the roll weights' shares into grad_P, grad_N (ν, d); ``right``, ``weighted``: (d,) buffers."""
     d = x.shape[0]
+    # x's dtype, not the float64 literal 0.0: numba widens `y if c else 0.0` to float64, so in fp32
+    # the features below were products in float64, finite where φ(k)'s overflow to inf (1e20 · 1e20)
+    # and nonzero where they underflow to 0 (1e-25 · 1e-25): φ(q)'s gradient 1e30 where ḡ φ(k) is inf
+    zero = x.dtype.type(0)
     for m in range(d):
-        gx[m] = 0.0
+        gx[m] = zero
     for i in range(1, P.shape[0] + 1):
         for m in range(d - i):
             right[m] = x[m + i]
@@ -96,14 +105,14 @@ def row_backward(x, P, N, g, gx, grad_P, grad_N, right, weighted):  # pragma: no
             # both coordinates of one sign, not a > 0: a product that underflows to 0 (5e-324 · 0.4)
             # still passes relu's gradient to each coordinate, as φ(k)'s autograd does
             same_sign = (x[m] > 0 and right[m] > 0) or (x[m] < 0 and right[m] < 0)
-            weighted[m] = g * w if same_sign else 0.0
+            weighted[m] = g * w if same_sign else zero
             gx[m] += weighted[m] * right[m]
             # each of the pair's two features as φ(k) has it (relu(NaN) = NaN): picking one by the sign
             # of k'_{m+i} put the NaN of [inf, −0] on N's gradient where φ(k) has it on P's
-            x_positive = x[m] if not x[m] <= 0 else 0.0
-            x_negative = -x[m] if not x[m] >= 0 else 0.0
-            right_positive = right[m] if not right[m] <= 0 else 0.0
-            right_negative = -right[m] if not right[m] >= 0 else 0.0
+            x_positive = x[m] if not x[m] <= 0 else zero
+            x_negative = -x[m] if not x[m] >= 0 else zero
+            right_positive = right[m] if not right[m] <= 0 else zero
+            right_negative = -right[m] if not right[m] >= 0 else zero
             grad_P[i - 1, m] += g * (x_positive * right_positive)
             grad_N[i - 1, m] += g * (x_negative * right_negative)
         # k'_{m+i} is k_{m+i} below d_key and −k_{m+i−d} beyond

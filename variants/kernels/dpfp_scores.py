@@ -28,6 +28,7 @@ tensor form's reference tests) as the tensor operations below.
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -186,11 +187,13 @@ def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
 
     Raises:
         VariantError: ``phi_q`` is not one query of 2·d_key·ν features per key sequence (its leading
-            dimensions those of ``k``), or ν is outside [1, d_key].
+            dimensions those of ``k``), or ν is not an integer (Python or NumPy) in [1, d_key].
     """
     d = k.shape[-1]
-    if not 1 <= nu <= d:
-        raise VariantError(f"nu: got {nu}; expected an integer in [1, d_key={d}] for the key-space backward")
+    # an integer (Python or NumPy; not a bool, not 2.0, which failed in range() deep in the op)
+    if isinstance(nu, bool) or not isinstance(nu, numbers.Integral) or not 1 <= nu <= d:
+        raise VariantError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for the key-space backward")
+    nu = int(nu)
     if phi_q.shape[-2:] != (1, 2 * d * nu):
         raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected (…, 1, 2·d_key·ν = {2 * d * nu})")
     if phi_q.shape[:-2] != k.shape[:-2]:  # the compiled loops read one query per key row, unchecked
