@@ -85,3 +85,79 @@ def test_the_parallel_delta_rule_before_an_overflowing_key_is_the_plain_product(
     y_dirty, _ = attention(**dirty, form="parallel")
     assert torch.equal(y_dirty[:, :, :BAD], y[:, :, :BAD])
     assert torch.equal(y_dirty[1], y[1]) and torch.equal(y_dirty[0, 0], y[0, 0])
+
+
+def _expanded_over_features(T: int = 3, d: int = 2) -> torch.Tensor:
+    """One number per token broadcast over the key dimension: strides (…, 1, 0), not dense."""
+    return torch.randn(1, 1, T, 1, generator=torch.Generator().manual_seed(0)).expand(1, 1, T, d)
+
+
+def _overlapping(T: int = 12, d: int = 4) -> torch.Tensor:
+    """Sliding windows of one sequence: token t's entry i is token t+1's entry i−1 (strides … 1, 1)."""
+    return torch.randn(2, 2, T + d - 1, generator=torch.Generator().manual_seed(0)).unfold(-1, d, 1)
+
+
+def _shares_expanded(x: torch.Tensor) -> torch.Tensor:
+    shares = torch.zeros_like(x, dtype=torch.bool)
+    shares[0, 0, 1, :] = True  # every entry of token 1 is one number
+    return shares
+
+
+def _shares_overlapping(x: torch.Tensor) -> torch.Tensor:
+    t, i = torch.meshgrid(torch.arange(x.shape[2]), torch.arange(x.shape[3]), indexing="ij")
+    shares = torch.zeros_like(x, dtype=torch.bool)
+    shares[0, 0] = t + i == 2  # entry [1, 1] is sequence element 2
+    return shares
+
+
+@pytest.mark.parametrize(("make", "shares"), [(_expanded_over_features, _shares_expanded),
+                                              (_overlapping, _shares_overlapping)], ids=["expanded", "overlapping"])
+def test_zeroing_keeps_an_expanded_or_overlapping_layout(make, shares):
+    """Break-it finding: ``clone`` returned a contiguous copy of an expanded or overlapping ``x``
+    (strides (6, 6, 2, 1) for (3, 3, 1, 0)); an entry zeroed is zeroed in every element sharing it."""
+    x = make()
+    bad = torch.zeros_like(x, dtype=torch.bool)
+    bad[0, 0, 1, 1] = True
+    zeroed = zeroed_in_layout(x, bad)
+    assert zeroed.stride() == x.stride()
+    assert torch.equal(zeroed, x.masked_fill(shares(x), 0.0))
+    assert (x != 0).all()  # x itself untouched
+
+
+def test_softmax_before_a_nan_is_unchanged_with_an_expanded_query():
+    """Break-it finding (AMD EPYC, MKL's AVX2 path): q = randn(1, 1, 3, 1).expand(1, 1, 3, 2) (one
+    number per token broadcast over d_key), k, v random and v[2, 0] = NaN: output [1, 0] was
+    -0.0961161330 against -0.0961161107 without the NaN, and [2, 1] (no NaN reaches it) -0.8049545288
+    against -0.8049544692, because the fused kernel got a contiguous copy of q. Now bit for bit."""
+    attention = variants.build_attention("softmax", d_key=2).eval()
+    for T in (3, 12):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 1, T, 1, generator=g).expand(1, 1, T, 2)
+        k, v = torch.randn(1, 1, T, 2, generator=g), torch.randn(1, 1, T, 2, generator=g)
+        dirty = v.clone()
+        dirty[0, 0, T - 1, 0] = float("nan")
+        y, _ = attention(q, k, v, form="parallel")
+        y_dirty, _ = attention(q, k, dirty, form="parallel")
+        assert torch.equal(y_dirty[..., : T - 1, :], y[..., : T - 1, :])
+        assert torch.equal(y_dirty[..., 1], y[..., 1])
+        assert torch.isnan(y_dirty[0, 0, T - 1, 0])
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_softmax_before_a_nan_in_an_overlapping_input_is_unchanged(where):
+    """The NaN sits in memory that several entries of an overlapping input share (a sliding-window
+    view): the outputs before the first token it appears in are those without it, bit for bit."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    g = torch.Generator().manual_seed(2)
+    inputs = {name: torch.randn(2, 2, 12, 4, generator=g) for name in "qkv"}
+    inputs[where] = _overlapping()
+    base = torch.randn(2, 2, 15, generator=torch.Generator().manual_seed(0))
+    base[0, 1, 8] = float("nan")  # entry 3 of token 5, entry 2 of token 6, …, entry 0 of token 8
+    dirty = dict(inputs, **{where: base.unfold(-1, 4, 1)})
+    y, _ = attention(**inputs, form="parallel")
+    y_dirty, _ = attention(**dirty, form="parallel")
+    y_recurrent, _ = attention(**dirty, form="recurrent")
+    assert torch.equal(y_dirty[:, :, :5], y[:, :, :5]) and torch.equal(y_dirty[1], y[1])
+    assert torch.equal(y_dirty[0, 0], y[0, 0])
+    assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y_dirty[0, 1, 5:]).all()
