@@ -161,3 +161,69 @@ def test_softmax_before_a_nan_in_an_overlapping_input_is_unchanged(where):
     assert torch.equal(y_dirty[0, 0], y[0, 0])
     assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
     assert not torch.isfinite(y_dirty[0, 1, 5:]).all()
+
+
+def _small_softmax_inputs(dtype: torch.dtype, T: int = 8, P: int = 0):
+    g = torch.Generator().manual_seed(0)
+    if dtype == torch.float32:  # the first draw of the break-it probe: the fp32 case after a bf16 and an fp16 one
+        for _ in range(2):
+            [torch.randn(1, 1, T, d, generator=g) for d in (4, 4, 1)]
+    q, k, v = (torch.randn(1, 1, T, d, generator=g).to(dtype) for d in (4, 4, 1))
+    caches = [torch.randn(1, 1, P, d, generator=g).to(dtype) for d in (4, 1)] if P else [None, None]
+    return q, k, v, *caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_softmax_before_a_key_whose_logits_overflow_is_unchanged(dtype):
+    """Break-it finding: a finite key of 3e38 in every entry at token 6 (d_key = 4, T = 8): the fused
+    kernel adds the mask to the logits, and a masked logit q_5 · k_6 / 2 = +inf plus −inf is NaN, so
+    output 5 (fp32; output 3 in bf16) was NaN, before the key; the outputs before it are now the
+    clean ones bit for bit, and those from it on non-finite where the recurrent form's are."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    q, k, v, _, _ = _small_softmax_inputs(dtype)
+    huge = k.clone()
+    huge[0, 0, 6] = 3e38
+    y, _ = attention(q, k, v, form="parallel")
+    y_huge, _ = attention(q, huge, v, form="parallel")
+    y_recurrent, _ = attention(q, huge, v, form="recurrent")
+    assert torch.equal(y_huge[..., :6, :], y[..., :6, :])
+    assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y_huge).all()  # the key overflows the logits of a later query
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_softmax_with_an_overflowing_key_in_the_cache(window):
+    """The huge key in the KV cache (P = 5, key 2), with a NaN value at new token 6: queries the
+    window keeps away from both are the clean ones bit for bit, and no output is NaN that the
+    recurrent form gives finite."""
+    spec = "softmax" if window is None else f"softmax:window={window}"
+    attention = variants.build_attention(spec, d_key=4).eval()
+    q, k, v, k_cache, v_cache = _small_softmax_inputs(torch.float32, P=5)
+    state = variants.KVCacheState(k_cache, v_cache, 5)
+    huge_cache = k_cache.clone()
+    huge_cache[0, 0, 2] = 3e38
+    dirty_v = v.clone()
+    dirty_v[0, 0, 6, 0] = float("nan")
+    huge_state = variants.KVCacheState(huge_cache, v_cache, 5)
+    y, _ = attention(q, k, v, state=state, form="parallel")
+    y_dirty, _ = attention(q, k, dirty_v, state=huge_state, form="parallel")
+    y_recurrent, _ = attention(q, k, dirty_v, state=huge_state, form="recurrent")
+    assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
+    if window is None:
+        assert not torch.isfinite(y_dirty).all()
+    else:  # key 2 is seen by no new query (global positions 5…12), the NaN from token 6 on
+        assert torch.equal(y_dirty[..., :6, :], y[..., :6, :])
+        assert torch.isfinite(y_dirty[..., :6, :]).all() and torch.isnan(y_dirty[..., 6:8, :]).all()
+
+
+def test_softmax_with_a_query_whose_logits_overflow_changes_that_query_only():
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    q, k, v, _, _ = _small_softmax_inputs(torch.float32)
+    huge = q.clone()
+    huge[0, 0, 3] = 3e38
+    y, _ = attention(q, k, v, form="parallel")
+    y_huge, _ = attention(huge, k, v, form="parallel")
+    y_recurrent, _ = attention(huge, k, v, form="recurrent")
+    others = torch.arange(8) != 3
+    assert torch.equal(y_huge[..., others, :], y[..., others, :])
+    assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))
