@@ -109,7 +109,7 @@ def test_a_finite_value_that_overflows_inside_a_chunk_leaves_the_fwm_rule_causal
 UNNORM_SPECS = ["linear-delta-unnorm", "favor-delta-unnorm:m=4", "dpfp-delta-unnorm:nu=1"]
 
 
-@pytest.mark.parametrize("scale", [1e10, 1e20, 1e38, -1e38])
+@pytest.mark.parametrize("scale", [1e10, 1e20, 1e38, -1e38, 3e38, -3e38])
 @pytest.mark.parametrize("where", ["q", "k", "v", "beta"])
 @pytest.mark.parametrize("spec", [*ALL_SPECS, *UNNORM_SPECS])
 def test_a_finite_value_whose_products_overflow_leaves_every_earlier_output_unchanged(spec, where, scale):

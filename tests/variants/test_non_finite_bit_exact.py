@@ -85,3 +85,145 @@ def test_the_parallel_delta_rule_before_an_overflowing_key_is_the_plain_product(
     y_dirty, _ = attention(**dirty, form="parallel")
     assert torch.equal(y_dirty[:, :, :BAD], y[:, :, :BAD])
     assert torch.equal(y_dirty[1], y[1]) and torch.equal(y_dirty[0, 0], y[0, 0])
+
+
+def _expanded_over_features(T: int = 3, d: int = 2) -> torch.Tensor:
+    """One number per token broadcast over the key dimension: strides (…, 1, 0), not dense."""
+    return torch.randn(1, 1, T, 1, generator=torch.Generator().manual_seed(0)).expand(1, 1, T, d)
+
+
+def _overlapping(T: int = 12, d: int = 4) -> torch.Tensor:
+    """Sliding windows of one sequence: token t's entry i is token t+1's entry i−1 (strides … 1, 1)."""
+    return torch.randn(2, 2, T + d - 1, generator=torch.Generator().manual_seed(0)).unfold(-1, d, 1)
+
+
+def _shares_expanded(x: torch.Tensor) -> torch.Tensor:
+    shares = torch.zeros_like(x, dtype=torch.bool)
+    shares[0, 0, 1, :] = True  # every entry of token 1 is one number
+    return shares
+
+
+def _shares_overlapping(x: torch.Tensor) -> torch.Tensor:
+    t, i = torch.meshgrid(torch.arange(x.shape[2]), torch.arange(x.shape[3]), indexing="ij")
+    shares = torch.zeros_like(x, dtype=torch.bool)
+    shares[0, 0] = t + i == 2  # entry [1, 1] is sequence element 2
+    return shares
+
+
+@pytest.mark.parametrize(("make", "shares"), [(_expanded_over_features, _shares_expanded),
+                                              (_overlapping, _shares_overlapping)], ids=["expanded", "overlapping"])
+def test_zeroing_keeps_an_expanded_or_overlapping_layout(make, shares):
+    """Break-it finding: ``clone`` returned a contiguous copy of an expanded or overlapping ``x``
+    (strides (6, 6, 2, 1) for (3, 3, 1, 0)); an entry zeroed is zeroed in every element sharing it."""
+    x = make()
+    bad = torch.zeros_like(x, dtype=torch.bool)
+    bad[0, 0, 1, 1] = True
+    zeroed = zeroed_in_layout(x, bad)
+    assert zeroed.stride() == x.stride()
+    assert torch.equal(zeroed, x.masked_fill(shares(x), 0.0))
+    assert (x != 0).all()  # x itself untouched
+
+
+def test_softmax_before_a_nan_is_unchanged_with_an_expanded_query():
+    """Break-it finding (AMD EPYC, MKL's AVX2 path): q = randn(1, 1, 3, 1).expand(1, 1, 3, 2) (one
+    number per token broadcast over d_key), k, v random and v[2, 0] = NaN: output [1, 0] was
+    -0.0961161330 against -0.0961161107 without the NaN, and [2, 1] (no NaN reaches it) -0.8049545288
+    against -0.8049544692, because the fused kernel got a contiguous copy of q. Now bit for bit."""
+    attention = variants.build_attention("softmax", d_key=2).eval()
+    for T in (3, 12):
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(1, 1, T, 1, generator=g).expand(1, 1, T, 2)
+        k, v = torch.randn(1, 1, T, 2, generator=g), torch.randn(1, 1, T, 2, generator=g)
+        dirty = v.clone()
+        dirty[0, 0, T - 1, 0] = float("nan")
+        y, _ = attention(q, k, v, form="parallel")
+        y_dirty, _ = attention(q, k, dirty, form="parallel")
+        assert torch.equal(y_dirty[..., : T - 1, :], y[..., : T - 1, :])
+        assert torch.equal(y_dirty[..., 1], y[..., 1])
+        assert torch.isnan(y_dirty[0, 0, T - 1, 0])
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_softmax_before_a_nan_in_an_overlapping_input_is_unchanged(where):
+    """The NaN sits in memory that several entries of an overlapping input share (a sliding-window
+    view): the outputs before the first token it appears in are those without it, bit for bit."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    g = torch.Generator().manual_seed(2)
+    inputs = {name: torch.randn(2, 2, 12, 4, generator=g) for name in "qkv"}
+    inputs[where] = _overlapping()
+    base = torch.randn(2, 2, 15, generator=torch.Generator().manual_seed(0))
+    base[0, 1, 8] = float("nan")  # entry 3 of token 5, entry 2 of token 6, …, entry 0 of token 8
+    dirty = dict(inputs, **{where: base.unfold(-1, 4, 1)})
+    y, _ = attention(**inputs, form="parallel")
+    y_dirty, _ = attention(**dirty, form="parallel")
+    y_recurrent, _ = attention(**dirty, form="recurrent")
+    assert torch.equal(y_dirty[:, :, :5], y[:, :, :5]) and torch.equal(y_dirty[1], y[1])
+    assert torch.equal(y_dirty[0, 0], y[0, 0])
+    assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y_dirty[0, 1, 5:]).all()
+
+
+def _small_softmax_inputs(dtype: torch.dtype, T: int = 8, P: int = 0):
+    g = torch.Generator().manual_seed(0)
+    if dtype == torch.float32:  # the first draw of the break-it probe: the fp32 case after a bf16 and an fp16 one
+        for _ in range(2):
+            [torch.randn(1, 1, T, d, generator=g) for d in (4, 4, 1)]
+    q, k, v = (torch.randn(1, 1, T, d, generator=g).to(dtype) for d in (4, 4, 1))
+    caches = [torch.randn(1, 1, P, d, generator=g).to(dtype) for d in (4, 1)] if P else [None, None]
+    return q, k, v, *caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_softmax_before_a_key_whose_logits_overflow_is_unchanged(dtype):
+    """Break-it finding: a finite key of 3e38 in every entry at token 6 (d_key = 4, T = 8): the fused
+    kernel adds the mask to the logits, and a masked logit q_5 · k_6 / 2 = +inf plus −inf is NaN, so
+    output 5 (fp32; output 3 in bf16) was NaN, before the key; the outputs before it are now the
+    clean ones bit for bit, and those from it on non-finite where the recurrent form's are."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    q, k, v, _, _ = _small_softmax_inputs(dtype)
+    huge = k.clone()
+    huge[0, 0, 6] = 3e38
+    y, _ = attention(q, k, v, form="parallel")
+    y_huge, _ = attention(q, huge, v, form="parallel")
+    y_recurrent, _ = attention(q, huge, v, form="recurrent")
+    assert torch.equal(y_huge[..., :6, :], y[..., :6, :])
+    assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y_huge).all()  # the key overflows the logits of a later query
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_softmax_with_an_overflowing_key_in_the_cache(window):
+    """The huge key in the KV cache (P = 5, key 2), with a NaN value at new token 6: queries the
+    window keeps away from both are the clean ones bit for bit, and no output is NaN that the
+    recurrent form gives finite."""
+    spec = "softmax" if window is None else f"softmax:window={window}"
+    attention = variants.build_attention(spec, d_key=4).eval()
+    q, k, v, k_cache, v_cache = _small_softmax_inputs(torch.float32, P=5)
+    state = variants.KVCacheState(k_cache, v_cache, 5)
+    huge_cache = k_cache.clone()
+    huge_cache[0, 0, 2] = 3e38
+    dirty_v = v.clone()
+    dirty_v[0, 0, 6, 0] = float("nan")
+    huge_state = variants.KVCacheState(huge_cache, v_cache, 5)
+    y, _ = attention(q, k, v, state=state, form="parallel")
+    y_dirty, _ = attention(q, k, dirty_v, state=huge_state, form="parallel")
+    y_recurrent, _ = attention(q, k, dirty_v, state=huge_state, form="recurrent")
+    assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
+    if window is None:
+        assert not torch.isfinite(y_dirty).all()
+    else:  # key 2 is seen by no new query (global positions 5…12), the NaN from token 6 on
+        assert torch.equal(y_dirty[..., :6, :], y[..., :6, :])
+        assert torch.isfinite(y_dirty[..., :6, :]).all() and torch.isnan(y_dirty[..., 6:8, :]).all()
+
+
+def test_softmax_with_a_query_whose_logits_overflow_changes_that_query_only():
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    q, k, v, _, _ = _small_softmax_inputs(torch.float32)
+    huge = q.clone()
+    huge[0, 0, 3] = 3e38
+    y, _ = attention(q, k, v, form="parallel")
+    y_huge, _ = attention(huge, k, v, form="parallel")
+    y_recurrent, _ = attention(huge, k, v, form="recurrent")
+    others = torch.arange(8) != 3
+    assert torch.equal(y_huge[..., others, :], y[..., others, :])
+    assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))

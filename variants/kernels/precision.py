@@ -70,9 +70,21 @@ def zeroed_in_layout(x: Tensor, bad: Tensor) -> Tensor:
     another kernel, and so another summation order, for a row-major operand than for a column-major
     one (MKL's AVX2 path on an AMD EPYC: 1 ulp of the largest term apart), and ``masked_fill``
     returns a row-major copy of a column-major ``x`` (``solve_triangular``'s result); the product's
-    unreached entries must be those of the plain product, bit for bit, on any machine."""
+    unreached entries must be those of the plain product, bit for bit, on any machine.
+
+    ``clone`` keeps the strides of a dense ``x`` only; an expanded one (a stride of 0: one query
+    broadcast over the key dimension, one key over the tokens) came back contiguous, and the fused
+    attention kernel rounds a contiguous operand differently (2e-8 apart before t). Such an ``x`` is
+    copied as the memory it reads, and viewed with its own strides again; an entry that several
+    elements share is zeroed for all of them (``bad`` marks non-finite values, which they share)."""
     zeroed = x.clone()  # preserve_format: the strides of a dense x are kept
-    return zeroed.masked_fill_(bad, 0.0)
+    if zeroed.stride() == x.stride() or x.numel() == 0:
+        return zeroed.masked_fill_(bad, 0.0)
+    span = 1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))
+    memory = x.as_strided((span,), (1,), x.storage_offset()).clone()
+    where = torch.arange(span, device=x.device).as_strided(x.shape, x.stride())[bad]  # memory index per bad entry
+    memory = memory.index_fill(0, where, 0.0)
+    return memory.as_strided(x.shape, x.stride())
 
 
 def denormals_are_flushed() -> bool:

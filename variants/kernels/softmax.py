@@ -5,7 +5,8 @@
 Shapes: q, k (B, H, T, d_key); v (B, H, T, d_v); cached keys and values (B, H, P, ·) hold the
 P tokens before this call. With ``window`` set, each query sees only its last ``window`` keys
 (itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all.
-A NaN or ±inf in a key or value reaches only the queries at or after it, as in the recurrent form.
+A NaN or ±inf in a key or value reaches only the queries at or after it, as in the recurrent form,
+and so does a finite key whose logits overflow (the fused kernel is then kept from it).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from .precision import all_finite, masked_matmul, zeroed_in_layout
+from .precision import masked_matmul, zeroed_in_layout
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -46,11 +47,51 @@ def softmax_parallel(
     if T == 0:
         return v.new_zeros(v.shape), *_trim(keys, values, window)
     mask = _causal_mask(T, P, window, q.device)
-    if all_finite(q, keys, values):
+    if _fused_kernel_is_safe(q, keys, values):
         y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
     else:  # the fused kernel adds the mask to the logits and multiplies masked weights by values
         y = _causal_with_non_finite(q, keys, values, mask)
     return y, *_trim(keys, values, window)
+
+
+def _logit_limit(q: Tensor) -> float:
+    """Half the largest logit the fused kernel can hold: it forms fp16/bf16 logits in fp32."""
+    return torch.finfo(torch.float64 if q.dtype == torch.float64 else torch.float32).max / 2
+
+
+def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """The queries (B, H, T) and keys (B, H, P + T) to keep from the fused kernel because a logit
+    q_t · k_j of theirs may overflow (|q·k| ≤ ‖q‖∞ ‖k‖₁; the scale 1/√d ≤ 1 only shrinks it),
+    non-finite entries read as 0. Of such a pair the one above √limit is marked (one is, as the
+    bound is a product), so that a huge key marks that key (the queries from it on), not every
+    query before it, and a huge query marks its own row only."""
+    wide = torch.float64
+    q_max = torch.where(torch.isfinite(q), q.abs(), 0).to(wide).amax(-1)  # (B, H, T)
+    k_l1 = torch.where(torch.isfinite(keys), keys.abs(), 0).to(wide).sum(-1)  # (B, H, P + T)
+    limit = _logit_limit(q)
+    root = math.sqrt(limit)
+    huge_q = (q_max > root) & (q_max * k_l1.amax(-1, keepdim=True) > limit)
+    huge_k = (k_l1 > root) & (k_l1 * q_max.amax(-1, keepdim=True) > limit)
+    return huge_q, huge_k
+
+
+def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
+    """Whether q, keys and values are all finite and no logit q_t · k_j can overflow, masked ones
+    included: the fused kernel adds the mask to a logit, and inf + (−inf) = NaN turned the query's
+    whole output NaN (softmax, k[6] = 3e38 in every entry: output 5 NaN, before the key).
+
+    |q_t · k_j| ≤ ‖Q‖ ‖K‖ (Frobenius norms). A norm, like a sum, is finite only if every entry is
+    (NaN and ±inf propagate); a norm or sum that overflows sends the call to the explicit path,
+    which is right for any input, only slower. One pass over each tensor and one host
+    synchronisation, as ``all_finite``."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if not (q.numel() and keys.numel()):
+        return all(bool(torch.isfinite(x).all()) for x in (q, keys, values))
+    stats = torch.stack([torch.linalg.vector_norm(q, dtype=dtype), torch.linalg.vector_norm(keys, dtype=dtype),
+                         values.sum(dtype=dtype)]).tolist()
+    if not all(math.isfinite(x) for x in stats):
+        return False
+    return stats[0] * stats[1] <= _logit_limit(q)
 
 
 def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
@@ -62,8 +103,11 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     explicit product round differently. An entry that sees one is the explicit form's: a masked logit
     replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
     queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
-    ``allowed[t, j]``."""
+    ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
+    as non-finite: the fused kernel would add the mask to an infinite logit."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
+    huge_q, huge_k = _overflowing(q, keys)
+    bad_q, bad_k = bad_q | huge_q[..., None], bad_k | huge_k[..., None]
     seen = allowed.to(q.dtype)
     touched = (bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0))[..., None]
     touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
