@@ -9,7 +9,9 @@ dropped; the optimiser never applies a non-finite gradient. Whatever the schedul
 that did not diverge ends with is evaluated: a run stopped by its budget between two evaluations
 (``max_steps`` not a multiple of ``eval_every``) gets one more evaluation at its last step. A
 diverged run is not evaluated again: its final evaluation is the last one before the divergence
-(the curve's last point, at a step before ``diverged_at``), or none.
+(the curve's last point, at a step before ``diverged_at``), or none; where the evaluation loss itself
+went non-finite, that evaluation is the final one, at ``diverged_at`` (its loss recorded as null and
+named in the record's ``non_finite``).
 
 Random streams, all derived from the run seed: the model's initial weights (torch's global RNG
 after ``torch.manual_seed(seed)``), the training and evaluation data, FAVOR+'s feature redraws
@@ -59,7 +61,8 @@ class FitResult:
     ``best_eval`` and ``final_eval`` are empty when no evaluation finished (a run that diverged
     before its first one): never measured, so the record holds null there, not infinity. For a
     diverged run ``final_eval`` is its last evaluation before ``diverged_at``, not one of the model it
-    stopped with.
+    stopped with, except where that evaluation's loss was what went non-finite: then it is that
+    evaluation, at ``diverged_at``.
     """
 
     status: str  # converged | plateau | max_steps | diverged

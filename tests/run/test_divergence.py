@@ -3,6 +3,7 @@ optimiser never applies a non-finite update; the grid goes on (see also ``test_b
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -136,3 +137,14 @@ def test_gradient_check_finds_nan_and_inf_and_passes_sums_that_overflow():
     assert _gradients_finite(sparse)
     sparse.weight.grad = torch.sparse_coo_tensor([[1]], [[float("nan"), 0.0, 0.0]], (4, 3), check_invariants=True)
     assert not _gradients_finite(sparse)
+
+
+def test_a_diverged_runs_final_evaluation_is_the_last_before_diverged_at_or_the_non_finite_one():
+    """As the module docstring says: a run diverged by its training loss keeps its last evaluation
+    before ``diverged_at`` as the final one; a run whose evaluation loss went non-finite ends on that
+    evaluation, at ``diverged_at`` (evaluations at steps 2, 4, …)."""
+    by_loss = fit("fault", "linear", FaultConfig(fault="nan_loss", at=3), seed=1, device=torch.device("cpu"))
+    assert by_loss.diverged_at == 3 and by_loss.curve[-1]["step"] == 2 and by_loss.final_eval == {"loss": 1.0}
+    by_eval = fit("fault", "linear", FaultConfig(fault="nan_eval", at=3), seed=1, device=torch.device("cpu"))
+    assert by_eval.diverged_at == 4 and by_eval.curve[-1]["step"] == 4
+    assert math.isnan(by_eval.final_eval["loss"]) and by_eval.best_eval == {"loss": 1.0}
