@@ -227,3 +227,47 @@ def test_softmax_with_a_query_whose_logits_overflow_changes_that_query_only():
     others = torch.arange(8) != 3
     assert torch.equal(y_huge[..., others, :], y[..., others, :])
     assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+def test_softmax_with_an_overflowing_entry_in_an_overlapping_input(where):
+    """Break-it finding: q or k sliding windows of one sequence (unfold, d_key = 4, T = 12), sequence
+    element 9 = 3e38 (entry 3 of token 6 … entry 0 of token 9): whole rows 6…9 were zeroed in the
+    memory they share with tokens 3…5 and 10, 11, so (k) outputs 3, 4, 5 were 0.2139, -0.1094,
+    -0.3227 against 0.2188, -0.1722, -0.3590 without the huge entry, and (q) outputs 3, 4, 5, 10, 11
+    changed likewise; now the outputs no huge entry reaches are bit for bit those without it."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(1, 1, 15, generator=g)
+    inputs = {"q": torch.randn(1, 1, 12, 4, generator=g), "k": torch.randn(1, 1, 12, 4, generator=g),
+              "v": torch.randn(1, 1, 12, 1, generator=g)}
+    inputs[where] = base.unfold(-1, 4, 1)
+    huge = base.clone()
+    huge[0, 0, 9] = 3e38
+    dirty = dict(inputs, **{where: huge.unfold(-1, 4, 1)})
+    y, _ = attention(**inputs, form="parallel")
+    y_dirty, _ = attention(**dirty, form="parallel")
+    y_recurrent, _ = attention(**dirty, form="recurrent")
+    reached = torch.arange(12) >= 6 if where == "k" else (torch.arange(12) >= 6) & (torch.arange(12) <= 9)
+    assert torch.equal(y_dirty[..., ~reached, :], y[..., ~reached, :])
+    assert torch.equal(torch.isfinite(y_dirty), torch.isfinite(y_recurrent))
+    assert not torch.isfinite(y_dirty).all()
+
+
+def test_softmax_with_an_overflowing_key_shared_by_heads():
+    """Break-it finding: one key sequence expanded over 2 heads (multi-query attention), k[6] = 1e19
+    in every entry, head 0's queries scaled by 1e20 (its logits with key 6 overflow), head 1's
+    randn: key 6 was zeroed for head 1 too (one memory entry), and head 1's outputs 6 and 7 were
+    0.2096 and -0.1208 against the recurrent form's 0.7813 and -0.1973; now within rounding."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 8, 4, generator=g)
+    q[0, 0] *= 1e20
+    k = torch.randn(1, 1, 8, 4, generator=g)
+    k[0, 0, 6] = 1e19
+    k = k.expand(1, 2, 8, 4)
+    v = torch.randn(1, 2, 8, 1, generator=g)
+    y, _ = attention(q, k, v, form="parallel")
+    y_recurrent, _ = attention(q, k, v, form="recurrent")
+    torch.testing.assert_close(y[0, 1], y_recurrent[0, 1])
+    assert torch.equal(torch.isfinite(y), torch.isfinite(y_recurrent))

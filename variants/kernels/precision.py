@@ -76,7 +76,9 @@ def zeroed_in_layout(x: Tensor, bad: Tensor) -> Tensor:
     broadcast over the key dimension, one key over the tokens) came back contiguous, and the fused
     attention kernel rounds a contiguous operand differently (2e-8 apart before t). Such an ``x`` is
     copied as the memory it reads, and viewed with its own strides again; an entry that several
-    elements share is zeroed for all of them (``bad`` marks non-finite values, which they share)."""
+    elements share is zeroed for all of them, so ``bad`` must mark by value (non-finite, or, in
+    softmax, too large against the other operand's largest entry), alike for every element that
+    shares an entry."""
     zeroed = x.clone()  # preserve_format: the strides of a dense x are kept
     if zeroed.stride() == x.stride() or x.numel() == 0:
         return zeroed.masked_fill_(bad, 0.0)

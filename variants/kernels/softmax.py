@@ -60,18 +60,28 @@ def _logit_limit(q: Tensor) -> float:
 
 
 def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """The queries (B, H, T) and keys (B, H, P + T) to keep from the fused kernel because a logit
-    q_t · k_j of theirs may overflow (|q·k| ≤ ‖q‖∞ ‖k‖₁; the scale 1/√d ≤ 1 only shrinks it),
-    non-finite entries read as 0. Of such a pair the one above √limit is marked (one is, as the
-    bound is a product), so that a huge key marks that key (the queries from it on), not every
-    query before it, and a huge query marks its own row only."""
+    """The entries of q (B, H, T, d) and keys (B, H, P + T, d) to keep from the fused kernel
+    because a logit q_t · k_j they enter may overflow, non-finite entries read as 0.
+
+    An entry is marked by its own magnitude and the largest magnitude of the other tensor (over
+    all of it, every batch row and head), never by its row or head: an expanded or overlapping input
+    shares one memory entry between several elements (a key broadcast over heads, sliding windows of
+    one sequence), and :func:`zeroed_in_layout` zeroes an entry for every element that shares it, so
+    a mark that differed between them zeroed a key of a head or token that no overflow reaches (k
+    expanded over 2 heads, k[6] = 1e19, head 0's queries ×1e20: head 1's outputs 6 and 7 were
+    0.2096 and −0.1208 against the recurrent form's 0.7813 and −0.1973). After the marked entries
+    are zeroed every term |q_i k_i| ≤ limit / d, so |q · k| ≤ limit (the scale 1/√d ≤ 1 only
+    shrinks it): of an unmarked pair either both are at most √(limit / d), or the larger one times
+    the other tensor's largest entry is at most limit / d."""
     wide = torch.float64
-    q_max = torch.where(torch.isfinite(q), q.abs(), 0).to(wide).amax(-1)  # (B, H, T)
-    k_l1 = torch.where(torch.isfinite(keys), keys.abs(), 0).to(wide).sum(-1)  # (B, H, P + T)
-    limit = _logit_limit(q)
-    root = math.sqrt(limit)
-    huge_q = (q_max > root) & (q_max * k_l1.amax(-1, keepdim=True) > limit)
-    huge_k = (k_l1 > root) & (k_l1 * q_max.amax(-1, keepdim=True) > limit)
+    q_abs = torch.where(torch.isfinite(q), q.abs(), 0).to(wide)
+    k_abs = torch.where(torch.isfinite(keys), keys.abs(), 0).to(wide)
+    per_term = _logit_limit(q) / max(q.shape[-1], 1)
+    root = math.sqrt(per_term)
+    q_top = q_abs.max() if q_abs.numel() else q_abs.new_zeros(())
+    k_top = k_abs.max() if k_abs.numel() else k_abs.new_zeros(())
+    huge_q = (q_abs > root) & (q_abs * k_top > per_term)
+    huge_k = (k_abs > root) & (k_abs * q_top > per_term)
     return huge_q, huge_k
 
 
@@ -107,7 +117,7 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     as non-finite: the fused kernel would add the mask to an infinite logit."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
     huge_q, huge_k = _overflowing(q, keys)
-    bad_q, bad_k = bad_q | huge_q[..., None], bad_k | huge_k[..., None]
+    bad_q, bad_k = bad_q | huge_q, bad_k | huge_k
     seen = allowed.to(q.dtype)
     touched = (bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0))[..., None]
     touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
