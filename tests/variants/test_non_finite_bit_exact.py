@@ -271,3 +271,23 @@ def test_softmax_with_an_overflowing_key_shared_by_heads():
     y_recurrent, _ = attention(q, k, v, form="recurrent")
     torch.testing.assert_close(y[0, 1], y_recurrent[0, 1])
     assert torch.equal(torch.isfinite(y), torch.isfinite(y_recurrent))
+
+
+@pytest.mark.parametrize("form", ["recurrent", "parallel"])
+def test_softmax_fp16_logits_past_65504_stay_finite(form):
+    """Break-it finding: fp16, d_key = 4, T = 8, q[5] = 65504 in every entry (finite; its logits,
+    about 1e5, are past fp16's largest value but not fp32's): the recurrent form, and the parallel
+    form's explicit path (taken here for k[2, 0] = -inf, whose weight is exactly 0 for a positive
+    query), formed the logits in fp16, so output 5 was NaN; the fused kernel forms them in fp32.
+    Now every form computes fp16 and bf16 in fp32: output 5 is the fp32 computation's, rounded."""
+    attention = variants.build_attention("softmax", d_key=4).eval()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 8, d, generator=g) for d in (4, 4, 2))
+    q[0, 0, 5] = 65504.0
+    k[0, 0, 2, 0] = float("-inf")
+    y, _ = attention(q.half(), k.half(), v.half(), form=form)
+    expected, _ = attention(q.half().float(), k.half().float(), v.half().float(), form="recurrent")
+    assert y.dtype == torch.float16
+    assert torch.isfinite(expected[..., 5, :]).all()
+    torch.testing.assert_close(y[..., 5, :], expected[..., 5, :].half(), atol=2e-3, rtol=2e-3)
+    assert torch.equal(torch.isnan(y), torch.isnan(expected))

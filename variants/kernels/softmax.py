@@ -16,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from .precision import masked_matmul, zeroed_in_layout
+from .precision import compute_dtype, masked_matmul, zeroed_in_layout
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -123,9 +123,10 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
     clean = torch.nn.functional.scaled_dot_product_attention(
         *(zeroed_in_layout(x, bad) for x, bad in ((q, bad_q), (keys, bad_k), (values, bad_v))), attn_mask=allowed)
-    logits = (q @ keys.mT) * (1.0 / math.sqrt(q.shape[-1]))
+    wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
+    logits = (q.to(wide) @ keys.to(wide).mT) * (1.0 / math.sqrt(q.shape[-1]))
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    return torch.where(touched, masked_matmul(weights, values, allowed), clean)
+    return torch.where(touched, masked_matmul(weights, values.to(wide), allowed).to(clean.dtype), clean)
 
 
 def softmax_recurrent(
@@ -137,14 +138,15 @@ def softmax_recurrent(
     keys = k.new_zeros(B, H, 0, d_key) if k_cache is None else k_cache.to(k.dtype)
     values = v.new_zeros(B, H, 0, v.shape[-1]) if v_cache is None else v_cache.to(v.dtype)
     scale = 1.0 / math.sqrt(d_key)
+    wide = compute_dtype(q, k, v)  # as the fused kernel: fp16 and bf16 logits and sums in fp32
     outputs = []
     for t in range(T):
         keys = torch.cat([keys, k[:, :, t : t + 1]], dim=2)
         values = torch.cat([values, v[:, :, t : t + 1]], dim=2)
         if window is not None:
             keys, values = keys[:, :, -window:], values[:, :, -window:]
-        weights = torch.softmax((q[:, :, t : t + 1] @ keys.mT) * scale, dim=-1)
-        outputs.append(weights @ values)
+        weights = torch.softmax((q[:, :, t : t + 1].to(wide) @ keys.to(wide).mT) * scale, dim=-1)
+        outputs.append((weights @ values.to(wide)).to(v.dtype))
     y = torch.cat(outputs, dim=2) if outputs else v.new_zeros(v.shape)
     return y, *_trim(keys, values, window)
 
