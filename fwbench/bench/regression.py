@@ -33,6 +33,7 @@ lasts through all of them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -288,32 +289,46 @@ def baseline_cpu(path: Path) -> str | None:
     path = Path(path)
     if not path.exists():
         return None
-    return json.loads(path.read_text()).get("environment", {}).get("device_name")
+    return (json.loads(path.read_text()).get("environment") or {}).get("device_name")
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
-    """The baseline file of CPU model ``cpu`` (which may not exist yet): ``perf_baseline.json`` where
-    that file was measured on ``cpu`` or does not exist, else ``perf_baseline-<cpu, as a file name>.json``."""
-    default = Path(directory) / BASELINE_PATH.name
-    if baseline_cpu(default) in (None, cpu):
+    """The baseline file of CPU model ``cpu`` (which may not exist yet): a file that either does not
+    exist or says it was measured on ``cpu``, never another CPU's (nor one that does not say whose).
+
+    ``perf_baseline.json`` where that file was measured on ``cpu`` or does not exist, else
+    ``perf_baseline-<cpu, as a file name>.json``; where that name is another CPU's (two models that
+    differ only in case or punctuation, "AMD EPYC" and "AMD-EPYC"), the name gains 8 hex digits of a
+    hash of ``cpu``, so that neither is judged against, nor overwrites, the other's."""
+    directory = Path(directory)
+    default = directory / BASELINE_PATH.name
+    if not default.exists() or baseline_cpu(default) == cpu:
         return default
     slug = "".join(c if c.isalnum() else "-" for c in cpu.lower()).strip("-")
     slug = "-".join(part for part in slug.split("-") if part) or "unknown-cpu"
-    return Path(directory) / f"perf_baseline-{slug}.json"
+    named = directory / f"perf_baseline-{slug}.json"
+    if not named.exists() or baseline_cpu(named) == cpu:
+        return named
+    return directory / f"perf_baseline-{slug}-{hashlib.sha256(cpu.encode()).hexdigest()[:8]}.json"
 
 
 def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str | None]:
     """(the baseline file to judge this CPU against, a warning or None).
 
     The file measured on ``cpu`` where there is one; else ``perf_baseline.json``, with a warning that
-    its ratios come from another machine, so that a slowdown smaller than the machines' difference
-    can pass unnoticed (or an unchanged case fail)."""
+    its ratios come from another machine (or one it does not name), so that a slowdown smaller than
+    the machines' difference can pass unnoticed (or an unchanged case fail)."""
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
     default = Path(directory) / BASELINE_PATH.name
+    if not default.exists():
+        return default, (f"no performance baseline was measured on this CPU ({cpu!r}) and there is no {default.name}: "
+                         f"nothing is judged. On a quiet machine, `nox -s bench -- --update-baseline` writes {own.name}")
+    measured_on = baseline_cpu(default)
+    origin = repr(measured_on) if measured_on else "a CPU it does not name (no environment.device_name)"
     return default, (f"no performance baseline was measured on this CPU ({cpu!r}): judging against {default.name}, "
-                     f"measured on {baseline_cpu(default)!r}; ratios differ between machines (0.31-0.99x on an AMD "
+                     f"measured on {origin}; ratios differ between machines (0.31-0.99x on an AMD "
                      f"EPYC against an Intel Xeon), so a slowdown smaller than that can pass. On a quiet machine, "
                      f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU")
 

@@ -450,3 +450,38 @@ def test_a_kernel_case_calls_its_kernel_as_it_is_at_call_time(monkeypatch, name,
     shape, key_sums = calls[0]
     assert shape == (2, 8, 1024, 128)
     torch.testing.assert_close(key_sums, torch.ones_like(key_sums))
+
+
+def test_two_cpus_whose_names_give_one_file_name_keep_their_own_baselines(tmp_path):
+    """Break-it finding: "AMD-EPYC" gives the file name of "AMD EPYC"'s baseline, so it was judged
+    against the other CPU's ratios with no warning, and --update-baseline overwrote that file."""
+    intel = _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    amd = _baseline_on(tmp_path / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+    other = baseline_path_for("AMD-EPYC", tmp_path)
+    assert other not in (intel, amd) and other.name.startswith("perf_baseline-amd-epyc-")
+    path, warning = choose_baseline("AMD-EPYC", tmp_path)
+    assert path == intel and "'AMD-EPYC'" in warning and other.name in warning
+    _baseline_on(other, "AMD-EPYC", 0.7)
+    assert choose_baseline("AMD-EPYC", tmp_path) == (other, None)
+    assert choose_baseline("AMD EPYC", tmp_path) == (amd, None) and load_baseline(amd) == {"a": 0.5}
+    assert baseline_path_for("AMD-EPYC", tmp_path) == other
+
+
+@pytest.mark.parametrize("environment", [{}, {"device": "cpu"}, None], ids=["none", "no-device-name", "null"])
+def test_a_default_baseline_that_names_no_cpu_is_no_cpus_own(tmp_path, environment):
+    """Break-it finding: a perf_baseline.json without environment.device_name (an older file) was
+    taken as every CPU's own: "AMD EPYC" was judged against it although perf_baseline-amd-epyc.json
+    was measured there, and any other CPU with no warning; now the AMD file, and a warning naming
+    the unknown origin (``"environment": null`` raised AttributeError)."""
+    default = tmp_path / "perf_baseline.json"
+    default.write_text(json.dumps({"benchmarks": {"a": {"ratio": 2.0}}, "environment": environment}))
+    amd = _baseline_on(tmp_path / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+    assert choose_baseline("AMD EPYC", tmp_path) == (amd, None)
+    path, warning = choose_baseline("Intel(R) Xeon(R) Processor", tmp_path)
+    assert path == default and "does not name" in warning
+    assert baseline_path_for("Intel(R) Xeon(R) Processor", tmp_path).name == "perf_baseline-intel-r-xeon-r-processor.json"
+
+
+def test_no_baseline_at_all_says_nothing_is_judged(tmp_path):
+    path, warning = choose_baseline("AMD EPYC", tmp_path)
+    assert path == tmp_path / "perf_baseline.json" and "nothing is judged" in warning
