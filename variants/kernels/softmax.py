@@ -56,7 +56,7 @@ def softmax_parallel(
 
 def _logit_limit(q: Tensor) -> float:
     """Half the largest logit the fused kernel can hold: it forms fp16/bf16 logits in fp32."""
-    return torch.finfo(torch.float64 if q.dtype == torch.float64 else torch.float32).max / 2
+    return torch.finfo(compute_dtype(q)).max / 2
 
 
 def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
@@ -94,7 +94,7 @@ def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
     (NaN and ±inf propagate); a norm or sum that overflows sends the call to the explicit path,
     which is right for any input, only slower. One pass over each tensor and one host
     synchronisation, as ``all_finite``."""
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = compute_dtype(q)
     if not (q.numel() and keys.numel()):
         return all(bool(torch.isfinite(x).all()) for x in (q, keys, values))
     stats = torch.stack([torch.linalg.vector_norm(q, dtype=dtype), torch.linalg.vector_norm(keys, dtype=dtype),
