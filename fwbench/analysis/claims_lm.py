@@ -14,7 +14,7 @@ import numbers
 import pandas as pd
 
 from fwbench.analysis.evidence import certainly_lower
-from fwbench.analysis.lm_protocol import at_best_learning_rate, carried_ratio, describe_learning_rates
+from fwbench.analysis.lm_protocol import at_best_learning_rate, carried_ratio, describe_learning_rates, rate_labels
 from fwbench.analysis.reference import paper_lm_tables
 from fwbench.analysis.statistics import Interval, log_interval
 from fwbench.analysis.verdicts import MIN_SEEDS, ClaimResult, judge, lean, not_run
@@ -27,8 +27,8 @@ SETUP_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "context", "batch_size
                 "schedule", "dropout", "tied_output", "train_segments", "truncated_bptt")
 #: Carried-state perplexity may exceed the per-segment one by this fraction and still "hold" (C10).
 HOLD_TOLERANCE = 0.05
-#: Training steps below which an LM run is a smoke test: it can never decide a claim (the smoke
-#: profile trains 40 steps, 0.03-0.2 bits below the unigram; the quick profile 1500).
+#: Training steps below which an LM run can never decide a claim, only lean (the smoke profile
+#: trains 40 steps, 0.03-0.2 bits below the unigram; the quick profile 250; the paper profile 1000).
 MIN_LM_STEPS = 1000
 #: The LM minimum, as the claims table states it.
 LM_MINIMUM = (f"≥ {MIN_LM_STEPS} training steps, ≥ {MIN_SEEDS} seeds per variant, the perplexities apart "
@@ -112,7 +112,7 @@ def _cell(rows: pd.DataFrame) -> tuple[Interval, int]:
 
 
 def lm_gaps(rows: pd.DataFrame, variants: list[str]) -> list[str]:
-    """What the LM minimum lacks for ``variants`` in one setup: seeds, training budget (smoke)."""
+    """What the LM minimum lacks for ``variants`` in one setup: seeds, training budget."""
     used = rows[rows["variant"].isin(variants)]
     gaps = []
     if not used.empty:
@@ -121,13 +121,16 @@ def lm_gaps(rows: pd.DataFrame, variants: list[str]) -> list[str]:
             gaps.append(f"{fewest} seed{'s' if fewest != 1 else ''}")
         steps = used["max_steps"].dropna() if "max_steps" in used else pd.Series(dtype=float)
         if not steps.empty and float(steps.min()) < MIN_LM_STEPS:
-            gaps.append(f"{int(steps.min())} training steps (smoke budget; minimum {MIN_LM_STEPS})")
+            gaps.append(f"{int(steps.min())} training steps (minimum {MIN_LM_STEPS})")
     return gaps
 
 
-def _ppl_text(cell: tuple[Interval, int]) -> str:
+def _ppl_text(cell: tuple[Interval, int], label: str | None = None) -> str:
+    """'7.256 [7.025, 7.495] (lr 0.012, 1 diverged)': the interval, then the rate it is read at and
+    how many of its seeds diverged, where there is either."""
     interval, diverged = cell
-    return f"{interval}" + (f", {diverged} diverged" if diverged else "")
+    notes = [note for note in (label, f"{diverged} diverged" if diverged else None) if note]
+    return f"{interval}" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def rule_pairs(variants: list[str]) -> list[tuple[str, str]]:
@@ -177,8 +180,10 @@ def claim_delta_beats_sum(frame: pd.DataFrame) -> ClaimResult:
     cells = ppl_cells(rows)
     pairs = rule_pairs(list(cells))
     checks = [certainly_lower(cells[d][0], cells[s][0]) for s, d in pairs]
-    parts = [f"{s} {_ppl_text(cells[s])} → {_ppl_text(cells[d])}" for s, d in pairs]
-    measured = (f"Tiny Shakespeare val ppl{_rates(rows, [v for p in pairs for v in p])}: {'; '.join(parts)}"
+    labels = rate_labels(rows)
+    parts = [f"{s} {_ppl_text(cells[s], labels.get(s))} → {d} {_ppl_text(cells[d], labels.get(d))}"
+             for s, d in pairs]
+    measured = (f"Tiny Shakespeare val ppl, sum → delta{_rates(rows)}: {'; '.join(parts)}"
                 f"{_sliding(rows)} [{describe_setup(key)}]")
     return judge("C8", claim, paper, measured, lean(checks), lm_gaps(rows, [v for p in pairs for v in p]),
                  LM_MINIMUM, reference)
@@ -203,11 +208,13 @@ def claim_softmax_best_at_training_context(frame: pd.DataFrame) -> ClaimResult:
     sliding = _sliding_means(rows)
     if "softmax" in sliding:  # the paper's sliding-window evaluation, where it was run, must agree
         checks += [bool(sliding["softmax"] < sliding[v]) for v in others.index if v in sliding]
-    best = f"best other {others.index[0]} {_ppl_text(cells[others.index[0]])}" if not others.empty else "no other"
+    labels = rate_labels(rows)
+    best = (f"best other: {others.index[0]} {_ppl_text(cells[others.index[0]], labels.get(others.index[0]))}"
+            if not others.empty else "no other measured")
     rank = (f"rank {list(means.index).index('softmax') + 1} of {len(means)} measured" if "softmax" in means
-            else "softmax unmeasured")
-    measured = (f"softmax {_ppl_text(cells['softmax'])}; {best} ({rank}{_rates(rows, list(cells), ';')})"
-                f"{_sliding(rows)} [{describe_setup(key)}]")
+            else "unmeasured")
+    measured = (f"Tiny Shakespeare val ppl{_rates(rows)}: softmax {_ppl_text(cells['softmax'], labels.get('softmax'))}"
+                f", {rank}; {best}{_sliding(rows)} [{describe_setup(key)}]")
     return judge("C9", claim, paper, measured, lean(checks), lm_gaps(rows, list(cells)), LM_MINIMUM, reference)
 
 
@@ -275,10 +282,13 @@ def _carried_ratios(rows: pd.DataFrame) -> tuple[pd.Series, str]:
             "carried ÷ per-segment ppl, last bucket of the stream")
 
 
-def _rates(rows: pd.DataFrame, variants: list[str], lead: str = ",") -> str:
-    """``lead`` + which lr each of ``variants`` is read at (:func:`describe_learning_rates`), or "" without lr."""
-    rates = describe_learning_rates(rows[rows["variant"].isin(variants)])
-    return f"{lead} {rates}" if rates else ""
+def _rates(rows: pd.DataFrame) -> str:
+    """How the claim's perplexities are read, after the metric's name: ", each at its best lr" (each
+    perplexity then names its rate, :func:`rate_labels`), the one rate every run used, or ""."""
+    if rate_labels(rows):
+        return ", each at its best lr"
+    rates = describe_learning_rates(rows)
+    return f", {rates}" if rates else ""
 
 
 def _sliding_means(rows: pd.DataFrame) -> pd.Series:
@@ -315,6 +325,7 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
     key, rows = picked
     cells = ppl_cells(rows)
     chosen = at_best_learning_rate(rows)
+    labels = rate_labels(rows)
     checks, parts = [], []
     for normalised, unnorm in _unnorm_pairs(list(cells)):
         # decided at the unnormalised rule's most stable rate (fewest diverged seeds): diverging on most
@@ -322,23 +333,24 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
         interval, diverged = cells[unnorm]
         seeds = int((chosen["variant"] == unnorm).sum())
         checks.append(True if 2 * diverged >= seeds else certainly_lower(cells[normalised][0], interval))
-        parts.append(f"{unnorm} {interval} ({_divergence_count(rows, unnorm)}) vs "
-                     f"{normalised} {_ppl_text(cells[normalised])}")
+        read = f" {interval} ({labels[unnorm]})," if unnorm in labels and diverged < seeds else ":"
+        parts.append(f"{unnorm}{read} {_divergence_count(rows, unnorm)} vs "
+                     f"{normalised} {_ppl_text(cells[normalised], labels.get(normalised))}")
     used = [v for p in _unnorm_pairs(list(cells)) for v in p]
-    measured = f"Tiny Shakespeare val ppl{_rates(rows, used)}: {'; '.join(parts)} [{describe_setup(key)}]"
+    measured = f"Tiny Shakespeare val ppl{_rates(rows)}: {'; '.join(parts)} [{describe_setup(key)}]"
     gaps = lm_gaps(rows, used)
     return judge("C7", claim, paper, measured, lean(checks), gaps, LM_MINIMUM, reference)
 
 
 def _divergence_count(rows: pd.DataFrame, variant: str) -> str:
-    """'6 of 6 runs diverged; lr 0.006: 3 of 3, lr 0.012: 3 of 3': every run of ``variant`` in the
+    """'6 of 6 runs diverged (lr 0.006: 3 of 3, lr 0.012: 3 of 3)': every run of ``variant`` in the
     setup, at every learning rate (the per-rate split only when more than one rate was run)."""
     runs = rows[rows["variant"] == variant]
     lr = runs["lr"].astype(float) if "lr" in runs else pd.Series(math.nan, index=runs.index)
     by_rate = (runs["status"] == "diverged").groupby(lr, dropna=False).agg(["sum", "size"])
     text = f"{int(by_rate['sum'].sum())} of {int(by_rate['size'].sum())} runs diverged"
     if len(by_rate) > 1:
-        text += "; " + ", ".join(f"lr {rate:g}: {int(d)} of {int(n)}" for rate, (d, n) in by_rate.iterrows())
+        text += " (" + ", ".join(f"lr {rate:g}: {int(d)} of {int(n)}" for rate, (d, n) in by_rate.iterrows()) + ")"
     return text
 
 

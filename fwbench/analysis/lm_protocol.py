@@ -67,30 +67,56 @@ def at_best_learning_rate(rows: pd.DataFrame, metric: str = "val_ppl") -> pd.Dat
     return rows[keep]
 
 
+def _rate_choices(rows: pd.DataFrame, metric: str) -> dict[str, tuple[float | None, str]]:
+    """Per variant: (the rate it is read at, or None when none has a measured run; a note: "edge of the
+    sweep" when it is the smallest or largest rate the variant tried, "the only lr run", or "")."""
+    table = rate_table(rows, metric)
+    best = best_learning_rates(rows, metric)
+    choices = {}
+    for variant, tried in table.groupby("variant")["lr"]:
+        if variant not in best:
+            choices[variant] = (None, "")
+        elif tried.nunique() == 1:
+            choices[variant] = (best[variant], "the only lr run")
+        else:
+            choices[variant] = (best[variant], "edge of the sweep" if best[variant] in (tried.min(), tried.max())
+                                else "")
+    return choices
+
+
+def _one_rate(rows: pd.DataFrame) -> float | None:
+    """The single learning rate every run used, None when the runs swept several; NaN without lr."""
+    rates = _learning_rates(rows)
+    if rates.isna().all():
+        return math.nan
+    return float(rates.dropna().iloc[0]) if rates.nunique() == 1 else None
+
+
+def rate_labels(rows: pd.DataFrame, metric: str = "val_ppl") -> dict[str, str]:
+    """Per variant, the learning rate it is read at, as a label to print beside its perplexity:
+    "lr 0.012", "lr 0.012, edge of the sweep" (the sweep does not bracket the optimum), "lr 0.006, the
+    only lr run", or "no lr with a measured run" (every run diverged or unmeasured). Empty when the
+    records carry no learning rate or every run used one and the same rate (nothing was chosen)."""
+    if _one_rate(rows) is not None:
+        return {}
+    return {variant: "no lr with a measured run" if rate is None else f"lr {rate:g}" + (f", {note}" if note else "")
+            for variant, (rate, note) in _rate_choices(rows, metric).items()}
+
+
 def describe_learning_rates(rows: pd.DataFrame, metric: str = "val_ppl") -> str:
     """Which learning rate each variant is read at, in words.
 
     "lr 0.006 for every variant (one rate, no sweep)" when all ran the same single rate; otherwise
     "best lr per variant among measured runs: linear 0.012 (edge of the sweep), softmax 0.006 (the only
-    lr run), linear-delta-unnorm none (every run diverged or unmeasured)". A best rate that is the
-    smallest or largest rate the variant tried is marked "(edge of the sweep)": the sweep does not
-    bracket the optimum. "" when the records carry no learning rate.
+    lr run), linear-delta-unnorm none (every run diverged or unmeasured)". "" when the records carry no
+    learning rate.
     """
-    table = rate_table(rows, metric)
-    if table["lr"].isna().all():
-        return ""
-    if table["lr"].nunique() == 1:
-        return f"lr {table['lr'].iloc[0]:g} for every variant (one rate, no sweep)"
-    best = best_learning_rates(rows, metric)
-    parts = []
-    for variant, tried in table.groupby("variant")["lr"]:
-        if variant not in best:
-            parts.append(f"{variant} none (every run diverged or unmeasured)")
-        elif tried.nunique() == 1:
-            parts.append(f"{variant} {best[variant]:g} (the only lr run)")
-        else:
-            edge = best[variant] in (tried.min(), tried.max())
-            parts.append(f"{variant} {best[variant]:g}" + (" (edge of the sweep)" if edge else ""))
+    one = _one_rate(rows)
+    if one is not None:
+        return "" if math.isnan(one) else f"lr {one:g} for every variant (one rate, no sweep)"
+    parts = [f"{variant} none (every run diverged or unmeasured)" if rate is None
+             else f"{variant} {rate:g}" + (f" ({note})" if note else "")
+             for variant, (rate, note) in _rate_choices(rows, metric).items()]
     return "best lr per variant among measured runs: " + ", ".join(parts)
 
 
