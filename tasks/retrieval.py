@@ -248,7 +248,13 @@ class RetrievalModel(nn.Module):
     def forward(self, keys: Tensor, values: Tensor, queries: Tensor) -> Tensor:
         """Write (keys, values) (B, L), then read every query (B, Q); returns v̂ (B, Q, S) in fp32
         (float64 for a float64 model). The attention's form and chunk size (chosen when built) pick
-        the path; see :meth:`variants.Attention.write_read`."""
+        the path; see :meth:`variants.Attention.write_read`.
+
+        Raises:
+            ValueError: ids that are not integer (B, L), (B, L), (B, Q) tensors or lie outside [0, S),
+                naming the argument (:func:`check_token_ids`).
+        """
+        check_token_ids(self.S, keys, values, queries)
         embedding = self.key_embedding.weight
         key_rows = KeyRows(self.key_by_value, values, self.key_projection(embedding), keys)
         q = self.query_projections(queries)[:, None]
@@ -260,6 +266,33 @@ class RetrievalModel(nn.Module):
         value_codes = one_hot_codes(values, self.S, dtype=k.dtype)[:, None]
         output = self.attention.write_read(k, value_codes, q, beta=beta)[:, 0]
         return output if output.dtype == torch.float64 else output.float()
+
+
+def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor) -> None:
+    """Refuse retrieval inputs that are not key and value ids: keys and values (B, L), queries (B, Q),
+    integer tensors with every id in [0, S).
+
+    The embedding lookups and the compiled table loops would otherwise fail deep in torch
+    ("IndexError: index out of range in self") or name their internal tables. The range check reads
+    two integers per tensor back to the host (a sync per call on CUDA, as :func:`retrieval_loss`'s).
+
+    Raises:
+        ValueError: naming ``keys``, ``values`` or ``queries``, with the shape, dtype or range expected.
+    """
+    named = (("keys", keys), ("values", values), ("queries", queries))
+    for name, ids in named:
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.int32, torch.int64):
+            got = f"{ids.dtype} of shape {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
+            raise ValueError(f"{name}: got {got}; expected int64 (or int32) ids of shape (B, L) for keys and "
+                             f"values, (B, Q) for queries")
+    if values.shape != keys.shape or queries.shape[0] != keys.shape[0]:
+        raise ValueError(f"keys, values, queries: got shapes {tuple(keys.shape)}, {tuple(values.shape)}, "
+                         f"{tuple(queries.shape)}; expected (B, L), (B, L), (B, Q)")
+    for name, ids in named:
+        if ids.numel():
+            low, high = (int(x) for x in torch.aminmax(ids))
+            if low < 0 or high >= S:
+                raise ValueError(f"{name}: got ids in [{low}, {high}]; expected ids in [0, S={S})")
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:

@@ -987,6 +987,17 @@ def _(ctx):
     return answer
 
 
+@row("L100")
+def _(ctx):
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    keys, values = torch.arange(8).repeat(2, 1), torch.arange(1, 9).repeat(2, 1)  # value 8 is outside [0, 8)
+    answers = {raised(ValueError, RetrievalModel(spec, 8, d_key=8), keys, values, keys[:, :1])
+               for spec in ("linear", "softmax", "dpfp:nu=1", "dpfp-delta:nu=1")}  # every read path
+    (answer,) = answers
+    return answer
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""
