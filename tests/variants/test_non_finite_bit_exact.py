@@ -15,6 +15,7 @@ import torch
 
 from fwbench import variants
 from fwbench.variants.kernels.precision import causal_matmul, masked_matmul, zeroed_in_layout
+from fwbench.variants.kernels.softmax import softmax_parallel, softmax_recurrent
 
 T, BAD = 12, 7
 
@@ -291,3 +292,47 @@ def test_softmax_fp16_logits_past_65504_stay_finite(form):
     assert torch.isfinite(expected[..., 5, :]).all()
     torch.testing.assert_close(y[..., 5, :], expected[..., 5, :].half(), atol=2e-3, rtol=2e-3)
     assert torch.equal(torch.isnan(y), torch.isnan(expected))
+
+
+@pytest.mark.parametrize(("dtype", "key", "query"), [(torch.float32, 1e19, 1e20), (torch.float64, 1e154, 1e155)],
+                         ids=["fp32", "float64"])
+def test_softmax_a_huge_later_query_leaves_the_earlier_outputs_bit_for_bit(dtype, key, query):
+    """Break-it finding (h-break14t): key 0 = 1e19 in every entry (its logits with randn queries are
+    finite), then query 5 = 1e20 (its logit with key 0 overflows): key 0 was marked against the
+    largest query of the whole sequence, so outputs 0–4 left the fused kernel and moved by 1.19e-7
+    (fp32; 2.2e-16 in float64 with 1e154 and 1e155). Whether an output is the fused kernel's now
+    depends on no later token."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 8, 4, generator=g, dtype=dtype) for _ in range(3))
+    k[..., 0, :] = key
+    y, _, _ = softmax_parallel(q, k, v)
+    q_later = q.clone()
+    q_later[..., 5, :] = query
+    y_later, _, _ = softmax_parallel(q_later, k, v)
+    y_recurrent, _, _ = softmax_recurrent(q_later, k, v)
+    assert torch.equal(y_later[..., :5, :], y[..., :5, :])
+    assert torch.equal(torch.isfinite(y_later), torch.isfinite(y_recurrent))
+
+
+@pytest.mark.parametrize(("window", "P"), [(None, 0), (3, 0), (None, 3), (3, 3)])
+def test_softmax_outputs_before_a_huge_token_are_bit_for_bit_whatever_it_holds(window, P):
+    """A causality probe that reaches the overflow guard: for every token t and every way of making
+    it huge (its query ×1e20, its key ×1e20, or both), beside a key of 1e19 at every earlier token j,
+    the outputs before t are those with token t as drawn, bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    T = 6
+    q, k, v = (torch.randn(2, 2, T, 4, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(2, 2, P, 4, generator=g) for _ in range(2)) if P else (None, None)
+    for j in range(T):
+        base_k = k.clone()
+        base_k[:, 0, j] = 1e19
+        y, _, _ = softmax_parallel(q, base_k, v, k_cache, v_cache, window)
+        for t in range(j + 1, T):
+            for huge in ("q", "k", "qk"):
+                q_t, k_t = q.clone(), base_k.clone()
+                if "q" in huge:
+                    q_t[:, :, t] *= 1e20
+                if "k" in huge:
+                    k_t[:, :, t] *= 1e20
+                y_t, _, _ = softmax_parallel(q_t, k_t, v, k_cache, v_cache, window)
+                assert torch.equal(y_t[:, :, :t], y[:, :, :t]), (j, t, huge)

@@ -61,28 +61,56 @@ def _logit_limit(q: Tensor) -> float:
 
 def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     """The entries of q (B, H, T, d) and keys (B, H, P + T, d) to keep from the fused kernel
-    because a logit q_t · k_j they enter may overflow, non-finite entries read as 0.
+    because a logit q_t · k_j they enter may overflow (masked ones included), non-finite entries
+    read as 0. A marked entry's query counts as non-finite, and so does every query that attends
+    a marked key.
 
-    An entry is marked by its own magnitude and the largest magnitude of the other tensor (over
-    all of it, every batch row and head), never by its row or head: an expanded or overlapping input
-    shares one memory entry between several elements (a key broadcast over heads, sliding windows of
-    one sequence), and :func:`zeroed_in_layout` zeroes an entry for every element that shares it, so
-    a mark that differed between them zeroed a key of a head or token that no overflow reaches (k
+    Where neither tensor shares memory between its elements, pairs are judged one by one
+    (|q_t · k_j| ≤ Σ_i |q_ti| |k_ji|, in float64) and each pair that may overflow is broken on the
+    side that keeps the mark causal: the key of a later token (a future, masked pair) is marked,
+    which touches only queries at or after it; otherwise the query, which touches only its own row.
+    So whether an output is the fused kernel's depends on no later token (a query of 1e20 at token
+    5 and a key of 1e19 at token 0: outputs 0–4 were moved by 1 ulp, the key having been marked
+    against the largest query over the whole sequence).
+
+    An expanded or overlapping input shares one memory entry between several elements (a key
+    broadcast over heads, sliding windows of one sequence), and :func:`zeroed_in_layout` zeroes an
+    entry for every element that shares it, so there an entry is marked by its own magnitude and
+    the largest magnitude of the other tensor (over all of it), never by its row or head: a mark
+    that differed between the sharers zeroed a key of a head or token that no overflow reaches (k
     expanded over 2 heads, k[6] = 1e19, head 0's queries ×1e20: head 1's outputs 6 and 7 were
-    0.2096 and −0.1208 against the recurrent form's 0.7813 and −0.1973). After the marked entries
-    are zeroed every term |q_i k_i| ≤ limit / d, so |q · k| ≤ limit (the scale 1/√d ≤ 1 only
-    shrinks it): of an unmarked pair either both are at most √(limit / d), or the larger one times
-    the other tensor's largest entry is at most limit / d."""
+    0.2096 and −0.1208 against the recurrent form's 0.7813 and −0.1973). After those entries are
+    zeroed every term |q_i k_i| ≤ limit / d, so |q · k| ≤ limit (the scale 1/√d ≤ 1 only shrinks
+    it); such a mark may depend on a later token, within rounding of the output."""
     wide = torch.float64
     q_abs = torch.where(torch.isfinite(q), q.abs(), 0).to(wide)
     k_abs = torch.where(torch.isfinite(keys), keys.abs(), 0).to(wide)
-    per_term = _logit_limit(q) / max(q.shape[-1], 1)
+    limit = _logit_limit(q)
+    if not (_shares_memory(q) or _shares_memory(keys)):
+        over = (q_abs @ k_abs.mT) > limit  # (B, H, T, P + T); an overflowing float64 bound reads inf
+        T, N = q.shape[2], keys.shape[2]
+        future = torch.arange(N, device=q.device)[None, :] > torch.arange(N - T, N, device=q.device)[:, None]
+        huge_k = (over & future).any(-2, keepdim=True).mT.expand(keys.shape)
+        huge_q = (over & ~future).any(-1, keepdim=True).expand(q.shape)
+        return huge_q, huge_k
+    per_term = limit / max(q.shape[-1], 1)
     root = math.sqrt(per_term)
     q_top = q_abs.max() if q_abs.numel() else q_abs.new_zeros(())
     k_top = k_abs.max() if k_abs.numel() else k_abs.new_zeros(())
     huge_q = (q_abs > root) & (q_abs * k_top > per_term)
     huge_k = (k_abs > root) & (k_abs * q_top > per_term)
     return huge_q, huge_k
+
+
+def _shares_memory(x: Tensor) -> bool:
+    """Whether two elements of ``x`` may read one memory entry (a stride of 0, overlapping windows):
+    each dimension's stride, smallest first, must pass the farthest offset the smaller ones reach."""
+    reach = 0
+    for stride, size in sorted((s, n) for s, n in zip(x.stride(), x.shape) if n > 1):
+        if stride <= reach:
+            return True
+        reach += stride * (size - 1)
+    return False
 
 
 def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
