@@ -20,8 +20,7 @@ from fwbench.bench.regression import (
     GROSS_THRESHOLD,
     baseline_path_for,
     check_threshold,
-    choose_baseline,
-    load_baseline,
+    judged_baseline,
     write_baseline,
 )
 from fwbench.run.environment import cpu_model, describe_environment
@@ -54,6 +53,16 @@ def pytest_configure(config):
                                 "(a baseline measured with a planted slowdown would let that slowdown pass)")
     if planted is not None:
         _plant_slowdown(planted)
+    # read once, here: a malformed baseline is one usage error, not an INTERNALERROR in the report
+    # header or an error in every case's fixture
+    try:
+        if config.getoption("--update-baseline"):
+            config._fwbench_baseline_path = baseline_path_for(cpu_model())
+            config._fwbench_baseline = None
+        else:
+            config._fwbench_baseline = judged_baseline(cpu_model())
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config._fwbench_ratios = {}
     config._fwbench_seconds = {}
 
@@ -84,21 +93,20 @@ def threshold(pytestconfig) -> float:
 
 def pytest_report_header(config):
     if config.getoption("--update-baseline"):
-        return [f"fwbench baseline: writing {baseline_path_for(cpu_model()).name} (CPU {cpu_model()!r})"]
-    path, warning = choose_baseline(cpu_model())
-    return [f"fwbench baseline: {path.name}"] + ([f"WARNING: {warning}"] if warning else [])
+        return [f"fwbench baseline: writing {config._fwbench_baseline_path.name} (CPU {cpu_model()!r})"]
+    judged = config._fwbench_baseline
+    return [f"fwbench baseline: {judged.where()}"] + [f"WARNING: {warning}" for warning in judged.warnings]
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not config.getoption("--update-baseline"):
-        _, warning = choose_baseline(cpu_model())
-        if warning:  # said again at the end, beside the verdict it qualifies
+        for warning in config._fwbench_baseline.warnings:  # said again at the end, beside the verdict it qualifies
             terminalreporter.write_line(f"WARNING: {warning}", yellow=True)
 
 
 @pytest.fixture(scope="session")
 def baseline(pytestconfig) -> dict[str, float]:
-    return {} if pytestconfig.getoption("--update-baseline") else load_baseline(choose_baseline(cpu_model())[0])
+    return {} if pytestconfig.getoption("--update-baseline") else pytestconfig._fwbench_baseline.ratios
 
 
 @pytest.fixture(scope="session")
@@ -110,5 +118,5 @@ def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if config.getoption("--update-baseline") and config._fwbench_ratios:
         path = write_baseline(config._fwbench_ratios, config._fwbench_seconds,
-                              describe_environment(torch.device("cpu")), baseline_path_for(cpu_model()))
+                              describe_environment(torch.device("cpu")), config._fwbench_baseline_path)
         print(f"\nbaseline written: {path} ({len(config._fwbench_ratios)} benchmarks)")

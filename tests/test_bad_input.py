@@ -1400,6 +1400,14 @@ def _(ctx):
     return f"exit {status}: {captured.err.strip()}"
 
 
+@row("C171")
+def _(ctx):
+    from fwbench.bench.regression import choose_baseline
+
+    (ctx.tmp_path / "perf_baseline.json").write_text('<<<<<<< HEAD\n{"benchmarks": {}}\n=======\n{}\n>>>>>>> main\n')
+    return raised(ValueError, choose_baseline, "AMD EPYC", ctx.tmp_path)
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -283,33 +284,115 @@ def compare(measured: dict[str, float], baseline: dict[str, float], threshold: f
     return regressions
 
 
+#: What a baseline file holds, as :func:`read_baseline` checks it (said in its errors).
+BASELINE_FORMAT = ('a JSON object {"benchmarks": {CASE: {"ratio": a finite number > 0, ...}, ...}, '
+                   '"environment": {"device_name": CPU, ...}, ...}, as `nox -s bench -- --update-baseline` writes it')
+
+
+def read_baseline(path: Path) -> dict:
+    """The contents of the baseline file ``path`` (which must exist), checked: a JSON object whose
+    ``benchmarks`` maps each case name to an object with a ``ratio`` (a finite number > 0), and whose
+    ``environment``, where present and not null, is an object with a string (or null) ``device_name``.
+
+    An empty file, git conflict markers, a JSON list, a ratio that is null, NaN, negative or a string
+    crashed the gate (a pytest INTERNALERROR or a KeyError traceback) or, without a CPU name it could
+    read, made the file look like another CPU's.
+
+    Raises:
+        ValueError: one line naming the file, what is wrong and :data:`BASELINE_FORMAT`.
+    """
+    path = Path(path)
+
+    def bad(what: str) -> ValueError:
+        return ValueError(f"baseline {path}: {what}; expected {BASELINE_FORMAT} (fix the file or delete it)")
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise bad(f"cannot be read ({type(exc).__name__}: {exc})") from None
+    if not text.strip():
+        raise bad("the file is empty")
+    if re.search(r"^(<{7}|={7}|>{7})( |$)", text, re.MULTILINE):
+        raise bad("it holds git conflict markers (<<<<<<<, =======, >>>>>>>)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise bad(f"not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if not isinstance(data, dict):
+        raise bad(f"got a JSON {type(data).__name__}")
+    benchmarks = data.get("benchmarks")
+    if not isinstance(benchmarks, dict):
+        raise bad("no \"benchmarks\" object" if benchmarks is None else
+                  f"\"benchmarks\" is a {type(benchmarks).__name__}")
+    for name, entry in benchmarks.items():
+        ratio = entry.get("ratio") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict):
+            raise bad(f"benchmarks.{name}: got {entry!r}")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (math.isfinite(ratio) and ratio > 0):
+            raise bad(f"benchmarks.{name}.ratio: got {ratio!r}")
+    environment = data.get("environment")
+    if environment is not None and not isinstance(environment, dict):
+        raise bad(f"\"environment\": got {environment!r}")
+    device_name = (environment or {}).get("device_name")
+    if device_name is not None and not isinstance(device_name, str):
+        raise bad(f"environment.device_name: got {device_name!r}")
+    return data
+
+
 def baseline_cpu(path: Path) -> str | None:
     """The CPU model a baseline file was measured on (its ``environment.device_name``); None when
-    the file does not exist or does not say."""
+    the file does not exist or does not say.
+
+    Raises:
+        ValueError: the file exists but is not a baseline (:func:`read_baseline`).
+    """
     path = Path(path)
     if not path.exists():
         return None
-    return (json.loads(path.read_text()).get("environment") or {}).get("device_name")
+    return (read_baseline(path).get("environment") or {}).get("device_name")
+
+
+#: The longest CPU part of a baseline file name, in UTF-8 bytes: a file name is at most 255 bytes on
+#: most file systems, and a longer CPU name is cut and given a hash, which keeps distinct names apart.
+MAX_SLUG_BYTES = 64
+
+
+def _cpu_hash(cpu: str) -> str:
+    return hashlib.sha256(cpu.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     """The baseline file of CPU model ``cpu`` (which may not exist yet): a file that either does not
     exist or says it was measured on ``cpu``, never another CPU's (nor one that does not say whose).
 
-    ``perf_baseline.json`` where that file was measured on ``cpu`` or does not exist, else
-    ``perf_baseline-<cpu, as a file name>.json``; where that name is another CPU's (two models that
-    differ only in case or punctuation, "AMD EPYC" and "AMD-EPYC"), the name gains 8 hex digits of a
-    hash of ``cpu``, so that neither is judged against, nor overwrites, the other's."""
+    The candidates, in order: ``perf_baseline.json``, ``perf_baseline-<cpu, as a file name>.json``
+    and that name with 8 hex digits of a hash of ``cpu`` (for two models whose names give one file
+    name, "AMD EPYC" and "AMD-EPYC", so that neither is judged against, nor overwrites, the
+    other's). The first candidate that exists and says it was measured on ``cpu``; where none does,
+    the first that does not exist. The CPU part of the name is cut to :data:`MAX_SLUG_BYTES` bytes
+    (a name of hundreds of characters raised "File name too long"), and then always carries the hash.
+
+    Raises:
+        ValueError: a candidate file is not a baseline (:func:`read_baseline`), or every candidate is
+        another CPU's.
+    """
     directory = Path(directory)
-    default = directory / BASELINE_PATH.name
-    if not default.exists() or baseline_cpu(default) == cpu:
-        return default
-    slug = "".join(c if c.isalnum() else "-" for c in cpu.lower()).strip("-")
+    slug = "".join(c if c.isalnum() else "-" for c in cpu.lower())
     slug = "-".join(part for part in slug.split("-") if part) or "unknown-cpu"
-    named = directory / f"perf_baseline-{slug}.json"
-    if not named.exists() or baseline_cpu(named) == cpu:
-        return named
-    return directory / f"perf_baseline-{slug}-{hashlib.sha256(cpu.encode()).hexdigest()[:8]}.json"
+    candidates = [directory / BASELINE_PATH.name]
+    if len(slug.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:
+        cut = slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
+        candidates.append(directory / f"perf_baseline-{cut}-{_cpu_hash(cpu)}.json")
+    else:
+        candidates += [directory / f"perf_baseline-{slug}.json", directory / f"perf_baseline-{slug}-{_cpu_hash(cpu)}.json"]
+    for path in candidates:
+        if path.exists() and baseline_cpu(path) == cpu:
+            return path
+    for path in candidates:
+        if not path.exists():
+            return path
+    raise ValueError(f"baseline of CPU {cpu!r}: every candidate file ({', '.join(p.name for p in candidates)}) is "
+                     f"another CPU's or names none; expected one of them measured on {cpu!r} or free")
 
 
 def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str | None]:
@@ -317,7 +400,12 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
 
     The file measured on ``cpu`` where there is one; else ``perf_baseline.json``, with a warning that
     its ratios come from another machine (or one it does not name), so that a slowdown smaller than
-    the machines' difference can pass unnoticed (or an unchanged case fail)."""
+    the machines' difference can pass unnoticed (or an unchanged case fail). A case this CPU's file
+    lacks: :func:`judged_baseline`.
+
+    Raises:
+        ValueError: a candidate file is not a baseline (:func:`read_baseline`, :func:`baseline_path_for`).
+    """
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
@@ -334,18 +422,68 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
 
 
 def load_baseline(path: Path = BASELINE_PATH) -> dict[str, float]:
-    """Benchmark name → baseline ratio; empty when the file does not exist."""
+    """Benchmark name → baseline ratio; empty when the file does not exist.
+
+    Raises:
+        ValueError: the file exists but is not a baseline (:func:`read_baseline`).
+    """
     if not Path(path).exists():
         return {}
-    data = json.loads(Path(path).read_text())
-    return {name: float(entry["ratio"]) for name, entry in data["benchmarks"].items()}
+    return {name: float(entry["ratio"]) for name, entry in read_baseline(path)["benchmarks"].items()}
+
+
+@dataclass(frozen=True)
+class JudgedBaseline:
+    """What a CPU's cases are judged against (:func:`judged_baseline`)."""
+
+    #: case name → baseline ratio
+    ratios: dict[str, float]
+    #: the files the ratios were read from, this CPU's (or the one chosen for it) first
+    files: tuple[Path, ...]
+    #: what the terminal says before and after the verdicts: ratios from another machine
+    warnings: tuple[str, ...]
+
+    def where(self) -> str:
+        """The files, for a message: "perf_baseline-amd-epyc.json or perf_baseline.json"."""
+        return " or ".join(path.name + ("" if path.exists() else " (no such file)") for path in self.files)
+
+
+def judged_baseline(cpu: str, directory: Path = BASELINE_DIR) -> JudgedBaseline:
+    """The ratios the gate judges CPU ``cpu`` against: those of the file :func:`choose_baseline`
+    picks, with its warning; where that is this CPU's own file and it lacks cases that
+    ``perf_baseline.json`` has (a partial ``--update-baseline -k ...``), those cases take
+    ``perf_baseline.json``'s ratio, with a warning naming them and the CPU that file was measured
+    on. They were not judged at all before, with no word, while the other cases were.
+
+    Raises:
+        ValueError: a baseline file it reads is not a baseline (:func:`read_baseline`).
+    """
+    path, warning = choose_baseline(cpu, directory)
+    ratios, files, warnings = load_baseline(path), [path], [warning] if warning else []
+    default = Path(directory) / BASELINE_PATH.name
+    if path != default and default.exists():
+        fallback = {name: ratio for name, ratio in load_baseline(default).items() if name not in ratios}
+        if fallback:
+            measured_on = baseline_cpu(default)
+            origin = repr(measured_on) if measured_on else "a CPU it does not name"
+            ratios |= fallback
+            files.append(default)
+            warnings.append(f"{path.name} has no ratio for {len(fallback)} case(s) ({', '.join(sorted(fallback))}): "
+                            f"judging them against {default.name}, measured on {origin}; ratios differ between "
+                            f"machines, so a slowdown smaller than that can pass. On a quiet machine, "
+                            f"`nox -s bench -- --update-baseline -k NAME` adds a case to {path.name}")
+    return JudgedBaseline(ratios, tuple(files), tuple(warnings))
 
 
 def write_baseline(ratios: dict[str, float], seconds: dict[str, float], environment: dict,
                    path: Path = BASELINE_PATH) -> Path:
-    """Write (or update) the baseline with these ratios, keeping benchmarks not measured now."""
+    """Write (or update) the baseline with these ratios, keeping benchmarks not measured now.
+
+    Raises:
+        ValueError: ``path`` exists but is not a baseline (:func:`read_baseline`).
+    """
     path = Path(path)
-    data = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
+    data = read_baseline(path) if path.exists() else {"benchmarks": {}}
     data["calibration"] = f"fp32 ({CALIBRATION_N} x {CALIBRATION_N}) @ ({CALIBRATION_N} x {CALIBRATION_N}) matmul, CPU"
     data["thresholds"] = {"full": FULL_THRESHOLD, "gross": GROSS_THRESHOLD}
     data["environment"] = environment

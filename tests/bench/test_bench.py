@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -33,6 +34,7 @@ from fwbench.bench.regression import (
     compare,
     confirmed_ratio,
     cpu_seconds,
+    judged_baseline,
     load_baseline,
     measure_ratio,
     paired_ratio,
@@ -485,3 +487,74 @@ def test_a_default_baseline_that_names_no_cpu_is_no_cpus_own(tmp_path, environme
 def test_no_baseline_at_all_says_nothing_is_judged(tmp_path):
     path, warning = choose_baseline("AMD EPYC", tmp_path)
     assert path == tmp_path / "perf_baseline.json" and "nothing is judged" in warning
+
+
+def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
+    """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
+    taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not
+    exist (judged against nothing; --update-baseline wrote a second file), and its hashed file where
+    the plain name was free."""
+    amd = _baseline_on(tmp_path / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+    assert baseline_path_for("AMD EPYC", tmp_path) == amd
+    assert choose_baseline("AMD EPYC", tmp_path) == (amd, None)
+    amd.unlink()
+    hashed = _baseline_on(tmp_path / f"perf_baseline-amd-epyc-{hashlib.sha256(b'AMD EPYC').hexdigest()[:8]}.json",
+                          "AMD EPYC", 0.7)
+    _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    assert baseline_path_for("AMD EPYC", tmp_path) == hashed
+    assert choose_baseline("AMD EPYC", tmp_path) == (hashed, None)
+    assert load_baseline(choose_baseline("AMD EPYC", tmp_path)[0]) == {"a": 0.7}
+
+
+@pytest.mark.parametrize("cpu", ["é" * 300, "x" * 400, "Intel(R) Xeon(R) " * 40])
+def test_a_cpu_name_too_long_for_a_file_name_gets_a_short_hashed_one(tmp_path, cpu):
+    """Break-it finding: "é" * 300 gave a 600-byte file name, and exists() raised OSError (File name too long)."""
+    _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    path = baseline_path_for(cpu, tmp_path)
+    assert len(path.name.encode()) <= 100 and path.name.endswith(f"-{hashlib.sha256(cpu.encode()).hexdigest()[:8]}.json")
+    _baseline_on(path, cpu, 0.3)
+    assert choose_baseline(cpu, tmp_path) == (path, None)
+    assert baseline_path_for(cpu + "y", tmp_path) != path  # names that share the cut part stay apart
+
+
+@pytest.mark.parametrize(("text", "wrong"), [
+    ("", "the file is empty"),
+    ('<<<<<<< HEAD\n{"benchmarks": {}}\n=======\n{}\n>>>>>>> other\n', "git conflict markers"),
+    ("[1, 2]", "got a JSON list"),
+    ('{"benchmarks": [1]}', '"benchmarks" is a list'),
+    ('{"environment": {}}', 'no "benchmarks" object'),
+    ('{"benchmarks": {"a": {"ratio": "1.5"}}}', "benchmarks.a.ratio: got '1.5'"),
+    ('{"benchmarks": {"a": {"ratio": null}}}', "benchmarks.a.ratio: got None"),
+    ('{"benchmarks": {"a": {"ratio": NaN}}}', "benchmarks.a.ratio: got nan"),
+    ('{"benchmarks": {"a": {"ratio": -1}}}', "benchmarks.a.ratio: got -1"),
+    ('{"benchmarks": {"a": 2}}', "benchmarks.a: got 2"),
+    ('{"benchmarks": {}, "environment": {"device_name": 3}}', "environment.device_name: got 3"),
+    ("{not json", "not JSON"),
+], ids=["empty", "conflict", "list", "benchmarks-list", "no-benchmarks", "string", "null", "nan", "negative",
+        "entry", "cpu-number", "syntax"])
+def test_a_malformed_baseline_is_refused_in_one_line(tmp_path, text, wrong):
+    """Break-it finding: each crashed the gate (pytest INTERNALERROR, KeyError, TypeError) or, with no
+    CPU name it could read, passed for another CPU's file."""
+    path = tmp_path / "perf_baseline.json"
+    path.write_text(text)
+    for read in (load_baseline, baseline_cpu, lambda p: choose_baseline("AMD EPYC", p.parent)):
+        with pytest.raises(ValueError) as caught:
+            read(path)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"baseline {path}: ") and wrong in message, message
+        assert "expected a JSON object" in message
+
+
+def test_cases_a_partial_own_baseline_lacks_are_judged_against_the_default(tmp_path):
+    """Break-it finding: `--update-baseline -k a` on a new CPU wrote a file with case a only, and from
+    then on case b was judged against nothing, with no word; it now takes perf_baseline.json's ratio,
+    with a warning naming it."""
+    write_baseline({"a": 2.0, "b": 3.0}, {}, {"device_name": "Intel(R) Xeon(R) Processor"}, tmp_path / "perf_baseline.json")
+    own = _baseline_on(tmp_path / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+    judged = judged_baseline("AMD EPYC", tmp_path)
+    assert judged.ratios == {"a": 0.5, "b": 3.0}
+    assert judged.files == (own, tmp_path / "perf_baseline.json")
+    assert len(judged.warnings) == 1 and "no ratio for 1 case(s) (b)" in judged.warnings[0]
+    assert "'Intel(R) Xeon(R) Processor'" in judged.warnings[0]
+    full = judged_baseline("Intel(R) Xeon(R) Processor", tmp_path)
+    assert full.ratios == {"a": 2.0, "b": 3.0} and full.warnings == ()
