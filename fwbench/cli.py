@@ -168,6 +168,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
             "that fwbench run wrote to"
         )
+    refuse_empty_path("--out", args.out, "a directory path")
+    if Path(args.out).exists():
+        _make_out_dir(args.out)  # creates nothing; an --out that is a file is named before the store is judged
+    _refuse_empty_store(args.results_dir, args.out)
     _make_out_dir(args.out)  # refuses --out '' (the working directory), as reproduce and capacity do
     try:
         path = render_report(args.results_dir, args.out)
@@ -176,6 +180,25 @@ def _cmd_report(args: argparse.Namespace) -> int:
                            "if your own module registers it, pass --variant-module PATH_OR_MODULE)") from None
     print(f"report written to {path}")
     return 0
+
+
+def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
+    """Refuse a results directory that holds neither run nor bench records: its report says only
+    "no runs yet" in every section, and it overwrote the report already in ``out`` (a mistyped
+    ``--results-dir`` replaced reports/REPORT.md and exited 0).
+
+    Raises:
+        FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl.
+    """
+    from fwbench.bench.suite import BENCH_RECORDS
+    from fwbench.run.store import RECORDS_FILE, ResultsStore
+
+    if ResultsStore(results_dir).records() or ResultsStore(results_dir, BENCH_RECORDS).records():
+        return
+    raise FwbenchError(
+        f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}); "
+        f"expected the directory that fwbench run, reproduce or bench wrote to; nothing was written to {str(out)!r}"
+    )
 
 
 def _make_out_dir(out: str | Path) -> Path:

@@ -1408,6 +1408,30 @@ def _(ctx):
     return raised(ValueError, choose_baseline, "AMD EPYC", ctx.tmp_path)
 
 
+@row("C172")
+def _(ctx):
+    results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.lock").touch()
+    out.mkdir()
+    (out / "REPORT.md").write_text("the report a user keeps\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert (out / "REPORT.md").read_text() == "the report a user keeps\n"
+    assert sorted(p.name for p in out.iterdir()) == ["REPORT.md"]
+    return answer
+
+
+@row("C173")
+def _(ctx):
+    results = ctx.tmp_path / "new"
+    for options in (["--profile", "nope"], ["--variants", "lineer"]):
+        cli(ctx, "bench", "--results-dir", str(results), *options)
+        assert not results.exists(), options
+    answer = cli(ctx, "bench", "--results-dir", str(results), "--lengths", "0")
+    assert not results.exists()  # nothing made: no empty bench.jsonl, no lock
+    return answer
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

@@ -52,8 +52,8 @@ def _print_table(title: str, table) -> None:
 def run_bench_command(args: argparse.Namespace) -> int:
     set_torch_threads(args.threads)
     device = resolve_device(args.device)
+    # run_bench checks the store is writable after the options, before the matmul peak is timed
     store = ResultsStore(args.results_dir, records_file=BENCH_RECORDS)
-    store.check_writable()  # a file or read-only --results-dir: refused before the matmul peak and first case are timed
     result = run_bench(args.profile, device, store=store, variants=args.variants, lengths=args.lengths,
                        quiet=args.quiet, extras=not args.no_extras)
     frame = bench_frame(result.records)

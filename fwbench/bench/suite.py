@@ -580,7 +580,8 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
 
     Raises:
         FwbenchError: an unknown profile, variant, a non-positive length or one longer than
-            :func:`max_length`.
+            :func:`max_length`; then a ``store`` that cannot be written. Options are checked before the
+            store is touched: a refused call leaves no empty bench.jsonl or bench.lock behind.
     """
     if isinstance(profile, str):
         if profile not in PROFILES:
@@ -600,6 +601,8 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     if max(chosen_lengths) > longest:
         raise FwbenchError(f"--lengths: got {max(chosen_lengths)}; expected at most {longest} on {device} (its q, k, v "
                            f"and output, (B={B}, H={H}, T, d_head={d_head}) fp32, would not fit in its memory)")
+    if store is not None:  # after the options: a refused command leaves the results directory as it was
+        store.check_writable()  # a file or read-only --results-dir: refused before the matmul peak is timed
     runner = _Runner(profile, device, B, H, d_head, quiet, store)
     if runner.fla[0] is None:
         runner.log(f"  fla anchors skipped: {runner.fla[1]}")

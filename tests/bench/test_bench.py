@@ -284,10 +284,11 @@ def test_bench_command_rejects_bad_input_in_one_line(tmp_path, capsys, argv):
 
 def test_bench_command_refuses_a_file_as_results_dir_before_timing_anything(tmp_path, capsys, monkeypatch):
     """`fwbench bench --results-dir FILE` timed the matmul peak and the first case before the first
-    append named the option; nothing is timed now."""
-    from fwbench.bench import command
+    append named the option; nothing is timed now (the options are checked first, then the store,
+    then the runner times the matmul peak)."""
+    from fwbench.bench import suite
 
-    monkeypatch.setattr(command, "run_bench", lambda *a, **k: pytest.fail("run_bench called"))
+    monkeypatch.setattr(suite, "_Runner", lambda *a, **k: pytest.fail("the matmul peak was timed"))
     blocker = tmp_path / "results"
     blocker.write_text("a file, not a directory")
     code = main(["bench", "--lengths", "8", "--results-dir", str(blocker), "--quiet", "--no-extras"])
