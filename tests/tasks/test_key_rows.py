@@ -221,3 +221,45 @@ def test_finite_tables_whose_rows_sum_past_fp32_are_refused_as_the_lookup_path_r
         one_hot_read.one_hot_write_read(model.attention, key_rows.materialise(), values, q, 6)
     assert str(table_path.value).startswith("k: got inf at index (0, 0, 1, 0)")
     assert str(table_path.value) == str(lookup_path.value)
+
+
+@pytest.mark.parametrize(("kind", "nu"), CASES)
+@pytest.mark.parametrize("wide", ["query", "tables"])
+def test_mixed_dtypes_are_scored_in_the_wider_one(kind, nu, wide):
+    """fp32 tables with a float64 query (or the reverse) are scored in float64, as the lookup path
+    computes them: a forward that took its compute dtype from the tables alone scored the float64
+    query in fp32 (errors about 1e-7) and returned fp32 (mutation pass of stop 27)."""
+    table_a, ids_a, table_b, ids_b, query = inputs(kind, nu)
+    if wide == "query":
+        table_a, table_b = table_a.float(), table_b.float()
+    else:
+        query = query.float()
+    leaves = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    fast = table_scores(KeyRows(leaves[0], ids_a, leaves[1], ids_b), leaves[2], kind, nu)
+    reference = lookup_scores(table_a.double(), ids_a, table_b.double(), ids_b, query.double(), kind, nu)
+    assert fast.dtype == torch.float64
+    torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
+    grads = torch.autograd.grad(fast.sum(), leaves)
+    assert [g.dtype for g in grads] == [x.dtype for x in leaves]
+
+
+def test_the_table_path_serves_only_one_head_and_one_query_on_the_cpu():
+    """table_scores reads q[:, 0, 0]: a second head or a second query must take the lookup path, or
+    their scores would be head 0's (mutation pass of stop 27: no test held more than one head)."""
+    table_a, ids_a, table_b, ids_b, _ = inputs("dot", 0)
+    keys = KeyRows(table_a, ids_a, table_b, ids_b)
+    B, d = ids_a.shape[0], table_a.shape[1]
+    assert key_rows.table_scores_apply(keys, torch.zeros(B, 1, 1, d))
+    assert not key_rows.table_scores_apply(keys, torch.zeros(B, 2, 1, d))
+    assert not key_rows.table_scores_apply(keys, torch.zeros(B, 1, 2, d))
+    on_meta = KeyRows(table_a.to("meta"), ids_a.to("meta"), table_b.to("meta"), ids_b.to("meta"))
+    assert not key_rows.table_scores_apply(on_meta, torch.zeros(B, 1, 1, d, device="meta"))
+
+
+@pytest.mark.parametrize(("kind", "nu"), [("dot", 0), ("dpfp", 2)])
+def test_int32_ids_give_the_int64_ids_scores(kind, nu):
+    """The docstring promises int32 ids as well as int64 (the compiled loops take either)."""
+    table_a, ids_a, table_b, ids_b, query = inputs(kind, nu)
+    wide = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, kind, nu)
+    narrow = table_scores(KeyRows(table_a, ids_a.int(), table_b, ids_b.int()), query, kind, nu)
+    torch.testing.assert_close(narrow, wide, rtol=0, atol=0)
