@@ -168,11 +168,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
             f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
             "that fwbench run wrote to"
         )
-    refuse_empty_path("--out", args.out, "a directory path")
+    # --out is judged before the store, but created only after it: an existing --out (a file, or '',
+    # the working directory) is refused here with nothing created; a new one waits for the store
     if Path(args.out).exists():
-        _make_out_dir(args.out)  # creates nothing; an --out that is a file is named before the store is judged
+        _make_out_dir(args.out)
     _refuse_empty_store(args.results_dir, args.out)
-    _make_out_dir(args.out)  # refuses --out '' (the working directory), as reproduce and capacity do
+    _make_out_dir(args.out)
     try:
         path = render_report(args.results_dir, args.out)
     except VariantError as exc:
