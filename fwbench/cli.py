@@ -189,16 +189,23 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     ``--results-dir`` replaced reports/REPORT.md and exited 0).
 
     Raises:
-        FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl.
+        FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
+            skipped as corrupt, their number and the first one's place (PATH:LINE) are named.
     """
     from fwbench.bench.suite import BENCH_RECORDS
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
-    if ResultsStore(results_dir).records() or ResultsStore(results_dir, BENCH_RECORDS).records():
+    runs, benches = ResultsStore(results_dir).load(), ResultsStore(results_dir, BENCH_RECORDS).load()
+    if runs.records or benches.records:
         return
+    # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable
+    skipped = runs.problems + benches.problems
+    found = (f"; {len(skipped)} corrupt or truncated line(s) skipped, the first {skipped[0].split(': ')[0]}"
+             if skipped else "")
     raise FwbenchError(
-        f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}); "
-        f"expected the directory that fwbench run, reproduce or bench wrote to; nothing was written to {str(out)!r}"
+        f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
+        f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "
+        f"nothing was written to {str(out)!r}"
     )
 
 

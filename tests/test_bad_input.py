@@ -1432,6 +1432,17 @@ def _(ctx):
     return answer
 
 
+@row("C174")
+def _(ctx):
+    results, out = ctx.tmp_path / "corrupt", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text('{"run_id": 3}\nnot json\n')  # a run id that is no string; no JSON
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    assert f"the first {results / 'runs.jsonl'}:1)" in answer
+    return answer
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
