@@ -59,19 +59,22 @@ def _logit_limit(q: Tensor) -> float:
     return torch.finfo(compute_dtype(q)).max / 2
 
 
-def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """The entries of q (B, H, T, d) and keys (B, H, P + T, d) to keep from the fused kernel
-    because a logit q_t · k_j they enter may overflow (masked ones included), non-finite entries
-    read as 0. A marked entry's query counts as non-finite, and so does every query that attends
-    a marked key.
+def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(entries of q (B, H, T, d), entries of keys (B, H, P + T, d), future pairs (B, H, T, P + T) or
+    None): the marks that keep q and keys from the fused kernel because a logit q_t · k_j they enter
+    may overflow (masked ones included), non-finite entries read as 0. A marked entry's query counts
+    as non-finite, and so does every query that attends a marked key.
 
     Where neither tensor shares memory between its elements, pairs are judged one by one
-    (|q_t · k_j| ≤ Σ_i |q_ti| |k_ji|, in float64) and each pair that may overflow is broken on the
-    side that keeps the mark causal: the key of a later token (a future, masked pair) is marked,
-    which touches only queries at or after it; otherwise the query, which touches only its own row.
-    So whether an output is the fused kernel's depends on no later token (a query of 1e20 at token
-    5 and a key of 1e19 at token 0: outputs 0–4 were moved by 1 ulp, the key having been marked
-    against the largest query over the whole sequence).
+    (|q_t · k_j| ≤ Σ_i |q_ti| |k_ji|, in float64). A pair with a key at or before the query marks the
+    query, which touches only its own row. A future (masked) pair marks neither: it is returned, and
+    :func:`_causal_with_non_finite` breaks it in each row's fused call on the side that row does not
+    read (the later key for the rows before it, the query for the others), so that whether an
+    output is the fused kernel's depends on no later token and on no other row's query. Marking the
+    key of a future pair (4bb05a3) moved every output after a huge query (fp32, T = 64, d_key = 16,
+    q[21] = 3e38: outputs 22-63 by up to 4.8e-7, h-break14v); marking its query against the largest
+    key of the whole sequence (before) moved the outputs before a huge later query (a query of 1e20
+    at token 5 and a key of 1e19 at token 0: outputs 0–4 by 1 ulp, h-break14t).
 
     An expanded or overlapping input shares one memory entry between several elements (a key
     broadcast over heads, sliding windows of one sequence), and :func:`zeroed_in_layout` zeroes an
@@ -90,16 +93,15 @@ def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         over = (q_abs @ k_abs.mT) > limit  # (B, H, T, P + T); an overflowing float64 bound reads inf
         T, N = q.shape[2], keys.shape[2]
         future = torch.arange(N, device=q.device)[None, :] > torch.arange(N - T, N, device=q.device)[:, None]
-        huge_k = (over & future).any(-2, keepdim=True).mT.expand(keys.shape)
         huge_q = (over & ~future).any(-1, keepdim=True).expand(q.shape)
-        return huge_q, huge_k
+        return huge_q, torch.zeros_like(keys, dtype=torch.bool), over & future
     per_term = limit / max(q.shape[-1], 1)
     root = math.sqrt(per_term)
     q_top = q_abs.max() if q_abs.numel() else q_abs.new_zeros(())
     k_top = k_abs.max() if k_abs.numel() else k_abs.new_zeros(())
     huge_q = (q_abs > root) & (q_abs * k_top > per_term)
     huge_k = (k_abs > root) & (k_abs * q_top > per_term)
-    return huge_q, huge_k
+    return huge_q, huge_k, None
 
 
 def _shares_memory(x: Tensor) -> bool:
@@ -142,19 +144,60 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
     queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
     ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
-    as non-finite: the fused kernel would add the mask to an infinite logit."""
+    as non-finite: the fused kernel would add the mask to an infinite logit. A future pair that may
+    overflow touches no output: the rows are given by one fused call per split (:func:`_future_splits`),
+    each with the pair's key or query zeroed where the rows it gives read neither."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
-    huge_q, huge_k = _overflowing(q, keys)
+    huge_q, huge_k, future = _overflowing(q, keys)
     bad_q, bad_k = bad_q | huge_q, bad_k | huge_k
     seen = allowed.to(q.dtype)
-    touched = (bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0))[..., None]
-    touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
-    clean = torch.nn.functional.scaled_dot_product_attention(
-        *(zeroed_in_layout(x, bad) for x, bad in ((q, bad_q), (keys, bad_k), (values, bad_v))), attn_mask=allowed)
+    touched_rows = bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0)
+    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0)
+    zeroed_v = zeroed_in_layout(values, bad_v)
+    clean = None
+    for split, rows in _future_splits(future, touched_rows, keys.shape[2]):
+        # the future pairs (t, j) with j > split break on the key, the others on the query: the rows
+        # given this split read neither (their keys are at or before it, their own pairs all past it)
+        key_pos = torch.arange(keys.shape[2], device=q.device)
+        late = key_pos > split[..., None]  # (B, H, P + T)
+        cut_q = (future & ~late[..., None, :]).any(-1)[..., None]
+        cut_k = (future & late[..., None, :]).any(-2)[..., None]
+        part = torch.nn.functional.scaled_dot_product_attention(
+            zeroed_in_layout(q, bad_q | cut_q), zeroed_in_layout(keys, bad_k | cut_k), zeroed_v, attn_mask=allowed)
+        clean = part if clean is None else torch.where(rows[..., None], part, clean)
+    if clean is None:
+        clean = torch.nn.functional.scaled_dot_product_attention(
+            zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
     logits = (q.to(wide) @ keys.to(wide).mT) * (1.0 / math.sqrt(q.shape[-1]))
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     return torch.where(touched, masked_matmul(weights, values.to(wide), allowed).to(clean.dtype), clean)
+
+
+def _future_splits(future: Tensor | None, touched: Tensor, N: int) -> list[tuple[Tensor, Tensor]]:
+    """[(split (B, H), rows (B, H, T)), ...]: the fused calls :func:`_causal_with_non_finite` makes
+    where future pairs (``future``, (B, H, T, N)) may overflow, and the rows each call gives. Row t is
+    given the split just before its nearest future partner m_t (N − 1 without one): every key it reads
+    (≤ its position < m_t) is kept and its own query too, since all its pairs lie past the split. Rows
+    of one split share a call (per batch row and head, the k-th distinct split is call k): one call
+    without future pairs, two for one huge key, more only for several tokens that overflow in turn.
+    Rows already taken from the explicit form (``touched``) need no call. Empty without future pairs."""
+    if future is None or not future.any():
+        return []
+    nearest = future.to(torch.uint8).argmax(-1)  # (B, H, T): the first future partner, where there is one
+    split = torch.where(future.any(-1) & ~touched, nearest - 1, N - 1)
+    ordered, order = split.sort(-1)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    rank = torch.empty_like(order).scatter_(-1, order, first.cumsum(-1) - 1)  # distinct splits below row t's
+    calls = []
+    for k in range(int(rank.max()) + 1):
+        rows = (rank == k) & ~touched
+        if not rows.any():  # the rows of a huge key's split all read it: explicit, no call
+            continue
+        value = torch.where(rows, split, -1).amax(-1)  # (B, H): this call's split (-1 where no row has it)
+        calls.append((torch.where(value < 0, N - 1, value), rows))
+    return calls
 
 
 def softmax_recurrent(
