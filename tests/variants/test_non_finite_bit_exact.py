@@ -381,3 +381,21 @@ def test_softmax_outputs_before_a_huge_key_stay_bit_for_bit_beside_other_overflo
     mask = torch.ones(8, P + 8, dtype=torch.bool).tril(P)
     fused = torch.nn.functional.scaled_dot_product_attention(quiet_q, keys, values, attn_mask=mask)
     assert torch.equal(y_huge[:, :, 1:4], fused[:, :, 1:4])
+
+
+@pytest.mark.parametrize("P", [0, 5])
+def test_softmax_outputs_whose_window_has_passed_a_huge_key_stay_bit_for_bit(P):
+    """Break-it finding (h-break14v, of 4bb05a3): window 8, key 20 = 3e38 (fp32, B = H = 2, T = 64,
+    d_key = 16): a pair of the key with a query whose window had passed it (masked, but the fused
+    kernel adds the mask to the logit) marked the query, so outputs 28-63 left the fused kernel and
+    moved by up to 2.4e-7, though none of them reads key 20. Now only outputs 20-27 change."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(2, 2, P, 16, generator=g) for _ in range(2)) if P else (None, None)
+    huge = k.clone()
+    huge[:, :, 20] = 3e38
+    y, _, _ = softmax_parallel(q, k, v, k_cache, v_cache, 8)
+    y_huge, _, _ = softmax_parallel(q, huge, v, k_cache, v_cache, 8)
+    far = torch.arange(64) >= 28
+    assert torch.equal(y_huge[:, :, far], y[:, :, far]) and torch.equal(y_huge[:, :, :20], y[:, :, :20])
+    assert not torch.isfinite(y_huge[:, :, 20:28]).all()
