@@ -333,7 +333,10 @@ def claim_unnormalised_delta_rule_fails(frame: pd.DataFrame) -> ClaimResult:
         interval, diverged = cells[unnorm]
         seeds = int((chosen["variant"] == unnorm).sum())
         checks.append(True if 2 * diverged >= seeds else certainly_lower(cells[normalised][0], interval))
-        read = f" {interval} ({labels[unnorm]})," if unnorm in labels and diverged < seeds else ":"
+        # its perplexity wherever a run at its rate was measured, labelled with the rate where one was chosen
+        # (with one rate for all, or none recorded, the label is absent: the interval was dropped with it)
+        label = f" ({labels[unnorm]})" if unnorm in labels else ""
+        read = f" {interval}{label}," if diverged < seeds else ":"
         parts.append(f"{unnorm}{read} {_divergence_count(rows, unnorm)} vs "
                      f"{normalised} {_ppl_text(cells[normalised], labels.get(normalised))}")
     used = [v for p in _unnorm_pairs(list(cells)) for v in p]

@@ -296,7 +296,8 @@ def read_baseline(path: Path) -> dict:
 
     An empty file, git conflict markers, a JSON list, a ratio that is null, NaN, negative or a string
     crashed the gate (a pytest INTERNALERROR or a KeyError traceback) or, without a CPU name it could
-    read, made the file look like another CPU's.
+    read, made the file look like another CPU's; so did a ratio written as an integer too large for a
+    float (OverflowError), one of over 4300 digits or arrays nested thousands deep (RecursionError).
 
     Raises:
         ValueError: one line naming the file, what is wrong and :data:`BASELINE_FORMAT`.
@@ -318,6 +319,8 @@ def read_baseline(path: Path) -> dict:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise bad(f"not JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    except (ValueError, RecursionError) as exc:  # an integer of over 4300 digits; arrays nested past the recursion limit
+        raise bad(f"not JSON that Python reads ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
     if not isinstance(data, dict):
         raise bad(f"got a JSON {type(data).__name__}")
     benchmarks = data.get("benchmarks")
@@ -328,7 +331,7 @@ def read_baseline(path: Path) -> dict:
         ratio = entry.get("ratio") if isinstance(entry, dict) else None
         if not isinstance(entry, dict):
             raise bad(f"benchmarks.{name}: got {entry!r}")
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not (math.isfinite(ratio) and ratio > 0):
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not _finite_positive(ratio):
             raise bad(f"benchmarks.{name}.ratio: got {ratio!r}")
     environment = data.get("environment")
     if environment is not None and not isinstance(environment, dict):
@@ -337,6 +340,15 @@ def read_baseline(path: Path) -> dict:
     if device_name is not None and not isinstance(device_name, str):
         raise bad(f"environment.device_name: got {device_name!r}")
     return data
+
+
+def _finite_positive(number: int | float) -> bool:
+    """Whether ``number`` is a finite float > 0: an integer too large for a float (a ratio of 10**400,
+    which JSON holds as an integer) raised OverflowError from math.isfinite, past read_baseline's check."""
+    try:
+        return math.isfinite(float(number)) and number > 0
+    except OverflowError:
+        return False
 
 
 def baseline_cpu(path: Path) -> str | None:

@@ -121,3 +121,18 @@ def test_the_best_rate_is_marked_when_the_sweep_does_not_bracket_it():
     one_rate = sweep[sweep["lr"] == 6e-3]
     assert describe_learning_rates(one_rate) == "lr 0.006 for every variant (one rate, no sweep)"
     assert "best lr" not in claim_delta_beats_sum(one_rate).measured
+
+
+@pytest.mark.parametrize("with_lr", [True, False], ids=["one rate", "no lr recorded"])
+def test_c7_shows_the_unnormalised_rules_perplexity_without_a_rate_sweep(with_lr):
+    """Break-it finding (h-break14v): with one learning rate for every run (or none recorded) there is
+    no rate label, and C7 dropped the unnormalised rule's perplexity with it: 'linear-delta-unnorm: 1 of
+    3 runs diverged vs linear-delta 5.02 [...]', a PASS decided on an interval the table did not show."""
+    rows = unnorm_sweep({6e-3: 1})
+    rows = rows[rows["lr"] == 6e-3]
+    if not with_lr:
+        rows = rows.drop(columns="lr")
+    result = claim_unnormalised_delta_rule_fails(rows)
+    assert "linear-delta-unnorm 7.025 [6.962, 7.089], 1 of 3 runs diverged vs linear-delta" in result.measured, \
+        result.measured
+    assert result.verdict == PASS

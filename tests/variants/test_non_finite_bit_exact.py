@@ -336,3 +336,66 @@ def test_softmax_outputs_before_a_huge_token_are_bit_for_bit_whatever_it_holds(w
                     k_t[:, :, t] *= 1e20
                 y_t, _, _ = softmax_parallel(q_t, k_t, v, k_cache, v_cache, window)
                 assert torch.equal(y_t[:, :, :t], y[:, :, :t]), (j, t, huge)
+
+
+def test_softmax_a_huge_query_leaves_every_other_output_bit_for_bit():
+    """Break-it finding (h-break14v, of 4bb05a3): a query of 3e38 at token 21 (fp32, B = H = 2,
+    T = 64, d_key = 16) overflows its masked logits with every later key, and each such future pair
+    marked the key: outputs 22-63 left the fused kernel and moved by up to 4.8e-7, though none of them
+    reads query 21 (before 4bb05a3 only output 21 changed). Each row's fused call now breaks a future
+    pair on the side that row does not read."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(3))
+    huge = q.clone()
+    huge[:, :, 21] = 3e38
+    y, _, _ = softmax_parallel(q, k, v)
+    y_huge, _, _ = softmax_parallel(huge, k, v)
+    others = torch.arange(64) != 21
+    assert torch.equal(y_huge[:, :, others], y[:, :, others])
+    assert torch.isnan(y_huge[:, :, 21]).all()
+
+
+@pytest.mark.parametrize("P", [0, 2])
+def test_softmax_outputs_before_a_huge_key_stay_bit_for_bit_beside_other_overflowing_pairs(P):
+    """Several future pairs overflow: query 0 (×1e20) with key 1 (1e19 in every entry), and, once
+    key 4 is 3e38, every query before it with key 4. Row 2 reads key 1 and has key 4 as a future
+    partner: its fused call keeps key 1 and its own query (and breaks both pairs on their other
+    side), so outputs 0-3 are those with key 4 as drawn, bit for bit."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(1, 2, P, 4, generator=g) for _ in range(2)) if P else (None, None)
+    q[:, :, 0] *= 1e20
+    k[:, :, 1] = 1e19
+    y, _, _ = softmax_parallel(q, k, v, k_cache, v_cache)
+    huge = k.clone()
+    huge[:, :, 4] = 3e38
+    y_huge, _, _ = softmax_parallel(q, huge, v, k_cache, v_cache)
+    y_recurrent, _, _ = softmax_recurrent(q, huge, v, k_cache, v_cache)
+    assert torch.equal(y_huge[:, :, :4], y[:, :, :4])
+    assert torch.equal(torch.isfinite(y_huge), torch.isfinite(y_recurrent))
+    # outputs 1-3 read neither query 0 nor key 4: the fused kernel's (4bb05a3 marked key 1, and took them
+    # from the explicit product)
+    quiet_q = q.clone()
+    quiet_q[:, :, 0] = 0
+    keys, values = (x if c is None else torch.cat([c, x], dim=2) for x, c in ((k, k_cache), (v, v_cache)))
+    mask = torch.ones(8, P + 8, dtype=torch.bool).tril(P)
+    fused = torch.nn.functional.scaled_dot_product_attention(quiet_q, keys, values, attn_mask=mask)
+    assert torch.equal(y_huge[:, :, 1:4], fused[:, :, 1:4])
+
+
+@pytest.mark.parametrize("P", [0, 5])
+def test_softmax_outputs_whose_window_has_passed_a_huge_key_stay_bit_for_bit(P):
+    """Break-it finding (h-break14v, of 4bb05a3): window 8, key 20 = 3e38 (fp32, B = H = 2, T = 64,
+    d_key = 16): a pair of the key with a query whose window had passed it (masked, but the fused
+    kernel adds the mask to the logit) marked the query, so outputs 28-63 left the fused kernel and
+    moved by up to 2.4e-7, though none of them reads key 20. Now only outputs 20-27 change."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 64, 16, generator=g) for _ in range(3))
+    k_cache, v_cache = (torch.randn(2, 2, P, 16, generator=g) for _ in range(2)) if P else (None, None)
+    huge = k.clone()
+    huge[:, :, 20] = 3e38
+    y, _, _ = softmax_parallel(q, k, v, k_cache, v_cache, 8)
+    y_huge, _, _ = softmax_parallel(q, huge, v, k_cache, v_cache, 8)
+    far = torch.arange(64) >= 28
+    assert torch.equal(y_huge[:, :, far], y[:, :, far]) and torch.equal(y_huge[:, :, :20], y[:, :, :20])
+    assert not torch.isfinite(y_huge[:, :, 20:28]).all()

@@ -59,19 +59,24 @@ def _logit_limit(q: Tensor) -> float:
     return torch.finfo(compute_dtype(q)).max / 2
 
 
-def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
-    """The entries of q (B, H, T, d) and keys (B, H, P + T, d) to keep from the fused kernel
-    because a logit q_t · k_j they enter may overflow (masked ones included), non-finite entries
-    read as 0. A marked entry's query counts as non-finite, and so does every query that attends
-    a marked key.
+def _overflowing(q: Tensor, keys: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(entries of q (B, H, T, d), entries of keys (B, H, P + T, d), masked pairs (B, H, T, P + T) or
+    None): the marks that keep q and keys from the fused kernel because a logit q_t · k_j they enter
+    may overflow (masked ones included: the kernel adds the mask to them), non-finite entries read as
+    0. A marked entry's query counts as non-finite, and so does every query that attends a marked key.
 
     Where neither tensor shares memory between its elements, pairs are judged one by one
-    (|q_t · k_j| ≤ Σ_i |q_ti| |k_ji|, in float64) and each pair that may overflow is broken on the
-    side that keeps the mark causal: the key of a later token (a future, masked pair) is marked,
-    which touches only queries at or after it; otherwise the query, which touches only its own row.
-    So whether an output is the fused kernel's depends on no later token (a query of 1e20 at token
-    5 and a key of 1e19 at token 0: outputs 0–4 were moved by 1 ulp, the key having been marked
-    against the largest query over the whole sequence).
+    (|q_t · k_j| ≤ Σ_i |q_ti| |k_ji|, in float64). A pair the query attends (``allowed``) marks the
+    query, which touches only its own row. A masked pair (a later key, or one before the window)
+    marks neither: it is returned, and :func:`_causal_with_non_finite` breaks it, in the fused call
+    that gives a row, on the side that row does not read (the key, or another row's query), so that
+    whether an output is the fused kernel's depends on no later token, no other row's query and no
+    key outside its window. Marking the key of a future pair (4bb05a3) moved every output after a
+    huge query (fp32, T = 64, d_key = 16, q[21] = 3e38: outputs 22-63 by up to 4.8e-7), and marking
+    the query of a pair before the window moved the outputs whose window had passed a huge key (window
+    8, k[20] = 3e38: outputs 28-63 by up to 2.4e-7; both h-break14v); marking the query against the
+    largest key of the whole sequence (before) moved the outputs before a huge later query (a query of
+    1e20 at token 5 and a key of 1e19 at token 0: outputs 0–4 by 1 ulp, h-break14t).
 
     An expanded or overlapping input shares one memory entry between several elements (a key
     broadcast over heads, sliding windows of one sequence), and :func:`zeroed_in_layout` zeroes an
@@ -88,18 +93,15 @@ def _overflowing(q: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
     limit = _logit_limit(q)
     if not (_shares_memory(q) or _shares_memory(keys)):
         over = (q_abs @ k_abs.mT) > limit  # (B, H, T, P + T); an overflowing float64 bound reads inf
-        T, N = q.shape[2], keys.shape[2]
-        future = torch.arange(N, device=q.device)[None, :] > torch.arange(N - T, N, device=q.device)[:, None]
-        huge_k = (over & future).any(-2, keepdim=True).mT.expand(keys.shape)
-        huge_q = (over & ~future).any(-1, keepdim=True).expand(q.shape)
-        return huge_q, huge_k
+        huge_q = (over & allowed).any(-1, keepdim=True).expand(q.shape)
+        return huge_q, torch.zeros_like(keys, dtype=torch.bool), over & ~allowed
     per_term = limit / max(q.shape[-1], 1)
     root = math.sqrt(per_term)
     q_top = q_abs.max() if q_abs.numel() else q_abs.new_zeros(())
     k_top = k_abs.max() if k_abs.numel() else k_abs.new_zeros(())
     huge_q = (q_abs > root) & (q_abs * k_top > per_term)
     huge_k = (k_abs > root) & (k_abs * q_top > per_term)
-    return huge_q, huge_k
+    return huge_q, huge_k, None
 
 
 def _shares_memory(x: Tensor) -> bool:
@@ -142,19 +144,65 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
     queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
     ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
-    as non-finite: the fused kernel would add the mask to an infinite logit."""
+    as non-finite: the fused kernel would add the mask to an infinite logit. A masked pair that may
+    overflow touches no output: the rows are given by one fused call per span of keys
+    (:func:`_masked_pair_calls`), each with the pair's key or query zeroed where its rows read neither."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
-    huge_q, huge_k = _overflowing(q, keys)
+    huge_q, huge_k, masked = _overflowing(q, keys, allowed)
     bad_q, bad_k = bad_q | huge_q, bad_k | huge_k
     seen = allowed.to(q.dtype)
-    touched = (bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0))[..., None]
-    touched = touched | ((seen @ bad_v.to(q.dtype)) > 0)
-    clean = torch.nn.functional.scaled_dot_product_attention(
-        *(zeroed_in_layout(x, bad) for x, bad in ((q, bad_q), (keys, bad_k), (values, bad_v))), attn_mask=allowed)
+    touched_rows = bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0)
+    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0)
+    zeroed_v = zeroed_in_layout(values, bad_v)
+    clean = None
+    for low, high, rows in _masked_pair_calls(masked, touched_rows):
+        # the masked pairs (t, j) with j outside [low, high] break on the key, the others on the query:
+        # the rows given here read only keys in [low, high], and their own pairs all lie outside it
+        key_pos = torch.arange(keys.shape[2], device=q.device)
+        outside = ((key_pos < low[..., None]) | (key_pos > high[..., None]))[..., None, :]  # (B, H, 1, P + T)
+        cut_q = (masked & ~outside).any(-1)[..., None]
+        cut_k = (masked & outside).any(-2)[..., None]
+        part = torch.nn.functional.scaled_dot_product_attention(
+            zeroed_in_layout(q, bad_q | cut_q), zeroed_in_layout(keys, bad_k | cut_k), zeroed_v, attn_mask=allowed)
+        clean = part if clean is None else torch.where(rows[..., None], part, clean)
+    if clean is None:
+        clean = torch.nn.functional.scaled_dot_product_attention(
+            zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
     logits = (q.to(wide) @ keys.to(wide).mT) * (1.0 / math.sqrt(q.shape[-1]))
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     return torch.where(touched, masked_matmul(weights, values.to(wide), allowed).to(clean.dtype), clean)
+
+
+def _masked_pair_calls(masked: Tensor | None, touched: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """[(low (B, H), high (B, H), rows (B, H, T)), ...]: the fused calls :func:`_causal_with_non_finite`
+    makes where masked pairs (``masked``, (B, H, T, N)) may overflow, and the rows each call gives. Row
+    t is given the span of keys between its nearest masked partners, one before its window (or 0) and
+    one after its position (or N − 1): every key it reads lies in it, and none of its own partners.
+    Rows of one span share a call (per batch row and head, the k-th distinct span is call k): one call
+    for a huge key or query, more only for several tokens that overflow in turn. Rows already taken
+    from the explicit form (``touched``) need no call. Empty without masked pairs."""
+    if masked is None or not masked.any():
+        return []
+    T, N = masked.shape[-2:]
+    later = torch.arange(N, device=masked.device) > torch.arange(N - T, N, device=masked.device)[:, None]
+    after, before = masked & later, masked & ~later
+    high = torch.where(after.any(-1), after.to(torch.uint8).argmax(-1) - 1, N - 1)  # (B, H, T); the first
+    low = torch.where(before.any(-1), N - before.flip(-1).to(torch.uint8).argmax(-1), 0)  # one past the last
+    span = torch.where(touched, -1, low * N + high)
+    ordered, order = span.sort(-1)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[..., 1:] = ordered[..., 1:] != ordered[..., :-1]
+    rank = torch.empty_like(order).scatter_(-1, order, first.cumsum(-1) - 1)  # distinct spans below row t's
+    calls = []
+    for k in range(int(rank.max()) + 1):
+        rows = (rank == k) & ~touched
+        if not rows.any():  # the explicit rows' own rank
+            continue
+        value = torch.where(rows, span, -1).amax(-1)  # (B, H): this call's span (-1 where no row has it)
+        value = torch.where(value < 0, N - 1, value)
+        calls.append((value // N, value % N, rows))
+    return calls
 
 
 def softmax_recurrent(
