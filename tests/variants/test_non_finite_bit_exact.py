@@ -399,3 +399,30 @@ def test_softmax_outputs_whose_window_has_passed_a_huge_key_stay_bit_for_bit(P):
     far = torch.arange(64) >= 28
     assert torch.equal(y_huge[:, :, far], y[:, :, far]) and torch.equal(y_huge[:, :, :20], y[:, :, :20])
     assert not torch.isfinite(y_huge[:, :, 20:28]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "float64"])
+def test_softmax_values_whose_sum_passes_the_largest_float_are_weighed_as_in_the_recurrent_form(dtype):
+    """Break-it finding (h-break14w): values [[m, −m], [m, −m]] with m = 0.6 × the dtype's largest
+    float and equal logits: the fused kernel sums exp(logit − max) · v before it divides by the
+    weights' sum, so output 1 was [inf, −inf] against the recurrent form's [m, −m]; the values' plain
+    sum, 0, passed the check. Also on the non-finite path (a NaN key later), and the outputs before a
+    huge value stay the fused kernel's bit for bit."""
+    m = torch.finfo(dtype).max * 0.6
+    q, k = torch.zeros(1, 1, 3, 2, dtype=dtype), torch.zeros(1, 1, 3, 2, dtype=dtype)
+    v = torch.tensor([[m, -m], [m, -m], [1.0, 2.0]], dtype=torch.float64).to(dtype).view(1, 1, 3, 2)
+    y_recurrent, _, _ = softmax_recurrent(q, k, v)
+    assert torch.isfinite(y_recurrent).all()
+    for keys in (k, torch.cat([k[:, :, :2], torch.full_like(k[:, :, 2:], float("nan"))], dim=2)):
+        y, _, _ = softmax_parallel(q, keys, v)
+        torch.testing.assert_close(y[:, :, :2], y_recurrent[:, :, :2])
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 8, 4, generator=g).to(dtype) for _ in range(3))
+    huge = v.clone()
+    huge[:, :, 4:6] = m
+    y, _, _ = softmax_parallel(q, k, v)
+    y_huge, _, _ = softmax_parallel(q, k, huge)
+    y_recurrent, _, _ = softmax_recurrent(q, k, huge)
+    assert torch.equal(y_huge[:, :, :4], y[:, :, :4])
+    loose = {"rtol": 0.05, "atol": 0.01} if dtype == torch.bfloat16 else {}  # fused and recurrent round apart
+    torch.testing.assert_close(y_huge, y_recurrent, **loose)

@@ -123,15 +123,22 @@ def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
     |q_t · k_j| ≤ ‖Q‖ ‖K‖ (Frobenius norms). A norm, like a sum, is finite only if every entry is
     (NaN and ±inf propagate); a norm or sum that overflows sends the call to the explicit path,
     which is right for any input, only slower. One pass over each tensor and one host
-    synchronisation, as ``all_finite``."""
+    synchronisation, as ``all_finite``.
+
+    The values must not overflow either: the fused kernel sums exp(logit − running max) · v_j before
+    it divides by the sum of the weights, a sum of up to Σ_j |v_jd| ≤ √N ‖V‖ over the N keys (each
+    weight ≤ 1), so it is kept to the same limit (values [[2e38, −2e38], [2e38, −2e38]] in fp32,
+    equal logits: output 1 was [inf, −inf] against the recurrent form's [2e38, −2e38]; their plain
+    sum, 0, let them through). A norm costs about a sum more than the sum it replaces (ℓ1's generic
+    kernel, 8 times more)."""
     dtype = compute_dtype(q)
     if not (q.numel() and keys.numel()):
         return all(bool(torch.isfinite(x).all()) for x in (q, keys, values))
     stats = torch.stack([torch.linalg.vector_norm(q, dtype=dtype), torch.linalg.vector_norm(keys, dtype=dtype),
-                         values.sum(dtype=dtype)]).tolist()
+                         torch.linalg.vector_norm(values, dtype=dtype)]).tolist()
     if not all(math.isfinite(x) for x in stats):
         return False
-    return stats[0] * stats[1] <= _logit_limit(q)
+    return stats[0] * stats[1] <= _logit_limit(q) and stats[2] * math.sqrt(keys.shape[2]) <= _logit_limit(q)
 
 
 def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
@@ -144,7 +151,8 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
     queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
     ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
-    as non-finite: the fused kernel would add the mask to an infinite logit. A masked pair that may
+    as non-finite: the fused kernel would add the mask to an infinite logit; so does an entry [t, d]
+    whose values may overflow the fused kernel's unnormalised sum (:func:`_value_sum_may_overflow`). A masked pair that may
     overflow touches no output: the rows are given by one fused call per span of keys
     (:func:`_masked_pair_calls`), each with the pair's key or query zeroed where its rows read neither."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
@@ -152,7 +160,7 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     bad_q, bad_k = bad_q | huge_q, bad_k | huge_k
     seen = allowed.to(q.dtype)
     touched_rows = bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0)
-    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0)
+    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0) | _value_sum_may_overflow(q, values, allowed)
     zeroed_v = zeroed_in_layout(values, bad_v)
     clean = None
     for low, high, rows in _masked_pair_calls(masked, touched_rows):
@@ -172,6 +180,17 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     logits = (q.to(wide) @ keys.to(wide).mT) * (1.0 / math.sqrt(q.shape[-1]))
     weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
     return torch.where(touched, masked_matmul(weights, values.to(wide), allowed).to(clean.dtype), clean)
+
+
+def _value_sum_may_overflow(q: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
+    """(B, H, T, d_v): the output entries [t, d] whose values may overflow the fused kernel's sum
+    Σ_j exp(logit_tj − max) v_jd (it divides by the weights' sum only at the end): those where
+    Σ_{j allowed} |v_jd| (in float64, non-finite values read as 0) passes :func:`_logit_limit`. They
+    depend on no value outside their window, and :func:`_causal_with_non_finite` takes them from the
+    explicit product, which weighs the values after normalising (at most the largest |v_jd|)."""
+    wide = torch.float64
+    v_abs = torch.where(torch.isfinite(values), values.abs(), 0).to(wide)
+    return (allowed.to(wide) @ v_abs) > _logit_limit(q)
 
 
 def _masked_pair_calls(masked: Tensor | None, touched: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
