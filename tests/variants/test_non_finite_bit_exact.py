@@ -426,3 +426,33 @@ def test_softmax_values_whose_sum_passes_the_largest_float_are_weighed_as_in_the
     assert torch.equal(y_huge[:, :, :4], y[:, :, :4])
     loose = {"rtol": 0.05, "atol": 0.01} if dtype == torch.bfloat16 else {}  # fused and recurrent round apart
     torch.testing.assert_close(y_huge, y_recurrent, **loose)
+
+
+def _gradients(kernel, inputs, window, before):
+    """Gradients of a weighted sum of the outputs before token ``before`` w.r.t. q, k, v."""
+    q, k, v = (x.clone().requires_grad_() for x in inputs)
+    y, _, _ = kernel(q, k, v, None, None, window)
+    weight = torch.randn(y.shape, generator=torch.Generator().manual_seed(2))
+    (y[:, :, :before] * weight[:, :, :before]).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("window", [None, 2])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_softmax_gradients_of_the_outputs_before_a_non_finite_token_are_the_recurrent_forms(where, bad, window):
+    """Break-it finding (h-break14w): one non-finite entry at token 3 (fp32, B = 1, H = 2, T = 6,
+    d = 3), a loss on outputs 0-2: the explicit product's backward multiplied the masked pairs' exact
+    zero gradients by the inf or NaN (0 · inf = NaN), so a key of inf gave NaN gradients to queries
+    0-2, a NaN query to keys 4 and 5 (and, with the window, key 0), and a NaN row's masked weights to
+    values 4 and 5, where the recurrent form's gradients are finite. Now every gradient the recurrent
+    form gives finite is finite and agrees with it."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(1, 2, 6, 3, generator=g) for name in "qkv"}
+    inputs[where][0, 0, 3, 1] = bad
+    parallel = _gradients(softmax_parallel, inputs.values(), window, 3)
+    recurrent = _gradients(softmax_recurrent, inputs.values(), window, 3)
+    for name, ours, theirs in zip("qkv", parallel, recurrent):
+        finite = torch.isfinite(theirs)
+        assert torch.isfinite(ours[finite]).all(), name
+        torch.testing.assert_close(ours[finite], theirs[finite])

@@ -177,9 +177,26 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
         clean = torch.nn.functional.scaled_dot_product_attention(
             zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
-    logits = (q.to(wide) @ keys.to(wide).mT) * (1.0 / math.sqrt(q.shape[-1]))
-    weights = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = torch.softmax(_explicit_logits(q.to(wide), keys.to(wide)).masked_fill(~allowed, float("-inf")), dim=-1)
+    weights = weights.masked_fill(~allowed, 0.0)  # a NaN row's masked weights: no NaN gradient into later values
     return torch.where(touched, masked_matmul(weights, values.to(wide), allowed).to(clean.dtype), clean)
+
+
+def _explicit_logits(q: Tensor, keys: Tensor) -> Tensor:
+    """q k^T / √d_key, where a pair with a non-finite entry in its query or key takes the product's
+    value but passes no gradient (the other pairs are formed from q and keys with those entries
+    zeroed). Why: a masked pair's gradient is an exact 0, and 0 · inf = NaN in the product's
+    backward, so a key of inf at token 3 sent NaN into the gradients of queries 0-2 (fp32, T = 6),
+    whose outputs never read it, and a NaN query at token 3 into those of keys 4 and 5; the recurrent
+    form's are finite. An attended non-finite pair makes its output non-finite, and the gradients
+    through that output NaN, in either form."""
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    bad_q, bad_k = ~torch.isfinite(q), ~torch.isfinite(keys)
+    if not (bad_q.any() or bad_k.any()):
+        return (q @ keys.mT) * scale
+    finite_pair = ~bad_q.any(-1)[..., :, None] & ~bad_k.any(-1)[..., None, :]
+    product = q.masked_fill(bad_q, 0.0) @ keys.masked_fill(bad_k, 0.0).mT
+    return torch.where(finite_pair, product, (q @ keys.mT).detach()) * scale
 
 
 def _value_sum_may_overflow(q: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
