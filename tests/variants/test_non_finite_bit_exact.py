@@ -456,3 +456,27 @@ def test_softmax_gradients_of_the_outputs_before_a_non_finite_token_are_the_recu
         finite = torch.isfinite(theirs)
         assert torch.isfinite(ours[finite]).all(), name
         torch.testing.assert_close(ours[finite], theirs[finite])
+
+
+@pytest.mark.parametrize("scale", [3e38, 1e37, 1e20])
+def test_softmax_gradients_of_the_outputs_before_a_huge_value_are_the_recurrent_forms(scale):
+    """Break-it finding (h-break14w): v[3] = ``scale`` in every entry (fp32, T = 4, d = 3), a loss on
+    outputs 0-2: the fused kernel's backward forms dO_t · v_3 for the masked pairs too, 9e38 = inf,
+    times their zero weight NaN, so queries 0-2 (and key 3) had NaN gradients where the recurrent
+    form's are finite (1e37: the check let the values through; 3e38 on the explicit path, whose fused
+    call kept them). Values past √ of the logit limit (1.3e19) now leave the fused kernel; 1e20 is
+    weighed by the explicit product alone."""
+    g = torch.Generator().manual_seed(0)
+    inputs = {name: torch.randn(1, 1, 4, 3, generator=g) for name in "qkv"}
+    inputs["v"][0, 0, 3] = scale
+    weight = torch.ones(1, 1, 4, 3)
+    weight[:, :, 1:] = 40.0  # a gradient dO of 40: 40 × 3 × 1e37 overflows fp32
+    grads = []
+    for kernel in (softmax_parallel, softmax_recurrent):
+        q, k, v = (x.clone().requires_grad_() for x in inputs.values())
+        y, _, _ = kernel(q, k, v)
+        (y[:, :, :3] * weight[:, :, :3]).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for name, ours, theirs in zip("qkv", *grads):
+        assert torch.isfinite(theirs).all(), name
+        torch.testing.assert_close(ours, theirs, msg=name)

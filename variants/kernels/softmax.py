@@ -6,7 +6,8 @@ Shapes: q, k (B, H, T, d_key); v (B, H, T, d_v); cached keys and values (B, H, P
 P tokens before this call. With ``window`` set, each query sees only its last ``window`` keys
 (itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all.
 A NaN or ±inf in a key or value reaches only the queries at or after it, as in the recurrent form,
-and so does a finite key whose logits overflow (the fused kernel is then kept from it).
+and so does a finite key whose logits overflow or a value past √ of the logit limit (the fused
+kernel is then kept from it).
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def softmax_parallel(
 def _logit_limit(q: Tensor) -> float:
     """Half the largest logit the fused kernel can hold: it forms fp16/bf16 logits in fp32."""
     return torch.finfo(compute_dtype(q)).max / 2
+
+
+def _value_limit(q: Tensor) -> float:
+    """The largest value (or norm of the values) the fused kernel is given: √ :func:`_logit_limit`,
+    1.3e19 in fp32, bf16 and fp16 (whose 65504 never reaches it), 9.5e153 in float64."""
+    return math.sqrt(_logit_limit(q))
 
 
 def _overflowing(q: Tensor, keys: Tensor, allowed: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -127,10 +134,13 @@ def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
 
     The values must not overflow either: the fused kernel sums exp(logit − running max) · v_j before
     it divides by the sum of the weights, a sum of up to Σ_j |v_jd| ≤ √N ‖V‖ over the N keys (each
-    weight ≤ 1), so it is kept to the same limit (values [[2e38, −2e38], [2e38, −2e38]] in fp32,
-    equal logits: output 1 was [inf, −inf] against the recurrent form's [2e38, −2e38]; their plain
-    sum, 0, let them through). A norm costs about a sum more than the sum it replaces (ℓ1's generic
-    kernel, 8 times more)."""
+    weight ≤ 1; values [[2e38, −2e38], [2e38, −2e38]] in fp32, equal logits: output 1 was [inf, −inf]
+    against the recurrent form's [2e38, −2e38], and their plain sum, 0, let them through), and its
+    backward forms dO_t · v_j for every pair, masked ones included, whose exact zero weight turns an
+    infinite product into NaN (v[3] = 3e38 in every entry, a loss on outputs 0-2: NaN gradients for
+    queries 0-2). So ‖V‖ ≤ :func:`_value_limit`, the square root of the logit limit: then the sum
+    stays below the limit (N ≤ 1.3e19), and a product overflows only for a gradient of 1e19. A norm
+    costs about a sum more than the sum it replaces (ℓ1's generic kernel, 8 times more)."""
     dtype = compute_dtype(q)
     if not (q.numel() and keys.numel()):
         return all(bool(torch.isfinite(x).all()) for x in (q, keys, values))
@@ -138,7 +148,7 @@ def _fused_kernel_is_safe(q: Tensor, keys: Tensor, values: Tensor) -> bool:
                          torch.linalg.vector_norm(values, dtype=dtype)]).tolist()
     if not all(math.isfinite(x) for x in stats):
         return False
-    return stats[0] * stats[1] <= _logit_limit(q) and stats[2] * math.sqrt(keys.shape[2]) <= _logit_limit(q)
+    return stats[0] * stats[1] <= _logit_limit(q) and stats[2] <= _value_limit(q)
 
 
 def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
@@ -151,16 +161,18 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     replaced (not added to, NaN + −inf = NaN) by −inf, and a non-finite value reaching only the
     queries allowed to see it. Entry [t, d] sees a non-finite q[t], a non-finite k[j] or v[j, d] with
     ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
-    as non-finite: the fused kernel would add the mask to an infinite logit; so does an entry [t, d]
-    whose values may overflow the fused kernel's unnormalised sum (:func:`_value_sum_may_overflow`). A masked pair that may
+    as non-finite: the fused kernel would add the mask to an infinite logit; so does a value entry
+    past :func:`_value_limit` (the fused kernel's unnormalised sum, or its backward's dO · v of a
+    masked pair, may overflow on it). A masked pair that may
     overflow touches no output: the rows are given by one fused call per span of keys
     (:func:`_masked_pair_calls`), each with the pair's key or query zeroed where its rows read neither."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
+    bad_v |= values.abs() > _value_limit(q)  # by value, alike for every element sharing an entry
     huge_q, huge_k, masked = _overflowing(q, keys, allowed)
     bad_q, bad_k = bad_q | huge_q, bad_k | huge_k
     seen = allowed.to(q.dtype)
     touched_rows = bad_q.any(-1) | ((seen @ bad_k.any(-1, keepdim=True).to(q.dtype)).squeeze(-1) > 0)
-    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0) | _value_sum_may_overflow(q, values, allowed)
+    touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0)
     zeroed_v = zeroed_in_layout(values, bad_v)
     clean = None
     for low, high, rows in _masked_pair_calls(masked, touched_rows):
@@ -197,17 +209,6 @@ def _explicit_logits(q: Tensor, keys: Tensor) -> Tensor:
     finite_pair = ~bad_q.any(-1)[..., :, None] & ~bad_k.any(-1)[..., None, :]
     product = q.masked_fill(bad_q, 0.0) @ keys.masked_fill(bad_k, 0.0).mT
     return torch.where(finite_pair, product, (q @ keys.mT).detach()) * scale
-
-
-def _value_sum_may_overflow(q: Tensor, values: Tensor, allowed: Tensor) -> Tensor:
-    """(B, H, T, d_v): the output entries [t, d] whose values may overflow the fused kernel's sum
-    Σ_j exp(logit_tj − max) v_jd (it divides by the weights' sum only at the end): those where
-    Σ_{j allowed} |v_jd| (in float64, non-finite values read as 0) passes :func:`_logit_limit`. They
-    depend on no value outside their window, and :func:`_causal_with_non_finite` takes them from the
-    explicit product, which weighs the values after normalising (at most the largest |v_jd|)."""
-    wide = torch.float64
-    v_abs = torch.where(torch.isfinite(values), values.abs(), 0).to(wide)
-    return (allowed.to(wide) @ v_abs) > _logit_limit(q)
 
 
 def _masked_pair_calls(masked: Tensor | None, touched: Tensor) -> list[tuple[Tensor, Tensor, Tensor]]:
