@@ -329,10 +329,11 @@ def read_baseline(path: Path) -> dict:
                   f"\"benchmarks\" is a {type(benchmarks).__name__}")
     for name, entry in benchmarks.items():
         ratio = entry.get("ratio") if isinstance(entry, dict) else None
+        shown = name if name.isprintable() else repr(name)  # a case name holding a newline split the line
         if not isinstance(entry, dict):
-            raise bad(f"benchmarks.{name}: got {entry!r}")
+            raise bad(f"benchmarks.{shown}: got {entry!r}")
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not _finite_positive(ratio):
-            raise bad(f"benchmarks.{name}.ratio: got {ratio!r}")
+            raise bad(f"benchmarks.{shown}.ratio: got {ratio!r}")
     environment = data.get("environment")
     if environment is not None and not isinstance(environment, dict):
         raise bad(f"\"environment\": got {environment!r}")

@@ -534,12 +534,16 @@ def test_a_cpu_name_too_long_for_a_file_name_gets_a_short_hashed_one(tmp_path, c
     ('{"benchmarks": {"a": {"ratio": 1' + "0" * 400 + "}}}", "benchmarks.a.ratio: got 1000"),
     ('{"benchmarks": {"a": {"ratio": 1' + "0" * 5000 + "}}}", "not JSON that Python reads (ValueError: Exceeds"),
     ('{"benchmarks": ' + "[" * 100_000 + "]" * 100_000 + "}", "not JSON that Python reads (RecursionError: "),
+    ('{"benchmarks": {"a\\nb": {"ratio": -1}}}', "benchmarks.'a\\nb'.ratio: got -1"),
+    ('{"benchmarks": {"a\\rb": 2}}', "benchmarks.'a\\rb': got 2"),
 ], ids=["empty", "conflict", "list", "benchmarks-list", "no-benchmarks", "string", "null", "nan", "negative",
-        "entry", "cpu-number", "syntax", "int-past-float", "int-past-4300-digits", "nested-deep"])
+        "entry", "cpu-number", "syntax", "int-past-float", "int-past-4300-digits", "nested-deep", "name-newline",
+        "name-return"])
 def test_a_malformed_baseline_is_refused_in_one_line(tmp_path, text, wrong):
     """Break-it finding: each crashed the gate (pytest INTERNALERROR, KeyError, TypeError) or, with no
-    CPU name it could read, passed for another CPU's file. The last three (h-break14v) were still an
-    OverflowError, a ValueError not naming the file, and a RecursionError."""
+    CPU name it could read, passed for another CPU's file. Three more (h-break14v) were still an
+    OverflowError, a ValueError not naming the file, and a RecursionError; a case name holding a
+    newline split the refusal over two lines (h-break14w)."""
     path = tmp_path / "perf_baseline.json"
     path.write_text(text)
     for read in (load_baseline, baseline_cpu, lambda p: choose_baseline("AMD EPYC", p.parent)):
