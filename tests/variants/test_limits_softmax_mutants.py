@@ -451,3 +451,17 @@ def test_float64_shared_keys_below_the_norm_bound_take_the_fused_kernel():
     q[0, 0, 1, 0], base[0, 0, 3, 0] = a, a
     k = _expanded_keys(base)
     assert torch.equal(softmax_parallel(q, k, v)[0], _fused(q, k, v))
+
+
+def test_an_fwm_chunk_makes_its_causal_mask_on_the_keys_device():
+    """One chunk of FWM writes and reads on another device (meta, standing in for a GPU) makes its
+    causal mask there (a mask left on the CPU is refused beside tensors on another device); reads
+    and state keep their shapes."""
+    from fwbench.variants.kernels.fwm_rule import _chunk
+
+    N, C, d_dot, d_v = 2, 3, 4, 5
+    meta = torch.device("meta")
+    W0, K, V = torch.empty(N, d_v, d_dot, device=meta), torch.empty(N, C, d_dot, device=meta), torch.empty(N, C, d_v, device=meta)
+    W, reads = _chunk(W0, K, V, torch.empty(N, C, device=meta), torch.empty(N, C, d_dot, device=meta))
+    assert (W.device, reads.device) == (meta, meta)
+    assert W.shape == (N, d_v, d_dot) and reads.shape == (N, C, d_v)
