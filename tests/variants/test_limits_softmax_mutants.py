@@ -170,12 +170,13 @@ def test_zeroed_in_layout_makes_its_memory_index_on_the_tensors_device(monkeypat
 
 
 def test_overflow_marks_are_made_on_the_inputs_device():
-    """The marks of q and keys on another device (meta, standing in for a GPU) are made there, both
-    position ranges of the causal split included (one made on the CPU is refused beside meta)."""
+    """The marks of q and keys, and the masked pairs that may overflow, on another device (meta,
+    standing in for a GPU) are made there (one made on the CPU is refused beside meta)."""
     q, k = torch.empty(1, 2, 3, 4, device="meta"), torch.empty(1, 2, 5, 4, device="meta")
-    huge_q, huge_k = _overflowing(q, k)
-    assert (huge_q.device.type, huge_k.device.type) == ("meta", "meta")
-    assert huge_q.shape == q.shape and huge_k.shape == k.shape
+    allowed = torch.empty(1, 2, 3, 5, dtype=torch.bool, device="meta")
+    huge_q, huge_k, masked = _overflowing(q, k, allowed)
+    assert (huge_q.device.type, huge_k.device.type, masked.device.type) == ("meta", "meta", "meta")
+    assert huge_q.shape == q.shape and huge_k.shape == k.shape and masked.shape == allowed.shape
 
 
 # --- the fused-kernel guard and the logit limit -----------------------------------------------------
