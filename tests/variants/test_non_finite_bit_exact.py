@@ -480,3 +480,31 @@ def test_softmax_gradients_of_the_outputs_before_a_huge_value_are_the_recurrent_
     for name, ours, theirs in zip("qkv", *grads):
         assert torch.isfinite(theirs).all(), name
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_gradients_when_every_row_is_explicit_beside_an_overflowing_masked_pair(dtype):
+    """Break-it finding (h-break14x): key 0 (a cache) = [inf, 0] is read by every query with a logit
+    of −inf (weight 0, outputs finite), so every row is the explicit product's, and key 3 = [0, 3e38]
+    (1e308 in float64) overflows against the earlier queries (masked pairs, +inf) and query 3 (−inf).
+    With every row explicit no fused call broke the masked pairs: the one fused call (its output
+    unused) held a logit of inf + (−inf) = NaN, and its backward sent NaN into the gradients of every
+    key and value (0 · NaN); the recurrent form's are finite. Now that call's queries with a masked
+    overflowing pair are zeroed."""
+    big = 3e38 if dtype == torch.float32 else 1e308
+    k_cache = torch.tensor([[[[float("inf"), 0.0]]]], dtype=dtype)
+    v_cache = torch.tensor([[[[5.0, -5.0]]]], dtype=dtype)
+    inputs = [torch.tensor([[x]], dtype=dtype) for x in (
+        [[-1.0, 2.0], [-1.0, 2.0], [-1.0, -2.0]], [[0.3, -0.2], [0.1, 0.4], [0.0, big]], [[1.0, 0.0], [2.0, 1.0], [3.0, -1.0]])]
+    grads = []
+    for kernel in (softmax_parallel, softmax_recurrent):
+        q, k, v = (x.clone().requires_grad_() for x in inputs)
+        y, _, _ = kernel(q, k, v, k_cache, v_cache)
+        assert torch.isfinite(y).all()
+        y.sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for name, ours, theirs in zip("qkv", *grads):
+        finite = torch.isfinite(theirs)
+        assert torch.isfinite(ours[finite]).all(), name
+        torch.testing.assert_close(ours[finite], theirs[finite], msg=name)
+    assert torch.isfinite(grads[1][1]).all() and torch.isfinite(grads[1][2]).all()  # keys' and values' all finite

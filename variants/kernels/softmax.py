@@ -185,7 +185,10 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
         part = torch.nn.functional.scaled_dot_product_attention(
             zeroed_in_layout(q, bad_q | cut_q), zeroed_in_layout(keys, bad_k | cut_k), zeroed_v, attn_mask=allowed)
         clean = part if clean is None else torch.where(rows[..., None], part, clean)
-    if clean is None:
+    if clean is None:  # no masked pair may overflow, or every row is the explicit product's
+        if masked is not None:  # break them on the query: a masked logit of inf + (−inf) made a row NaN here,
+            # and the backward of that unused row sent NaN into every key's and value's gradient (0 · NaN)
+            bad_q = bad_q | masked.any(-1)[..., None]
         clean = torch.nn.functional.scaled_dot_product_attention(
             zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
