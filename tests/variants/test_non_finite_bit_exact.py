@@ -15,7 +15,7 @@ import torch
 
 from fwbench import variants
 from fwbench.variants.kernels.precision import causal_matmul, masked_matmul, zeroed_in_layout
-from fwbench.variants.kernels.softmax import softmax_parallel, softmax_recurrent
+from fwbench.variants.kernels.softmax import softmax_parallel, softmax_read, softmax_recurrent
 
 T, BAD = 12, 7
 
@@ -508,3 +508,26 @@ def test_softmax_gradients_when_every_row_is_explicit_beside_an_overflowing_mask
         assert torch.isfinite(ours[finite]).all(), name
         torch.testing.assert_close(ours[finite], theirs[finite], msg=name)
     assert torch.isfinite(grads[1][1]).all() and torch.isfinite(grads[1][2]).all()  # keys' and values' all finite
+
+
+@pytest.mark.parametrize("layout", ["unfold", "head-stride-1"])
+def test_softmax_with_an_overlapping_query_equals_the_recurrent_form(layout):
+    """Break-it finding (h-break14x): torch's CPU fused kernel reads a query whose elements overlap
+    wrongly: q = sliding windows of one sequence (``unfold``, T = 3, d_key = 4, strides (…, 1, 1)) gave
+    outputs of 3e38 and NaN against the recurrent form's of about 1, and q with a head stride of 1
+    (H = 2, T = 5) outputs 1.96 off. The earlier overlapping tests compared the parallel form with
+    itself only. Now the fused kernel gets a dense copy of such a query (every fused call, so the
+    outputs before a NaN stay bit for bit)."""
+    g = torch.Generator().manual_seed(0)
+    if layout == "unfold":
+        q = torch.randn(1, 2, 6, generator=g).unfold(-1, 4, 1)
+    else:
+        q = torch.randn(400, generator=g).as_strided((1, 2, 5, 4), (40, 1, 4, 1))
+    k, v = (torch.randn(q.shape, generator=g) for _ in range(2))
+    y, _, _ = softmax_parallel(q, k, v)
+    torch.testing.assert_close(y, softmax_recurrent(q, k, v)[0])
+    torch.testing.assert_close(softmax_read(q, k, v), softmax_read(q.contiguous(), k, v))
+    dirty = v.clone()
+    dirty[0, 1, -1, 0] = float("nan")
+    y_dirty, _, _ = softmax_parallel(q, k, dirty)
+    assert torch.equal(y_dirty[:, :, :-1], y[:, :, :-1]) and torch.equal(y_dirty[0, 0], y[0, 0])

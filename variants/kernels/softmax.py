@@ -49,10 +49,22 @@ def softmax_parallel(
         return v.new_zeros(v.shape), *_trim(keys, values, window)
     mask = _causal_mask(T, P, window, q.device)
     if _fused_kernel_is_safe(q, keys, values):
-        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = _fused_attention(q, keys, values, attn_mask=mask)
     else:  # the fused kernel adds the mask to the logits and multiplies masked weights by values
         y = _causal_with_non_finite(q, keys, values, mask)
     return y, *_trim(keys, values, window)
+
+
+def _fused_attention(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+    """``scaled_dot_product_attention``, given a dense copy of a query tensor whose elements share
+    memory. Why: torch's CPU kernel (2.13) reads an overlapping q wrongly: sliding windows of one
+    sequence (``unfold``, strides (…, 1, 1), T = 3 < d_key = 4) gave outputs of 3e38 and NaN against
+    the recurrent form's values of about 1, and q with a head stride of 1 (H = 2) outputs 1.96 off;
+    an overlapping key or value, or an expanded (stride 0) query, is read right. Every fused call
+    goes through here, so the outputs a NaN never reaches stay those of the clean call bit for bit."""
+    if _shares_memory(q):
+        q = q.contiguous()
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
 
 
 def _logit_limit(q: Tensor) -> float:
@@ -182,14 +194,14 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
         outside = ((key_pos < low[..., None]) | (key_pos > high[..., None]))[..., None, :]  # (B, H, 1, P + T)
         cut_q = (masked & ~outside).any(-1)[..., None]
         cut_k = (masked & outside).any(-2)[..., None]
-        part = torch.nn.functional.scaled_dot_product_attention(
+        part = _fused_attention(
             zeroed_in_layout(q, bad_q | cut_q), zeroed_in_layout(keys, bad_k | cut_k), zeroed_v, attn_mask=allowed)
         clean = part if clean is None else torch.where(rows[..., None], part, clean)
     if clean is None:  # no masked pair may overflow, or every row is the explicit product's
         if masked is not None:  # break them on the query: a masked logit of inf + (−inf) made a row NaN here,
             # and the backward of that unused row sent NaN into every key's and value's gradient (0 · NaN)
             bad_q = bad_q | masked.any(-1)[..., None]
-        clean = torch.nn.functional.scaled_dot_product_attention(
+        clean = _fused_attention(
             zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
     weights = torch.softmax(_explicit_logits(q.to(wide), keys.to(wide)).masked_fill(~allowed, float("-inf")), dim=-1)
@@ -269,4 +281,4 @@ def softmax_recurrent(
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
     """Queries (B, H, T_q, d_key) attend to every cached key; nothing is written."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))
+    return _fused_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))
