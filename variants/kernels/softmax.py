@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from .double_backward import grad_by_recomputation
 from .precision import compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -64,7 +65,43 @@ def _fused_attention(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor 
     goes through here, so the outputs a NaN never reaches stay those of the clean call bit for bit."""
     if _shares_memory(q):
         q = q.contiguous()
+    if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad or values.requires_grad):
+        return _FusedAttention.apply(q, keys, values, attn_mask)
     return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+
+
+class _FusedAttention(torch.autograd.Function):
+    """The fused kernel, with its own first-order backward, and second-order gradients: torch's CPU
+    flash kernel has no derivative of its backward, so ``create_graph=True`` (Hessian-vector
+    products, ``gradgradcheck``) raised "derivative for
+    aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented" whenever d_v =
+    d_key (the flash kernel's case; test_double_backward used d_v ≠ d_key, the math kernel's). Under
+    ``create_graph=True`` the backward differentiates the math kernel run again on the saved inputs
+    (:func:`~.double_backward.grad_by_recomputation`); the forward's values and the first-order
+    gradients are the fused kernel's, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None) -> Tensor:
+        leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, keys, values)]
+        with torch.enable_grad():
+            y = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=attn_mask)
+        ctx.graph = (y, leaves)
+        ctx.attn_mask = attn_mask
+        ctx.save_for_backward(q, keys, values)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):
+        inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            def math_kernel(q, keys, values):
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                    return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=ctx.attn_mask),)
+            return (*grad_by_recomputation(math_kernel, inputs, (grad_y,)), None)
+        y, leaves = ctx.graph
+        wanted = [x for x in leaves if x.requires_grad]
+        grads = iter(torch.autograd.grad(y, wanted, grad_y, retain_graph=True))
+        return (*(next(grads) if x.requires_grad else None for x in leaves), None)
 
 
 def _logit_limit(q: Tensor) -> float:
