@@ -127,3 +127,15 @@ def test_second_derivative_stays_finite_for_masses_the_float64_limits_allow(spec
     assert bool(torch.isfinite(grad_k).all())
     (second,) = torch.autograd.grad(grad_k.sum(), k)
     assert bool(torch.isfinite(second).all())
+
+
+@pytest.mark.parametrize("form", ["parallel", "recurrent"])
+def test_softmax_second_derivatives_with_d_v_equal_to_d_key(form):
+    """Break-it finding (h-break14x): with d_v = d_key torch picks its CPU flash kernel, which has no
+    derivative of its backward: gradgradcheck of softmax's parallel form (float64, d_key = d_v = 3)
+    raised "derivative for aten::_scaled_dot_product_flash_attention_for_cpu_backward is not
+    implemented" (the test above uses d_v = 2, the math kernel's case). Now the second derivatives
+    differentiate the math kernel run again; the first-order gradients stay the fused kernel's."""
+    attention = variants.build_attention("softmax", d_key=D).double().eval()
+    inputs = leaves(T, seed=5, d_v=D)[:3]
+    assert torch.autograd.gradgradcheck(lambda *x: attention(*x, form=form)[0], inputs, raise_exception=False)

@@ -15,7 +15,7 @@ import torch
 
 from fwbench import variants
 from fwbench.variants.kernels.precision import causal_matmul, masked_matmul, zeroed_in_layout
-from fwbench.variants.kernels.softmax import softmax_parallel, softmax_recurrent
+from fwbench.variants.kernels.softmax import softmax_parallel, softmax_read, softmax_recurrent
 
 T, BAD = 12, 7
 
@@ -480,3 +480,54 @@ def test_softmax_gradients_of_the_outputs_before_a_huge_value_are_the_recurrent_
     for name, ours, theirs in zip("qkv", *grads):
         assert torch.isfinite(theirs).all(), name
         torch.testing.assert_close(ours, theirs, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_softmax_gradients_when_every_row_is_explicit_beside_an_overflowing_masked_pair(dtype):
+    """Break-it finding (h-break14x): key 0 (a cache) = [inf, 0] is read by every query with a logit
+    of −inf (weight 0, outputs finite), so every row is the explicit product's, and key 3 = [0, 3e38]
+    (1e308 in float64) overflows against the earlier queries (masked pairs, +inf) and query 3 (−inf).
+    With every row explicit no fused call broke the masked pairs: the one fused call (its output
+    unused) held a logit of inf + (−inf) = NaN, and its backward sent NaN into the gradients of every
+    key and value (0 · NaN); the recurrent form's are finite. Now that call's queries with a masked
+    overflowing pair are zeroed."""
+    big = 3e38 if dtype == torch.float32 else 1e308
+    k_cache = torch.tensor([[[[float("inf"), 0.0]]]], dtype=dtype)
+    v_cache = torch.tensor([[[[5.0, -5.0]]]], dtype=dtype)
+    inputs = [torch.tensor([[x]], dtype=dtype) for x in (
+        [[-1.0, 2.0], [-1.0, 2.0], [-1.0, -2.0]], [[0.3, -0.2], [0.1, 0.4], [0.0, big]], [[1.0, 0.0], [2.0, 1.0], [3.0, -1.0]])]
+    grads = []
+    for kernel in (softmax_parallel, softmax_recurrent):
+        q, k, v = (x.clone().requires_grad_() for x in inputs)
+        y, _, _ = kernel(q, k, v, k_cache, v_cache)
+        assert torch.isfinite(y).all()
+        y.sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for name, ours, theirs in zip("qkv", *grads):
+        finite = torch.isfinite(theirs)
+        assert torch.isfinite(ours[finite]).all(), name
+        torch.testing.assert_close(ours[finite], theirs[finite], msg=name)
+    assert torch.isfinite(grads[1][1]).all() and torch.isfinite(grads[1][2]).all()  # keys' and values' all finite
+
+
+@pytest.mark.parametrize("layout", ["unfold", "head-stride-1"])
+def test_softmax_with_an_overlapping_query_equals_the_recurrent_form(layout):
+    """Break-it finding (h-break14x): torch's CPU fused kernel reads a query whose elements overlap
+    wrongly: q = sliding windows of one sequence (``unfold``, T = 3, d_key = 4, strides (…, 1, 1)) gave
+    outputs of 3e38 and NaN against the recurrent form's of about 1, and q with a head stride of 1
+    (H = 2, T = 5) outputs 1.96 off. The earlier overlapping tests compared the parallel form with
+    itself only. Now the fused kernel gets a dense copy of such a query (every fused call, so the
+    outputs before a NaN stay bit for bit)."""
+    g = torch.Generator().manual_seed(0)
+    if layout == "unfold":
+        q = torch.randn(1, 2, 6, generator=g).unfold(-1, 4, 1)
+    else:
+        q = torch.randn(400, generator=g).as_strided((1, 2, 5, 4), (40, 1, 4, 1))
+    k, v = (torch.randn(q.shape, generator=g) for _ in range(2))
+    y, _, _ = softmax_parallel(q, k, v)
+    torch.testing.assert_close(y, softmax_recurrent(q, k, v)[0])
+    torch.testing.assert_close(softmax_read(q, k, v), softmax_read(q.contiguous(), k, v))
+    dirty = v.clone()
+    dirty[0, 1, -1, 0] = float("nan")
+    y_dirty, _, _ = softmax_parallel(q, k, dirty)
+    assert torch.equal(y_dirty[:, :, :-1], y[:, :, :-1]) and torch.equal(y_dirty[0, 0], y[0, 0])

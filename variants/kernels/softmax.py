@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from .double_backward import grad_by_recomputation
 from .precision import compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -49,10 +50,58 @@ def softmax_parallel(
         return v.new_zeros(v.shape), *_trim(keys, values, window)
     mask = _causal_mask(T, P, window, q.device)
     if _fused_kernel_is_safe(q, keys, values):
-        y = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        y = _fused_attention(q, keys, values, attn_mask=mask)
     else:  # the fused kernel adds the mask to the logits and multiplies masked weights by values
         y = _causal_with_non_finite(q, keys, values, mask)
     return y, *_trim(keys, values, window)
+
+
+def _fused_attention(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None = None) -> Tensor:
+    """``scaled_dot_product_attention``, given a dense copy of a query tensor whose elements share
+    memory. Why: torch's CPU kernel (2.13) reads an overlapping q wrongly: sliding windows of one
+    sequence (``unfold``, strides (…, 1, 1), T = 3 < d_key = 4) gave outputs of 3e38 and NaN against
+    the recurrent form's values of about 1, and q with a head stride of 1 (H = 2) outputs 1.96 off;
+    an overlapping key or value, or an expanded (stride 0) query, is read right. Every fused call
+    goes through here, so the outputs a NaN never reaches stay those of the clean call bit for bit."""
+    if _shares_memory(q):
+        q = q.contiguous()
+    if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad or values.requires_grad):
+        return _FusedAttention.apply(q, keys, values, attn_mask)
+    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
+
+
+class _FusedAttention(torch.autograd.Function):
+    """The fused kernel, with its own first-order backward, and second-order gradients: torch's CPU
+    flash kernel has no derivative of its backward, so ``create_graph=True`` (Hessian-vector
+    products, ``gradgradcheck``) raised "derivative for
+    aten::_scaled_dot_product_flash_attention_for_cpu_backward is not implemented" whenever d_v =
+    d_key (the flash kernel's case; test_double_backward used d_v ≠ d_key, the math kernel's). Under
+    ``create_graph=True`` the backward differentiates the math kernel run again on the saved inputs
+    (:func:`~.double_backward.grad_by_recomputation`); the forward's values and the first-order
+    gradients are the fused kernel's, bit for bit."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None) -> Tensor:
+        leaves = [x.detach().requires_grad_(x.requires_grad) for x in (q, keys, values)]
+        with torch.enable_grad():
+            y = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=attn_mask)
+        ctx.graph = (y, leaves)
+        ctx.attn_mask = attn_mask
+        ctx.save_for_backward(q, keys, values)
+        return y.detach()
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor):
+        inputs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True
+            def math_kernel(q, keys, values):
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                    return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=ctx.attn_mask),)
+            return (*grad_by_recomputation(math_kernel, inputs, (grad_y,)), None)
+        y, leaves = ctx.graph
+        wanted = [x for x in leaves if x.requires_grad]
+        grads = iter(torch.autograd.grad(y, wanted, grad_y, retain_graph=True))
+        return (*(next(grads) if x.requires_grad else None for x in leaves), None)
 
 
 def _logit_limit(q: Tensor) -> float:
@@ -182,11 +231,14 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
         outside = ((key_pos < low[..., None]) | (key_pos > high[..., None]))[..., None, :]  # (B, H, 1, P + T)
         cut_q = (masked & ~outside).any(-1)[..., None]
         cut_k = (masked & outside).any(-2)[..., None]
-        part = torch.nn.functional.scaled_dot_product_attention(
+        part = _fused_attention(
             zeroed_in_layout(q, bad_q | cut_q), zeroed_in_layout(keys, bad_k | cut_k), zeroed_v, attn_mask=allowed)
         clean = part if clean is None else torch.where(rows[..., None], part, clean)
-    if clean is None:
-        clean = torch.nn.functional.scaled_dot_product_attention(
+    if clean is None:  # no masked pair may overflow, or every row is the explicit product's
+        if masked is not None:  # break them on the query: a masked logit of inf + (−inf) made a row NaN here,
+            # and the backward of that unused row sent NaN into every key's and value's gradient (0 · NaN)
+            bad_q = bad_q | masked.any(-1)[..., None]
+        clean = _fused_attention(
             zeroed_in_layout(q, bad_q), zeroed_in_layout(keys, bad_k), zeroed_v, attn_mask=allowed)
     wide = compute_dtype(q, keys, values)  # fp16 logits overflow at 65504; the fused kernel's are fp32
     weights = torch.softmax(_explicit_logits(q.to(wide), keys.to(wide)).masked_fill(~allowed, float("-inf")), dim=-1)
@@ -266,4 +318,4 @@ def softmax_recurrent(
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
     """Queries (B, H, T_q, d_key) attend to every cached key; nothing is written."""
-    return torch.nn.functional.scaled_dot_product_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))
+    return _fused_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))
