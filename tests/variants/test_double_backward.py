@@ -139,3 +139,42 @@ def test_softmax_second_derivatives_with_d_v_equal_to_d_key(form):
     attention = variants.build_attention("softmax", d_key=D).double().eval()
     inputs = leaves(T, seed=5, d_v=D)[:3]
     assert torch.autograd.gradgradcheck(lambda *x: attention(*x, form=form)[0], inputs, raise_exception=False)
+
+
+def test_softmax_backward_lets_go_of_the_fused_kernels_graph():
+    """Break-it finding (h-break14y): the fused kernel's own graph, kept by softmax's autograd
+    function for a second derivative, outlived the backward (it was retained for a second one) and
+    held every call's q, k, v and output for as long as the loss was kept: a loop that kept each
+    step's loss (fp32, B = 4, H = 4, T = 256, d = 16, 200 steps) grew to 1,008 live tensors and 690 MB
+    against plain SDPA's 208 and 308 MB. Now the backward lets it go (a second backward, after
+    ``retain_graph=True``, runs the fused forward again: the same gradients bit for bit)."""
+    import gc
+
+    from fwbench.variants.kernels.softmax import softmax_parallel
+
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(8, 3 * 8, generator=g, requires_grad=True)
+
+    def live_tensors_after(steps: int) -> int:
+        kept = []
+        for _ in range(steps):
+            q, k, v = (torch.randn(2, 6, 8, generator=g) @ weight).view(2, 6, 3, 2, 4).permute(2, 0, 3, 1, 4)
+            loss = softmax_parallel(q, k, v)[0].square().sum()
+            loss.backward()
+            kept.append(loss)
+        gc.collect()
+        return sum(1 for x in gc.get_objects() if isinstance(x, torch.Tensor))
+
+    grown = live_tensors_after(20) - live_tensors_after(10)
+    assert grown <= 2 * 10 + 3  # the 10 more losses kept and their calls' masks (and the last q, k, v)
+
+    q, k, v = (torch.randn(1, 2, 5, 4, generator=g, requires_grad=True) for _ in range(3))
+    grad_y = torch.randn(1, 2, 5, 4, generator=g)
+    expected = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                   (q, k, v), grad_y)
+    y = softmax_parallel(q, k, v)[0]
+    for retain in (True, False):
+        for ours, theirs in zip(torch.autograd.grad(y, (q, k, v), grad_y, retain_graph=retain), expected):
+            assert torch.equal(ours, theirs)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(y, (q, k, v), grad_y)
