@@ -178,3 +178,19 @@ def test_softmax_backward_lets_go_of_the_fused_kernels_graph():
             assert torch.equal(ours, theirs)
     with pytest.raises(RuntimeError, match="second time"):
         torch.autograd.grad(y, (q, k, v), grad_y)
+
+
+@pytest.mark.parametrize("d_v", [D_V, D])
+def test_softmax_takes_its_autograd_function_only_for_the_fused_kernels(d_v):
+    """Break-it finding (h-break14y): every grad-enabled fused call went through softmax's autograd
+    function (about 70 us a call), also where torch runs its math kernel (on CPU: d_v ≠ d_key), whose
+    backward is differentiable already: a training step of the retrieval model (softmax, form
+    ``parallel``, d_key = 64, d_v = 20) took 1.17 ms against 1.07 ms. Now that case is plain SDPA's
+    (its output's grad_fn is torch's own); d_v = d_key (the flash kernel) keeps the function, and
+    both give second derivatives."""
+    from fwbench.variants.kernels.softmax import softmax_parallel
+
+    q, k, v = leaves(T, seed=6, d_v=d_v)[:3]
+    y = softmax_parallel(q, k, v)[0]
+    assert ("_FusedAttention" in type(y.grad_fn).__name__) == (d_v == D)
+    assert torch.autograd.gradgradcheck(lambda *x: softmax_parallel(*x)[0], (q, k, v), raise_exception=False)
