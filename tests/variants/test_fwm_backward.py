@@ -100,3 +100,39 @@ def test_fwm_leaves_the_denormal_mode_as_it_found_it():
         assert (denormal * 1.0).item() == 0.0  # still on
     finally:
         torch.set_flush_denormal(False)
+
+
+def test_fwm_backward_lets_go_of_the_chunked_scans_graph():
+    """The chunked scan's own graph, kept by the FWM rule's autograd function (``_FlushedScan``) for
+    a second backward, outlived the first: it held every chunk's states for as long as the caller
+    kept the loss (a loop appending each step's loss grew by all of them), where autograd's own
+    backward frees its buffers (10 more kept losses: 6,030 more live tensors, T = 37). Now the
+    backward lets it go: each kept loss holds only itself and, through its graph, its 5 leaves.
+    A second backward (``retain_graph=True`` before) runs the scan again: the same gradients bit
+    for bit, and a third raises as autograd does."""
+    import gc
+
+    def live_tensors_after(steps: int) -> int:
+        kept = []
+        for step in range(steps):
+            q, k, v, beta, W0 = fwm_leaves(T=37, scale=3.0, seed=step)
+            y, W = fwm_rule_recurrent(q, k, v, beta, W0)
+            loss = weighted_loss(y, W, step)
+            loss.backward()
+            kept.append(loss)
+        gc.collect()
+        return sum(1 for x in gc.get_objects() if isinstance(x, torch.Tensor))
+
+    live_tensors_after(2)  # one-off tensors (generators' states, layer-norm buffers) before counting
+    grown = live_tensors_after(20) - live_tensors_after(10)
+    assert grown <= 6 * 10 + 3  # 10 more losses with their 5 leaves each (and the last step's)
+
+    leaves = fwm_leaves(T=37, scale=1.2, seed=5)
+    y, W = fwm_rule_recurrent(*leaves)
+    loss = weighted_loss(y, W, 5)
+    first = torch.autograd.grad(loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(loss, leaves, retain_graph=False)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(loss, leaves)

@@ -141,9 +141,12 @@ def _scan_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tenso
 class _FlushedScan(torch.autograd.Function):
     """:func:`_scan_chunks` with its forward and its backward both under :func:`denormals_flushed`.
     The chunked form's graph is built inside ``forward`` on detached inputs and kept in ``ctx``;
-    ``backward`` differentiates it with :func:`torch.autograd.grad`, keeping it for a second
-    backward through a retained outer graph (it is freed with the outer graph). Inputs (q or None, k, v, β,
-    W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`.
+    ``backward`` differentiates it with :func:`torch.autograd.grad` and lets it go: kept for a
+    second backward, it held every chunk's states for as long as anything kept the outputs' graph,
+    which autograd's own backward frees (a loop keeping each step's loss grew by every call's
+    states). A second backward, through a retained outer graph, runs the chunked scan again on the
+    saved inputs: the same gradients. Inputs (q or None, k, v, β, W0 or None) and outputs (raw reads
+    or an empty tensor, W_T) as :func:`_scan`.
 
     Under ``create_graph=True`` the kept graph cannot serve (its inputs are detached from the
     caller's, so every second-order path through them would be lost): the backward runs the chunked
@@ -152,23 +155,30 @@ class _FlushedScan(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, beta, W0, chunk_size):
-        inputs = [None if x is None else x.detach().requires_grad_(needs) for x, needs in
-                  zip((q, k, v, beta, W0), ctx.needs_input_grad)]
-        with torch.enable_grad(), denormals_flushed():
-            reads, W = _scan_chunks(*inputs, chunk_size=chunk_size)
-        reads = k.new_empty(0) if reads is None else reads
-        ctx.graph = (inputs, reads, W)
+        ctx.graph = _FlushedScan._graph((q, k, v, beta, W0), ctx.needs_input_grad, chunk_size)
+        _, reads, W = ctx.graph
         ctx.chunk_size = chunk_size
         ctx.save_for_backward(q, k, v, beta, W0)  # the caller's tensors, for a second-order graph
         return reads.detach(), W.detach()
 
     @staticmethod
+    def _graph(tensors, needs_grad, chunk_size):
+        """(detached inputs, reads or an empty tensor, W_T): the chunked scan's own graph."""
+        inputs = [None if x is None else x.detach().requires_grad_(needs) for x, needs in zip(tensors, needs_grad)]
+        with torch.enable_grad(), denormals_flushed():
+            reads, W = _scan_chunks(*inputs, chunk_size=chunk_size)
+        return inputs, (inputs[1].new_empty(0) if reads is None else reads), W
+
+    @staticmethod
     def backward(ctx, d_reads, d_W):
+        saved = ctx.saved_tensors  # raises on a backward through a freed graph
+        graph, ctx.graph = ctx.graph, None
         if torch.is_grad_enabled():  # create_graph=True
             def scan(*inputs):
                 return _scan_chunks(*inputs, chunk_size=ctx.chunk_size)
-            return (*grad_by_recomputation(scan, ctx.saved_tensors, (d_reads, d_W)), None)
-        inputs, reads, W = ctx.graph
+            return (*grad_by_recomputation(scan, saved, (d_reads, d_W)), None)
+        inputs, reads, W = graph if graph is not None else _FlushedScan._graph(
+            saved, ctx.needs_input_grad, ctx.chunk_size)
         wanted = [x for x in inputs if x is not None and x.requires_grad]
         outputs = [(reads, d_reads), (W, d_W)]
         outputs = [(out, grad) for out, grad in outputs if grad is not None and out.requires_grad]
@@ -176,7 +186,7 @@ class _FlushedScan(torch.autograd.Function):
             return (None,) * 6
         with denormals_flushed():
             grads = iter(torch.autograd.grad([o for o, _ in outputs], wanted, [g for _, g in outputs],
-                                             retain_graph=True, allow_unused=True))
+                                             allow_unused=True))
         return (*(next(grads) if x is not None and x.requires_grad else None for x in inputs), None)
 
 
