@@ -1,0 +1,54 @@
+"""Values of the compiled score loops (:mod:`variants.kernels.compiled_scores`) that their surviving
+mutants changed and no other test saw (``docs/mutation.md``, the pass of 6 December 2026).
+
+The reference is φ(k)·φ(q) with φ written out by the paper's definition (Eq. 27–28), or q·k for the
+softmax scores, in float64, differentiated by plain autograd.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+#: Run in a fresh process with numba's bounds checks on: the loops index without them, so an index
+#: past an array's end reads or writes memory beside it instead of raising, and the values may come
+#: out right anyway (a work buffer written past its end, then refilled).
+BOUNDS_CHECKED = """
+import torch
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+
+def paper_dpfp(x, nu):
+    r = torch.cat([x.relu(), (-x).relu()], dim=-1)
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+
+
+g = torch.Generator().manual_seed(0)
+d, nu = 5, 2  # T < d_key and R < d_key: a work buffer sized by the wrong axis is too short
+k = torch.randn(2, 3, d, generator=g, dtype=torch.float64, requires_grad=True)
+phi_q = (torch.rand(2, 1, 2 * d * nu, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+got = dpfp_query_scores(k, phi_q, nu)
+want = paper_dpfp(k, nu) @ phi_q.mT
+torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+for a, b in zip(torch.autograd.grad(got.sum(), (k, phi_q)), torch.autograd.grad(want.sum(), (k, phi_q))):
+    torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+print("ok")
+"""
+
+
+def test_the_loops_stay_inside_their_arrays(tmp_path):
+    """The key path's loops, forward and backward, run with numba's bounds checks (the row loops
+    ``row_score`` and ``row_backward`` in them are the table path's too), in a cache directory of
+    its own so that no loop compiled without the checks is loaded: an index past an array's end
+    raises IndexError. Right value: φ(k)·φ(q) and its gradients, with no IndexError. Mutants:
+    ``row_score``'s and ``row_backward``'s first fill of the rolled row over ``range(d + i)`` (for
+    ``d − i``) wrote i entries past the work buffer and read past the key row; the second fill then
+    overwrote the buffer's tail, so every value came out right and the stray writes went unseen;
+    ``_forward``'s and ``_backward``'s work buffers sized by T (``k.shape[1]``) instead of d_key, too
+    short where T < d_key (these shapes), long enough in every other test."""
+    env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", BOUNDS_CHECKED], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 0, done.stderr[-1500:]
+    assert done.stdout.split() == ["ok"]
