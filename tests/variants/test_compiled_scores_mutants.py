@@ -11,6 +11,18 @@ import os
 import subprocess
 import sys
 
+import pytest
+import torch
+
+from fwbench.tasks.key_rows import KeyRows, table_scores
+from fwbench.variants.kernels.dpfp_scores import dpfp_query_scores
+
+
+def paper_dpfp(x: torch.Tensor, nu: int) -> torch.Tensor:
+    """φ(x): r = [relu(x), relu(−x)], block i = r ⊙ roll(r, i), i = 1..ν."""
+    r = torch.cat([x.relu(), (-x).relu()], dim=-1)
+    return torch.cat([r * r.roll(shifts=i, dims=-1) for i in range(1, nu + 1)], dim=-1)
+
 #: Run in a fresh process with numba's bounds checks on: the loops index without them, so an index
 #: past an array's end reads or writes memory beside it instead of raising, and the values may come
 #: out right anyway (a work buffer written past its end, then refilled).
@@ -52,3 +64,24 @@ def test_the_loops_stay_inside_their_arrays(tmp_path):
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert done.returncode == 0, done.stderr[-1500:]
     assert done.stdout.split() == ["ok"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_pair_of_opposite_signs_whose_difference_overflows_has_no_feature(dtype):
+    """A pair of finite coordinates of opposite signs has both features 0 (relu of one of them is 0),
+    however large they are: k = [¾ max, −¾ max, 1, 2] (ν = 1) scores 2·w, its one same-sign pair
+    (1, 2). The loop writes a pair without a feature as (k'_m + k'_{m+i}) · 0, which keeps the NaN
+    of an infinite coordinate and is 0 for finite ones, since a sum of opposite signs cannot
+    overflow. Mutant: ``row_score``'s ``k'_m − k'_{m+i}``, which overflows to inf for this pair and
+    gave NaN (inf · 0) where φ(k)·φ(q) is finite; the other tests' opposite pairs were too small
+    (1e20 and −1e20 in fp32) or infinite (NaN either way)."""
+    big = 0.75 * torch.finfo(dtype).max
+    k = torch.tensor([[[big, -big, 1.0, 2.0], [-big, big, -1.0, -2.0], [1.0, -2.0, big, -big]]], dtype=dtype)
+    phi_q = torch.linspace(0.5, 2.0, 8, dtype=dtype).view(1, 1, 8)
+    expected = paper_dpfp(k.double(), 1) @ phi_q.double().mT
+    assert expected.isfinite().all() and (expected != 0).all()
+    got = dpfp_query_scores(k, phi_q, 1)
+    torch.testing.assert_close(got, expected.to(dtype), rtol=1e-6, atol=0)
+    ids = torch.arange(3).view(1, 3)
+    from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q[:, 0], "dpfp", 1)
+    torch.testing.assert_close(from_tables, expected[..., 0].to(dtype), rtol=1e-6, atol=0)
