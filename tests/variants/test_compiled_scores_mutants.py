@@ -85,3 +85,27 @@ def test_a_pair_of_opposite_signs_whose_difference_overflows_has_no_feature(dtyp
     ids = torch.arange(3).view(1, 3)
     from_tables = table_scores(KeyRows(k[0], ids, torch.zeros_like(k[0]), ids), phi_q[:, 0], "dpfp", 1)
     torch.testing.assert_close(from_tables, expected[..., 0].to(dtype), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_a_zero_coordinate_beside_one_of_either_sign_passes_no_gradient(nu):
+    """relu has no gradient at 0 (torch's relu′(0) = 0), so a zero coordinate's pair passes none
+    either way, to the zero or to its partner: the gradients of φ(k)·φ(q) by autograd, here rows with
+    a 0 (and a −0) beside negative and positive partners. Mutant: ``row_backward``'s same-sign test
+    ``k'_m < 0 and k'_{m+i} <= 0`` (for ``< 0``), which took (−1, 0) as a pair of one sign and gave
+    the 0 the gradient ḡ N_m · (−1); the other tests' zeros met partners of the other sign."""
+    k = torch.tensor([[[-1.0, 0.0, -2.0], [0.0, -3.0, 1.0], [2.0, -0.0, 1.0], [-0.0, 1.0, -2.0]]],
+                     dtype=torch.float64)
+    phi_q = torch.linspace(0.5, 2.0, 6 * nu, dtype=torch.float64).view(1, 1, -1)
+    grad = torch.tensor([[[1.0], [-2.0], [3.0], [0.5]]], dtype=torch.float64)
+    k_exact = k.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(paper_dpfp(k_exact, nu) @ phi_q.mT, k_exact, grad)
+    k_op = k.clone().requires_grad_()
+    (got,) = torch.autograd.grad(dpfp_query_scores(k_op, phi_q, nu), k_op, grad)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    assert (got[k == 0] == 0).all()
+    table = k[0].clone().requires_grad_()
+    ids = torch.arange(4).view(1, 4)
+    (from_tables,) = torch.autograd.grad(table_scores(KeyRows(table, ids, torch.zeros_like(k[0]), ids), phi_q[:, 0],
+                                                      "dpfp", nu), table, grad[..., 0])
+    torch.testing.assert_close(from_tables, expected[0], rtol=1e-12, atol=0)
