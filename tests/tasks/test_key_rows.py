@@ -263,3 +263,46 @@ def test_int32_ids_give_the_int64_ids_scores(kind, nu):
     wide = table_scores(KeyRows(table_a, ids_a, table_b, ids_b), query, kind, nu)
     narrow = table_scores(KeyRows(table_a, ids_a.int(), table_b, ids_b.int()), query, kind, nu)
     torch.testing.assert_close(narrow, wide, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(("kind", "nu"), CASES)
+def test_first_derivatives_taken_with_create_graph_are_the_lookup_paths(kind, nu):
+    """With ``create_graph=True`` the backward differentiates ``_scores_composed`` (the keys looked
+    up and scored by plain ops) instead of the compiled loops. gradgradcheck checks that path only
+    against itself, so a recomputation that read table_b at the wrong ids (ids_a, or ids_b flipped
+    along T) passed; the right value is the lookup path's gradient, keys formed with row_sums."""
+    table_a, ids_a, table_b, ids_b, query = inputs(kind, nu)
+    leaves = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    refs = [x.clone().requires_grad_() for x in (table_a, table_b, query)]
+    fast = table_scores(KeyRows(leaves[0], ids_a, leaves[1], ids_b), leaves[2], kind, nu)
+    reference = lookup_scores(refs[0], ids_a, refs[1], ids_b, refs[2], kind, nu)
+    grad = torch.randn(3, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    got = torch.autograd.grad(fast, leaves, grad, create_graph=True)
+    expected = torch.autograd.grad(reference, refs, grad)
+    for a, b in zip(got, expected, strict=True):
+        assert a.requires_grad
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("nu", [1, 2])
+def test_a_non_finite_dpfp_query_is_scored_against_the_looked_up_keys(nu):
+    """A φ(q) holding inf takes ``_scores_composed`` (the compiled loops would score 0 · inf as 0).
+    Only sequence 0's query holds the inf, so the other sequences' scores stay finite and must equal
+    φ(k)·φ(q) of their looked-up keys: a composed path reading table_b at the wrong ids (ids_a, or
+    ids_b flipped along T) gave other keys' scores. Sequence 0's scores are inf where the feature
+    meeting the inf is positive and NaN where it is 0 (0 · inf), as the plain product has them."""
+    table_a, ids_a, table_b, ids_b, query = inputs("dpfp", nu)
+    query[0, 1] = float("inf")
+    leaves = [x.clone().requires_grad_() for x in (table_a, table_b)]
+    got = table_scores(KeyRows(leaves[0], ids_a, leaves[1], ids_b), query, "dpfp", nu)
+    expected = lookup_scores(table_a, ids_a, table_b, ids_b, query, "dpfp", nu)
+    assert torch.isfinite(expected[1:]).all() and not torch.isfinite(expected[0]).any()
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert torch.equal(torch.isnan(got), torch.isnan(expected))
+    finite = torch.randn(2, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    grads = torch.autograd.grad(got[1:], leaves, finite)
+    refs = [x.clone().requires_grad_() for x in (table_a, table_b)]
+    expected_grads = torch.autograd.grad(lookup_scores(refs[0], ids_a, refs[1], ids_b, query, "dpfp", nu)[1:],
+                                         refs, finite)
+    for a, b in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12, equal_nan=True)
