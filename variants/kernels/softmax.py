@@ -98,15 +98,21 @@ class _FusedAttention(torch.autograd.Function):
     output, the log-sum-exp) for as long as anything kept the output's graph, which plain SDPA's
     backward frees: a training loop that kept each step's loss (``losses.append(loss)``) grew by every
     attention call's inputs and outputs (fp32, B = 4, H = 4, T = 256, d = 16, 200 steps: 1,008 live
-    tensors and 690 MB against 208 and 308 MB). A second backward (``retain_graph=True`` before) runs
-    the fused forward again on the saved inputs, so its gradients are still the kernel's."""
+    tensors and 690 MB against 208 and 308 MB). The mask is saved with the inputs, so it is let go
+    with them (as a ctx attribute it outlived the backward: one (T, P + T) mask per call). A second
+    backward (``retain_graph=True`` before) runs the fused forward again on the saved inputs, so its
+    gradients are still the kernel's."""
 
     @staticmethod
     def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None) -> Tensor:
         y, leaves = _FusedAttention._graph(q, keys, values, attn_mask)
         ctx.graph = (y, leaves)
-        ctx.attn_mask = attn_mask
-        ctx.save_for_backward(q, keys, values)
+        # saved, not a ctx attribute: kept as one, the mask outlived the backward (which frees
+        # plain SDPA's) for as long as anything kept the output's graph. A bool mask is saved as a
+        # copy, as SDPA keeps its own (float) one: the caller may refill it before the backward
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask.clone()
+        ctx.save_for_backward(q, keys, values, attn_mask)
         return y.detach()
 
     @staticmethod
@@ -117,14 +123,14 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_y: Tensor):
-        inputs = ctx.saved_tensors  # raises on a backward through a freed graph
+        *inputs, attn_mask = ctx.saved_tensors  # raises on a backward through a freed graph
         graph, ctx.graph = ctx.graph, None
         if torch.is_grad_enabled():  # create_graph=True
             def math_kernel(q, keys, values):
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-                    return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=ctx.attn_mask),)
+                    return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask),)
             return (*grad_by_recomputation(math_kernel, inputs, (grad_y,)), None)
-        y, leaves = graph if graph is not None else _FusedAttention._graph(*inputs, ctx.attn_mask)
+        y, leaves = graph if graph is not None else _FusedAttention._graph(*inputs, attn_mask)
         wanted = [x for x in leaves if x.requires_grad]
         grads = iter(torch.autograd.grad(y, wanted, grad_y))
         return (*(next(grads) if x.requires_grad else None for x in leaves), None)
