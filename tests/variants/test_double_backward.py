@@ -204,6 +204,32 @@ def test_softmax_backward_lets_go_of_the_mask():
         y.sum().backward()
 
 
+def test_softmax_second_backward_runs_under_the_forwards_autocast():
+    """Break-it finding (h-break14z): the second backward (after ``retain_graph=True``) ran the fused
+    forward again under the caller's autocast state at the backward, not the forward's: forward under
+    ``torch.autocast("cpu", torch.bfloat16)``, backwards outside it: the second backward's gradients
+    were the fp32 kernel's, 6.6e-3 off the first's (plain SDPA's, bf16). Now both are plain SDPA's bit
+    for bit, and create_graph=True's first-order gradients are theirs within bf16 rounding."""
+    from fwbench.variants.kernels.softmax import _fused_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=g, requires_grad=True) for _ in range(3))
+    mask = torch.ones(8, 8, dtype=torch.bool).tril()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _fused_attention(q, k, v, attn_mask=mask)
+        plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert "_FusedAttention" in type(y.grad_fn).__name__ and torch.equal(y, plain)
+    grad_y = torch.randn(y.shape, generator=g, dtype=y.dtype)
+    expected = torch.autograd.grad(plain, (q, k, v), grad_y)
+    for retain in (True, False):
+        for ours, theirs in zip(torch.autograd.grad(y, (q, k, v), grad_y, retain_graph=retain), expected):
+            assert torch.equal(ours, theirs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = _fused_attention(q, k, v, attn_mask=mask)
+    for ours, theirs in zip(torch.autograd.grad(y, (q, k, v), grad_y, create_graph=True), expected):
+        assert_close(ours, theirs, rel_rmse=1e-2)
+
+
 @pytest.mark.parametrize("d_v", [D_V, D])
 def test_softmax_takes_its_autograd_function_only_for_the_fused_kernels(d_v):
     """Break-it finding (h-break14y): every grad-enabled fused call went through softmax's autograd

@@ -13,9 +13,28 @@ only where a second derivative was asked for; the first-order backward stays the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import Tensor
+
+
+def autocast_state(x: Tensor) -> tuple[str, bool, torch.dtype] | None:
+    """The autocast state (device type, enabled, dtype) for ``x``'s device, taken in a forward, so a
+    recomputation in the backward (which runs under the caller's state then, not the forward's) gives
+    the forward's values; None where the device has no autocast (``meta``)."""
+    device = x.device.type
+    if not torch.amp.is_autocast_available(device):
+        return None
+    return device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
+
+
+def under_autocast(state: tuple[str, bool, torch.dtype] | None) -> AbstractContextManager:
+    """A context that sets the autocast state :func:`autocast_state` took (none for None)."""
+    if state is None:
+        return nullcontext()
+    device, enabled, dtype = state
+    return torch.autocast(device, dtype=dtype, enabled=enabled)
 
 
 def grad_by_recomputation(

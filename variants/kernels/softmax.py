@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from .double_backward import grad_by_recomputation
+from .double_backward import autocast_state, grad_by_recomputation, under_autocast
 from .precision import compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -100,13 +100,16 @@ class _FusedAttention(torch.autograd.Function):
     attention call's inputs and outputs (fp32, B = 4, H = 4, T = 256, d = 16, 200 steps: 1,008 live
     tensors and 690 MB against 208 and 308 MB). The mask is saved with the inputs, so it is let go
     with them (as a ctx attribute it outlived the backward: one (T, P + T) mask per call). A second
-    backward (``retain_graph=True`` before) runs the fused forward again on the saved inputs, so its
-    gradients are still the kernel's."""
+    backward (``retain_graph=True`` before) runs the fused forward again on the saved inputs, under
+    the forward's autocast state, so its gradients are still the kernel's (run under the caller's
+    state, a forward under ``torch.autocast("cpu", torch.bfloat16)`` and backwards outside it gave a
+    second backward 6.6e-3 off the first)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor | None) -> Tensor:
         y, leaves = _FusedAttention._graph(q, keys, values, attn_mask)
         ctx.graph = (y, leaves)
+        ctx.autocast = autocast_state(q)  # for the recomputations: the backward runs under the caller's
         # saved, not a ctx attribute: kept as one, the mask outlived the backward (which frees
         # plain SDPA's) for as long as anything kept the output's graph. A bool mask is saved as a
         # copy, as SDPA keeps its own (float) one: the caller may refill it before the backward
@@ -127,10 +130,13 @@ class _FusedAttention(torch.autograd.Function):
         graph, ctx.graph = ctx.graph, None
         if torch.is_grad_enabled():  # create_graph=True
             def math_kernel(q, keys, values):
-                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+                with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), under_autocast(ctx.autocast):
                     return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask),)
             return (*grad_by_recomputation(math_kernel, inputs, (grad_y,)), None)
-        y, leaves = graph if graph is not None else _FusedAttention._graph(*inputs, attn_mask)
+        if graph is None:
+            with under_autocast(ctx.autocast):
+                graph = _FusedAttention._graph(*inputs, attn_mask)
+        y, leaves = graph
         wanted = [x for x in leaves if x.requires_grad]
         grads = iter(torch.autograd.grad(y, wanted, grad_y))
         return (*(next(grads) if x.requires_grad else None for x in leaves), None)
