@@ -136,3 +136,24 @@ def test_fwm_backward_lets_go_of_the_chunked_scans_graph():
         assert torch.equal(a, b)
     with pytest.raises(RuntimeError, match="second time"):
         torch.autograd.grad(loss, leaves)
+
+
+def test_fwm_second_backward_runs_under_the_forwards_autocast():
+    """Break-it finding (h-break14z): the second backward (after ``retain_graph=True``) ran the
+    chunked scan again under the caller's autocast state at the backward, not the forward's: forward
+    under ``torch.autocast("cpu", torch.bfloat16)`` (bf16 matmuls), backwards outside it (fp32
+    matmuls): the second backward's gradients were 5.7 off the first's. Now they are equal bit for bit."""
+    from fwbench.variants.kernels.fwm_rule import _scan
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.rand(1, 2, 20, D, generator=g, requires_grad=True) for _ in range(2))
+    v = torch.randn(1, 2, 20, D_V, generator=g, requires_grad=True)
+    beta = torch.rand(1, 2, 20, generator=g, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        reads, W = _scan(q, k, v, beta, None)
+    assert "_FlushedScan" in type(W.grad_fn).__name__
+    loss = weighted_loss(reads, W, 0)
+    first = torch.autograd.grad(loss, (q, k, v, beta), retain_graph=True)
+    second = torch.autograd.grad(loss, (q, k, v, beta))
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)

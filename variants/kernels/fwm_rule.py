@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .double_backward import grad_by_recomputation
+from .double_backward import autocast_state, grad_by_recomputation, under_autocast
 from .precision import all_finite, compute_dtype, denormals_flushed
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
@@ -145,8 +145,10 @@ class _FlushedScan(torch.autograd.Function):
     second backward, it held every chunk's states for as long as anything kept the outputs' graph,
     which autograd's own backward frees (a loop keeping each step's loss grew by every call's
     states). A second backward, through a retained outer graph, runs the chunked scan again on the
-    saved inputs: the same gradients. Inputs (q or None, k, v, β, W0 or None) and outputs (raw reads
-    or an empty tensor, W_T) as :func:`_scan`.
+    saved inputs, under the forward's autocast state: the same gradients (under the caller's state at
+    the backward, a forward under ``torch.autocast("cpu", torch.bfloat16)`` with backwards outside it
+    gave a second backward's gradients 5.7 off the first's: fp32 matmuls for bf16 ones). Inputs (q or
+    None, k, v, β, W0 or None) and outputs (raw reads or an empty tensor, W_T) as :func:`_scan`.
 
     Under ``create_graph=True`` the kept graph cannot serve (its inputs are detached from the
     caller's, so every second-order path through them would be lost): the backward runs the chunked
@@ -158,6 +160,7 @@ class _FlushedScan(torch.autograd.Function):
         ctx.graph = _FlushedScan._graph((q, k, v, beta, W0), ctx.needs_input_grad, chunk_size)
         _, reads, W = ctx.graph
         ctx.chunk_size = chunk_size
+        ctx.autocast = autocast_state(k)  # for the recomputations: the backward runs under the caller's
         ctx.save_for_backward(q, k, v, beta, W0)  # the caller's tensors, for a second-order graph
         return reads.detach(), W.detach()
 
@@ -175,10 +178,13 @@ class _FlushedScan(torch.autograd.Function):
         graph, ctx.graph = ctx.graph, None
         if torch.is_grad_enabled():  # create_graph=True
             def scan(*inputs):
-                return _scan_chunks(*inputs, chunk_size=ctx.chunk_size)
+                with under_autocast(ctx.autocast):
+                    return _scan_chunks(*inputs, chunk_size=ctx.chunk_size)
             return (*grad_by_recomputation(scan, saved, (d_reads, d_W)), None)
-        inputs, reads, W = graph if graph is not None else _FlushedScan._graph(
-            saved, ctx.needs_input_grad, ctx.chunk_size)
+        if graph is None:
+            with under_autocast(ctx.autocast):
+                graph = _FlushedScan._graph(saved, ctx.needs_input_grad, ctx.chunk_size)
+        inputs, reads, W = graph
         wanted = [x for x in inputs if x is not None and x.requires_grad]
         outputs = [(reads, d_reads), (W, d_W)]
         outputs = [(out, grad) for out, grad in outputs if grad is not None and out.requires_grad]
