@@ -37,6 +37,21 @@ def under_autocast(state: tuple[str, bool, torch.dtype] | None) -> AbstractConte
     return torch.autocast(device, dtype=dtype, enabled=enabled)
 
 
+def kept_graph(ctx, rebuild: Callable[[], object]):
+    """The graph an autograd function's forward kept in ``ctx.graph`` for its first-order backward,
+    let go here: kept past the backward (for a second one), it held the inner graph's saved tensors
+    for as long as anything kept the outer graph, which autograd's own backward frees. A second
+    backward (``retain_graph=True`` before) finds none and gets ``rebuild()``, run under the
+    forward's autocast state (``ctx.autocast``, :func:`autocast_state`), so its gradients are the
+    first's; under the caller's state a bf16-autocast forward gave a second backward fp32 gradients.
+    The functions that keep a graph: softmax's ``_FusedAttention``, the FWM rule's ``_FlushedScan``."""
+    graph, ctx.graph = ctx.graph, None
+    if graph is None:
+        with under_autocast(ctx.autocast):
+            graph = rebuild()
+    return graph
+
+
 def grad_by_recomputation(
     forward: Callable[..., Sequence[Tensor | None]], inputs: Sequence[Tensor | None],
     grad_outputs: Sequence[Tensor | None],

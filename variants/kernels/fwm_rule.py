@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .double_backward import autocast_state, grad_by_recomputation, under_autocast
+from .double_backward import autocast_state, grad_by_recomputation, kept_graph, under_autocast
 from .precision import all_finite, compute_dtype, denormals_flushed
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
@@ -175,16 +175,13 @@ class _FlushedScan(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_reads, d_W):
         saved = ctx.saved_tensors  # raises on a backward through a freed graph
-        graph, ctx.graph = ctx.graph, None
-        if torch.is_grad_enabled():  # create_graph=True
+        if torch.is_grad_enabled():  # create_graph=True: the kept graph cannot serve (class docstring)
+            ctx.graph = None
             def scan(*inputs):
                 with under_autocast(ctx.autocast):
                     return _scan_chunks(*inputs, chunk_size=ctx.chunk_size)
             return (*grad_by_recomputation(scan, saved, (d_reads, d_W)), None)
-        if graph is None:
-            with under_autocast(ctx.autocast):
-                graph = _FlushedScan._graph(saved, ctx.needs_input_grad, ctx.chunk_size)
-        inputs, reads, W = graph
+        inputs, reads, W = kept_graph(ctx, lambda: _FlushedScan._graph(saved, ctx.needs_input_grad, ctx.chunk_size))
         wanted = [x for x in inputs if x is not None and x.requires_grad]
         outputs = [(reads, d_reads), (W, d_W)]
         outputs = [(out, grad) for out, grad in outputs if grad is not None and out.requires_grad]

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from .double_backward import autocast_state, grad_by_recomputation, under_autocast
+from .double_backward import autocast_state, grad_by_recomputation, kept_graph, under_autocast
 from .precision import compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -127,16 +127,13 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         *inputs, attn_mask = ctx.saved_tensors  # raises on a backward through a freed graph
-        graph, ctx.graph = ctx.graph, None
         if torch.is_grad_enabled():  # create_graph=True
+            ctx.graph = None
             def math_kernel(q, keys, values):
                 with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH), under_autocast(ctx.autocast):
                     return (torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask),)
             return (*grad_by_recomputation(math_kernel, inputs, (grad_y,)), None)
-        if graph is None:
-            with under_autocast(ctx.autocast):
-                graph = _FusedAttention._graph(*inputs, attn_mask)
-        y, leaves = graph
+        y, leaves = kept_graph(ctx, lambda: _FusedAttention._graph(*inputs, attn_mask))
         wanted = [x for x in leaves if x.requires_grad]
         grads = iter(torch.autograd.grad(y, wanted, grad_y))
         return (*(next(grads) if x.requires_grad else None for x in leaves), None)
