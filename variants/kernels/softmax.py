@@ -247,9 +247,9 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     ``allowed[t, j]``. A finite query or key whose logits may overflow (:func:`_overflowing`) counts
     as non-finite: the fused kernel would add the mask to an infinite logit; so does a value entry
     past :func:`_value_limit` (the fused kernel's unnormalised sum, or its backward's dO · v of a
-    masked pair, may overflow on it). A masked pair that may
-    overflow touches no output: the rows are given by one fused call per span of keys
-    (:func:`_masked_pair_calls`), each with the pair's key or query zeroed where its rows read neither."""
+    masked pair, may overflow on it). A masked pair that may overflow touches no output: the rows are
+    given by one fused call per span of keys (:func:`_masked_pair_calls`), each with the pair's key or
+    query zeroed where its rows read neither."""
     bad_q, bad_k, bad_v = (~torch.isfinite(x) for x in (q, keys, values))
     bad_v |= values.abs() > _value_limit(q)  # by value, alike for every element sharing an entry
     huge_q, huge_k, masked = _overflowing(q, keys, allowed)
@@ -259,10 +259,10 @@ def _causal_with_non_finite(q: Tensor, keys: Tensor, values: Tensor, allowed: Te
     touched = touched_rows[..., None] | ((seen @ bad_v.to(q.dtype)) > 0)
     zeroed_v = zeroed_in_layout(values, bad_v)
     clean = None
+    key_pos = torch.arange(keys.shape[2], device=q.device)
     for low, high, rows in _masked_pair_calls(masked, touched_rows):
         # the masked pairs (t, j) with j outside [low, high] break on the key, the others on the query:
         # the rows given here read only keys in [low, high], and their own pairs all lie outside it
-        key_pos = torch.arange(keys.shape[2], device=q.device)
         outside = ((key_pos < low[..., None]) | (key_pos > high[..., None]))[..., None, :]  # (B, H, 1, P + T)
         cut_q = (masked & ~outside).any(-1)[..., None]
         cut_k = (masked & outside).any(-2)[..., None]
