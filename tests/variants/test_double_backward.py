@@ -244,3 +244,38 @@ def test_softmax_takes_its_autograd_function_only_for_the_fused_kernels(d_v):
     y = softmax_parallel(q, k, v)[0]
     assert ("_FusedAttention" in type(y.grad_fn).__name__) == (d_v == D)
     assert torch.autograd.gradgradcheck(lambda *x: softmax_parallel(*x)[0], (q, k, v), raise_exception=False)
+
+
+
+@pytest.mark.parametrize("spec", ["softmax", "tanh-fwm", "dpfp-fwm:nu=1"])
+def test_create_graph_gradients_of_an_input_read_twice_are_counted_once(spec):
+    """Break-it finding (h-break15a): under ``create_graph=True`` an input that reached a kernel in
+    two places (self-attention with q = k = v = x; tanh-fwm's v = x beside its keys tanh(x)) got
+    its whole gradient at each place from ``grad_by_recomputation`` (``torch.autograd.grad`` with
+    respect to the caller's tensor counts every path to it), and autograd added them up: float64,
+    (1, 1, 5, 3), softmax's parallel form: the first-order gradients 3 times the plain backward's
+    (12.7 off, of 6.35), tanh-fwm 9.2e-3 off (of 9.4e-3), dpfp-fwm 0.165 off (of 0.167), and the
+    Hessian-vector products as wrong. Now they equal the plain backward's, and the Hessian-vector products are the
+    recurrent form's (softmax) or those of the same call with untied copies of x."""
+    from fwbench.variants.kernels.softmax import softmax_recurrent
+
+    x, _, _, beta = leaves(T, seed=7, d_v=D)
+    attention = variants.build_attention(spec, d_key=D).double().eval()
+    extra = (beta.detach(),) if attention.uses_beta else ()
+    u = torch.randn(x.shape, dtype=x.dtype, generator=torch.Generator().manual_seed(8))
+
+    def gradient_and_hvp(call, *inputs):
+        (grad,) = torch.autograd.grad(call(*inputs, *extra)[0].square().sum(), x, create_graph=True)
+        return grad, torch.autograd.grad((grad * u).sum(), x)[0]
+
+    for form in forms_of(spec):
+        def call(*inputs, form=form):
+            return attention(*inputs, form=form)
+
+        plain = torch.autograd.grad(call(x, x, x, *extra)[0].square().sum(), x)[0]
+        grad, hvp = gradient_and_hvp(call, x, x, x)
+        assert_close(grad, plain, rel_rmse=1e-12)
+        _, untied = gradient_and_hvp(call, x * 1, x * 1, x * 1)  # three nodes: no input an ancestor of another
+        assert_close(hvp, untied, rel_rmse=1e-12)
+        if spec == "softmax":
+            assert_close(hvp, gradient_and_hvp(lambda *inputs: softmax_recurrent(*inputs), x, x, x)[1], rel_rmse=1e-12)

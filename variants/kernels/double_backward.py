@@ -69,9 +69,14 @@ def grad_by_recomputation(
         One gradient per input: a tensor in the input's dtype, or ``None`` for an input that is
         ``None`` or needs none (also for one the outputs do not depend on).
     """
-    wanted = [x for x in inputs if x is not None and x.requires_grad]
+    # each input through a node of its own (a view), which only this forward reads: autograd.grad
+    # with respect to the caller's tensor itself counts every path to it, so a tensor passed twice
+    # (q = k = v), or one that another input is made of (v = x, k = tanh(x)), had its gradient
+    # added again for each (float64, softmax with q = k = v: 3 times the plain backward's)
     with torch.enable_grad():
+        inputs = [x.view_as(x) if x is not None and x.requires_grad else x for x in inputs]
         outputs = forward(*inputs)
+    wanted = [x for x in inputs if x is not None and x.requires_grad]
     pairs = [(out, grad) for out, grad in zip(outputs, grad_outputs, strict=True)
              if out is not None and grad is not None and out.requires_grad]
     if not wanted or not pairs:
