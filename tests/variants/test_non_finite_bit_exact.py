@@ -531,3 +531,27 @@ def test_softmax_with_an_overlapping_query_equals_the_recurrent_form(layout):
     dirty[0, 1, -1, 0] = float("nan")
     y_dirty, _, _ = softmax_parallel(q, k, dirty)
     assert torch.equal(y_dirty[:, :, :-1], y[:, :, :-1]) and torch.equal(y_dirty[0, 0], y[0, 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=["fp32", "bf16", "float64"])
+def test_softmax_read_weighs_values_whose_sum_passes_the_largest_float_as_the_parallel_form(dtype):
+    """Break-it finding (h-break15a): the read (``SoftmaxAttention.read``/``write_read``, the retrieval
+    tasks' softmax read in the parallel and chunk forms) called the fused kernel on any input, without
+    the check the parallel form makes (7f11762): a cache of values [[m, −m], [m, −m]], m = 0.6 × the
+    dtype's largest float, equal logits, read [inf, −inf] where the parallel form's last output is
+    [m, −m] (fp32: 2.04e38); random reads with huge or non-finite entries: 12 of 400 outputs or
+    gradients non-finite where the explicit softmax's are finite. Now such inputs are read as the
+    parallel form reads them, and other reads stay the fused kernel's bit for bit."""
+    m = torch.finfo(dtype).max * 0.6
+    attention = variants.build_attention("softmax", d_key=2)
+    k = torch.zeros(1, 1, 2, 2, dtype=dtype)
+    v = torch.tensor([[m, -m], [m, -m]], dtype=torch.float64).to(dtype).view(1, 1, 2, 2).requires_grad_()
+    q = torch.zeros(1, 1, 1, 2, dtype=dtype)
+    expected = softmax_parallel(torch.zeros_like(k), k, v)[0][:, :, -1:]
+    for y in (attention.read(q, attention.write(k, v)), attention.write_read(k, v, q)):
+        torch.testing.assert_close(y, expected)
+        (grad,) = torch.autograd.grad(y.sum(), v)
+        torch.testing.assert_close(grad, torch.full_like(grad, 0.5))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=g).to(dtype) for _ in range(3))
+    assert torch.equal(softmax_read(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))

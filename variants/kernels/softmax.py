@@ -352,5 +352,14 @@ def softmax_recurrent(
 
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
-    """Queries (B, H, T_q, d_key) attend to every cached key; nothing is written."""
-    return _fused_attention(q, k_cache.to(q.dtype), v_cache.to(q.dtype))
+    """Queries (B, H, T_q, d_key) attend to every cached key (B, H, P, ·); nothing is written.
+
+    Inputs the fused kernel cannot take (:func:`_fused_kernel_is_safe`) are read as the parallel
+    form reads them, every key allowed: the fused kernel sums exp(logit − max) · v before it divides,
+    so values [[2e38, −2e38], [2e38, −2e38]] (fp32, equal logits) read [inf, −inf], where the parallel
+    and recurrent forms give [2e38, −2e38]."""
+    keys, values = k_cache.to(q.dtype), v_cache.to(q.dtype)
+    if _fused_kernel_is_safe(q, keys, values):
+        return _fused_attention(q, keys, values)
+    allowed = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device)
+    return _causal_with_non_finite(q, keys, values, allowed)
