@@ -919,6 +919,21 @@ register_feature_map("brokenforward", BrokenForward)
 """
 
 
+@row("L45")
+def _(ctx):
+    """Not an error: the softmax read weighs values whose sum passes the largest float as the parallel
+    form does (it summed them in the fused kernel before dividing: [inf, −inf])."""
+    m = torch.finfo(torch.float32).max * 0.6
+    module = variants.build_attention("softmax", d_key=2).eval()  # d_v = d_key: the flash kernel's case
+    k = torch.zeros(1, 1, 2, 2)
+    v = torch.tensor([[m, -m], [m, -m]]).view(1, 1, 2, 2)
+    q = torch.zeros(1, 1, 1, 2)
+    read = module.read(q, module.write(k, v))
+    parallel = module(torch.cat([k[:, :, :1], q], 2), k, v, form="parallel")[0][:, :, -1:]
+    assert torch.equal(read, parallel), (read, parallel)
+    return f"no error: read {[f'{x:.3g}' for x in read.flatten().tolist()]}, as the parallel form's last output"
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the
@@ -932,6 +947,23 @@ def _(ctx):
         checked.append(torch.autograd.gradgradcheck(lambda *x, m=module, f=form: m(*x, form=f, chunk_size=2)[0],
                                                     inputs[:4 if module.uses_beta else 3], raise_exception=False))
     return f"no error: gradgradcheck {checked} (every variant and form: tests/variants/test_double_backward.py)"
+
+
+@row("L83")
+def _(ctx):
+    """Not an error: under ``create_graph=True`` a tensor given as q, k and v (self-attention) has its
+    gradient counted once, as in the plain backward (it was counted once per place it entered)."""
+    worst = 0.0
+    for spec in ("softmax", "tanh-fwm", "dpfp-fwm:nu=1"):
+        module = variants.build_attention(spec, d_key=3).double().eval()
+        x = torch.randn(1, 1, 5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+        beta = (torch.full((1, 1, 5), 0.5, dtype=torch.float64),) if module.uses_beta else ()
+        for form in ("recurrent",) if variants.parse_spec(spec).info.rule == "fwm" else FORMS[1:]:
+            loss = module(x, x, x, *beta, form=form)[0].square().sum()
+            (plain,) = torch.autograd.grad(loss, x, retain_graph=True)
+            (graph,) = torch.autograd.grad(loss, x, create_graph=True)
+            worst = max(worst, float((graph.detach() - plain).abs().max() / plain.abs().max()))
+    return f"no error: the gradients equal the plain backward's (relative difference {'< 1e-12' if worst < 1e-12 else worst})"
 
 
 @row("L82")
