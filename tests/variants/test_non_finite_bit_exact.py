@@ -555,3 +555,24 @@ def test_softmax_read_weighs_values_whose_sum_passes_the_largest_float_as_the_pa
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=g).to(dtype) for _ in range(3))
     assert torch.equal(softmax_read(q, k, v), torch.nn.functional.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float16, 40000.0), (torch.float32, 3e38)], ids=["fp16", "fp32"])
+@pytest.mark.parametrize("d_v", [2, 3], ids=["flash", "math"])
+def test_softmax_read_of_an_empty_cache_is_zero_for_finite_queries_whose_sum_overflows(dtype, big, d_v):
+    """Break-it finding (h-break15b): a read of an empty cache (P = 0) called torch's kernel, which
+    answers an empty call with 0 · (Σq + Σk + Σv): finite queries whose entries sum past the largest
+    float (fp16 [40000, 30000] in one head; fp32 [3e38, 1.5e38]) made every output of every head NaN,
+    where the read of an empty cache is the empty sum, 0 (as 0444ca3 made it for a NaN query). Now 0
+    for every query, clean or not, with zero gradients, and second derivatives."""
+    attention = variants.build_attention("softmax", d_key=2)
+    k, v = torch.zeros(1, 2, 0, 2, dtype=dtype), torch.zeros(1, 2, 0, d_v, dtype=dtype, requires_grad=True)
+    q = torch.tensor([[[[big, 0.75 * big]], [[0.5, 0.5]]]], dtype=dtype, requires_grad=True)
+    for y in (attention.read(q, attention.write(k, v)), attention.write_read(k, v, q)):
+        assert torch.equal(y, torch.zeros(1, 2, 1, d_v, dtype=dtype))
+        assert torch.equal(torch.autograd.grad(y.sum(), q)[0], torch.zeros_like(q))
+    dirty = q.detach().clone()
+    dirty[0, 1, 0, 0] = float("nan")  # the other head's query NaN: the unsafe path's fused call
+    assert torch.equal(softmax_read(dirty, k, v), torch.zeros(1, 2, 1, d_v, dtype=dtype))
+    q64, v64 = (x.detach().double().requires_grad_() for x in (q, v))
+    assert torch.autograd.gradgradcheck(lambda q, v: softmax_read(q, k.double(), v), (q64, v64))

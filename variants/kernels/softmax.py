@@ -357,8 +357,14 @@ def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
     Inputs the fused kernel cannot take (:func:`_fused_kernel_is_safe`) are read as the parallel
     form reads them, every key allowed: the fused kernel sums exp(logit − max) · v before it divides,
     so values [[2e38, −2e38], [2e38, −2e38]] (fp32, equal logits) read [inf, −inf], where the parallel
-    and recurrent forms give [2e38, −2e38]."""
+    and recurrent forms give [2e38, −2e38].
+
+    An empty cache (P = 0) reads 0, the empty sum, for every query, whatever its values: torch's
+    kernel answers an empty call with 0 · (Σq + Σk + Σv), so a query whose entries sum past the
+    largest float (fp16 [40000, 30000], fp32 [3e38, 1.5e38]) made every output of the call NaN."""
     keys, values = k_cache.to(q.dtype), v_cache.to(q.dtype)
+    if keys.shape[2] == 0:  # no weight to form: products over an empty axis, exact zeros, in the graph
+        return (q[..., :0] @ keys[..., :0].mT) @ values
     if _fused_kernel_is_safe(q, keys, values):
         return _fused_attention(q, keys, values)
     allowed = torch.ones(q.shape[2], keys.shape[2], dtype=torch.bool, device=q.device)
