@@ -934,6 +934,13 @@ def _(ctx):
     return f"no error: read {[f'{x:.3g}' for x in read.flatten().tolist()]}, as the parallel form's last output"
 
 
+@row("L46")
+def _(ctx):
+    module = variants.build_attention("softmax", d_key=2)
+    state = variants.KVCacheState(torch.randn(1, 1, 3, 2), torch.randn(2, 1, 3, 4), 3)
+    return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), state)
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

@@ -346,6 +346,14 @@ class SoftmaxAttention(Attention):
         why = "a KV cache continues a sequence of the same dtype"
         check_state_tensor("state.k", state.k, q.device, q.dtype, why)
         check_state_tensor("state.v", state.v, q.device, q.dtype, why)
+        # the cache's own shapes first: a read passes state.v as v, and the kernels broadcast: a v cache
+        # of B = 2 (or H = 2, or 3 dimensions) beside a k cache of B = 1 read an output of B = 2, and
+        # one of another P raised deep in torch's bmm (so did forward and write, or kept it)
+        if state.k.dim() != 4 or state.v.dim() != 4 or state.k.shape[:3] != state.v.shape[:3]:
+            raise VariantError(
+                f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} is not a KV cache; "
+                "expected k (B, H, P, d_key) and v (B, H, P, d_v) with one B, H and P"
+            )
         if state.k.shape[:2] != q.shape[:2] or state.k.shape[-1] != q.shape[-1] or state.v.shape[-1] != v.shape[-1]:
             raise VariantError(
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "

@@ -442,6 +442,32 @@ def test_state_of_another_kind_raises(spec):
         attention(**random_inputs(attention, 4), state=other)
 
 
+BROKEN_CACHES = {  # (k cache, v cache) of a softmax module with d_key 2, beside q (1, 1, T, 2)
+    "v of another token count": ((1, 1, 3, 2), (1, 1, 4, 4)),
+    "v of another batch": ((1, 1, 3, 2), (2, 1, 3, 4)),
+    "v of other heads": ((1, 1, 3, 2), (1, 2, 3, 4)),
+    "v of 3 dimensions": ((1, 1, 3, 2), (1, 3, 4)),
+    "k of 5 dimensions": ((1, 1, 1, 3, 2), (1, 1, 3, 4)),
+}
+
+
+@pytest.mark.parametrize("call", ["read", "write_read", "write", "forward"])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("case", list(BROKEN_CACHES))
+def test_kv_cache_whose_keys_and_values_disagree_raises(case, window, call):
+    """A KVCacheState is k (B, H, P, d_key) and v (B, H, P, d_v): one with a v of another batch, heads
+    or rank was read by broadcasting (an output of B = 2 for a query of B = 1), and one with a v of
+    another P raised "Expected size for first two dimensions of batch2 tensor" deep in torch."""
+    attention = variants.build_attention("softmax" if window is None else f"softmax:window={window}", d_key=2)
+    k_shape, v_shape = BROKEN_CACHES[case]
+    state = variants.KVCacheState(torch.randn(k_shape), torch.randn(v_shape), 3)
+    q, k, v = torch.randn(1, 1, 1, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 4)
+    calls = {"read": lambda: attention.read(q, state), "write_read": lambda: attention.write_read(k, v, q, state=state),
+             "write": lambda: attention.write(k, v, state=state), "forward": lambda: attention(k, k, v, state=state)}
+    with pytest.raises(VariantError, match=r"^state: cache k .* is not a KV cache; expected k \(B, H, P, d_key\)"):
+        calls[call]()
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_bad_form_name_raises(spec):
     attention = build(spec)
