@@ -38,3 +38,29 @@ def test_write_read_reads_the_last_window_keys_in_every_form(form, window):
     expected = last_keys_read(q, k, v, window)
     torch.testing.assert_close(attention.write_read(k, v, q), expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(attention.read(q, attention.write(k, v)), expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("call", ["read", "write_read", "parallel", "recurrent"])
+@pytest.mark.parametrize("spec", ["softmax", "softmax:window=2"])
+def test_a_read_on_meta_tensors_has_the_cpu_calls_shapes(spec, call):
+    """The meta device holds shapes, no values: the fused kernel's check read its norms on the host and
+    raised "NotImplementedError: Cannot copy out of meta tensor; no data!" (read, write_read and the
+    parallel form), where the other variants' reads (linear, dpfp) and softmax's recurrent form give
+    the output's shape. Now the check passes meta tensors to the fused kernel, which gives its shapes."""
+    attention = variants.build_attention(spec, d_key=2)
+    q, k, v = torch.randn(1, 2, 3, 2), torch.randn(1, 2, 4, 2), torch.randn(1, 2, 4, 3)
+
+    def run(q, k, v):
+        if call == "read":
+            return attention.read(q, attention.write(k, v))
+        if call == "write_read":
+            return attention.write_read(k, v, q)
+        return attention(k, k, v, form=call)[0]
+
+    expected = run(q, k, v)
+    on_meta = [x.to("meta").requires_grad_() for x in (q, k, v)]
+    y = run(*on_meta)
+    assert (y.device.type, y.shape, y.dtype) == ("meta", expected.shape, expected.dtype)
+    grads = torch.autograd.grad(y.sum(), on_meta, allow_unused=True)
+    assert [None if g is None else g.shape for g in grads] == [
+        None if call in ("parallel", "recurrent") else q.shape, k.shape, v.shape]
