@@ -237,6 +237,23 @@ def test_a_float64_value_below_its_limit_stays_with_the_fused_kernel(size):
         assert torch.equal(softmax_parallel(q, k, v)[0], expected)
 
 
+
+def test_the_guard_judges_float64_values_by_float64s_value_limit():
+    """float64, keys expanded over 2 heads, d_key 2: query 1 = (a, ·) and key 3 = (a, ·) with a² = 0.6 ×
+    float64's logit limit (‖Q‖‖K‖ ≈ 0.85 × it), and value 0 holds 1e20 (‖V‖ past fp32's value limit
+    1.3e19, far below float64's 9.5e153): the fused kernel holds every logit and every sum, so the
+    output is its own bit for bit. Fault: the guard's value limit taken for no dtype (fp32's): the
+    explicit path ran, and its per-entry marks for shared keys (a·a > limit / 2) moved rows 1, 3–5."""
+    f64 = torch.float64
+    a = math.sqrt(0.6 * torch.finfo(f64).max / 2)
+    q, base, v = (_randn(*shape, seed=s, dtype=f64) for shape, s in (((1, 2, 6, 2), 170), ((1, 1, 6, 2), 171),
+                                                                  ((1, 2, 6, 2), 172)))
+    q[:, :, :, 0], base[:, :, :, 0] = 0.0, 0.0
+    q[0, 0, 1, 0], base[0, 0, 3, 0] = a, a
+    v[0, 0, 0, 0] = 1e20
+    k = base.expand(1, 2, 6, 2)
+    assert torch.equal(softmax_parallel(q, k, v)[0], _fused_rows(q, k, v))
+
 # --- the fused kernel's autograd function and its recomputations ---------------------------------
 
 
