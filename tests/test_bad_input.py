@@ -941,6 +941,12 @@ def _(ctx):
     return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), state)
 
 
+@row("L47")
+def _(ctx):
+    module = variants.build_attention("linear-delta", d_key=2)
+    return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), FastWeightState(torch.zeros(4, 2), None, 3))
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

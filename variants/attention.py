@@ -222,7 +222,8 @@ class FastWeightAttention(Attention):
         chosen = chunk_size if chunk_size is not None else self.chunk_size
         return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
-    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device, dtype: torch.dtype) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype) -> None:
+        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v."""
         if state is None:
             return
         if not isinstance(state, FastWeightState):
@@ -233,9 +234,11 @@ class FastWeightAttention(Attention):
                 f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
                 f"expected one from a {self.rule}-rule variant"
             )
-        expected = (B, H, d_v, self.d_dot)
         why = "fast-weight states are kept in the compute dtype: fp32, or float64 for float64 inputs"
         check_state_tensor("state.W", state.W, device, dtype, why)
+        if d_v is None:  # a read: W's d_v, once W is known to be 4-D (read took W.shape[2] unchecked)
+            d_v = state.W.shape[2] if state.W.dim() == 4 else "d_v"
+        expected = (B, H, d_v, self.d_dot)
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
         if state.z is not None:
@@ -313,8 +316,7 @@ class FastWeightAttention(Attention):
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
-        d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
-        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device, compute_dtype(q))
+        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
         self._check_finite_values(state, q=q)
         return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
 

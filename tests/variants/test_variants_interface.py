@@ -468,6 +468,29 @@ def test_kv_cache_whose_keys_and_values_disagree_raises(case, window, call):
         calls[call]()
 
 
+READ_W = {  # a fast weight W that is not (B, H, d_v, d_dot), for the read of a module with d_key 2
+    "None": (None, r"state\.W: got 'NoneType'; expected a tensor$"),
+    "2 dimensions": ((4, 2), r"state\.W: got \(4, 2\); expected shape \(B, H, d_v, d_dot\) = \(1, 1, 'd_v', 2\)$"),
+    "3 dimensions": ((1, 4, 2), r"state\.W: got \(1, 4, 2\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+    "0 dimensions": ((), r"state\.W: got \(\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+    "5 dimensions": ((1, 1, 1, 4, 2), r"state\.W: got \(1, 1, 1, 4, 2\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+}
+
+
+@pytest.mark.parametrize("spec", ["linear", "linear-delta", "tanh-fwm"])
+@pytest.mark.parametrize("case", list(READ_W))
+def test_read_of_a_fast_weight_that_is_not_4d_raises(spec, case):
+    """read() took W's d_v as state.W.shape[2] before checking W: a W of None raised
+    "AttributeError: 'NoneType' object has no attribute 'shape'" and one of fewer than 3 dimensions
+    "IndexError: tuple index out of range" (forward and write named state.W)."""
+    attention = variants.build_attention(spec, d_key=2)
+    shape, message = READ_W[case]
+    z = torch.zeros(1, 1, 2) if attention.update_rule.carries_normalizer else None
+    state = FastWeightState(None if shape is None else torch.zeros(shape), z, 3)
+    with pytest.raises(VariantError, match="^" + message):
+        attention.read(torch.randn(1, 1, 1, 2), state)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_bad_form_name_raises(spec):
     attention = build(spec)
