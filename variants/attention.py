@@ -409,14 +409,18 @@ class SoftmaxAttention(Attention):
         return self.read(q, self.write(k, v, beta, state))
 
     def read(self, q: Tensor, state: KVCacheState) -> Tensor:
-        """Every query attends to every cached key; nothing is written."""
+        """Every query attends to every cached key (under a window, the last ``window``); nothing is written."""
         if state is None:
             raise bad_value("state", None, "the KVCacheState returned by write() or forward()")
         self._check_query(q)
         self._check_state(state, q, getattr(state, "v", q))
         if self.check_finite:
             check_finite(q=q, state_k=state.k, state_v=state.v)
-        return softmax_kernels.softmax_read(q, state.k, state.v)
+        keys, values = state.k, state.v
+        if self.window is not None:  # a longer cache (a module's of no or a longer window) read every key,
+            # where write (write_read), forward and the recurrent form keep the last `window`
+            keys, values = keys[:, :, -self.window:], values[:, :, -self.window:]
+        return softmax_kernels.softmax_read(q, keys, values)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, window={self.window}, form={self.form}"
