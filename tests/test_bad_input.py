@@ -947,6 +947,15 @@ def _(ctx):
     return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), FastWeightState(torch.zeros(4, 2), None, 3))
 
 
+@row("L48")
+def _(ctx):
+    module = variants.build_attention("linear", d_key=2)
+    k, v = torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 3)
+    state = module.write(k, v)
+    state.position = None
+    return raised(VariantError, module, k, k, v, state=state)
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
+from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
@@ -228,6 +228,7 @@ class FastWeightAttention(Attention):
             return
         if not isinstance(state, FastWeightState):
             raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
+        check_state_position(state.position)
         if (state.z is not None) != self.update_rule.carries_normalizer:  # only the sum rule keeps z
             other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
             raise VariantError(
@@ -345,6 +346,7 @@ class SoftmaxAttention(Attention):
             return
         if not isinstance(state, KVCacheState):
             raise bad_value("state", type(state).__name__, "a KVCacheState from a softmax variant")
+        check_state_position(state.position)
         why = "a KV cache continues a sequence of the same dtype"
         check_state_tensor("state.k", state.k, q.device, q.dtype, why)
         check_state_tensor("state.v", state.v, q.device, q.dtype, why)
