@@ -32,6 +32,7 @@ from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
 from fwbench.tasks.corpus import CorpusError
+from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
 from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask
 from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 from fwbench.variants.kernels import fla_dispatch
@@ -954,6 +955,14 @@ def _(ctx):
     state = module.write(k, v)
     state.position = None
     return raised(VariantError, module, k, k, v, state=state)
+
+
+@row("L49")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    tokens = torch.randint(0, 5, (1, 5))
+    (_, after_3), (_, after_2) = model(tokens[:, :3]), model(tokens[:, :2])
+    return raised(VariantError, model, tokens[:, 3:], [after_2[0], after_3[1]])
 
 
 @row("L80")
