@@ -198,8 +198,15 @@ class DecoderLM(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             got = (tuple(tokens.shape), tokens.dtype) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise bad_value("tokens", got, "an int64 tensor of shape (B, T)")
+        if states is not None and not len(states):  # what a call of no token on a new stream returns:
+            states = None  # still a new stream (refused as "0 states", a split at t = 0 did not continue)
         if states is not None and len(states) != len(self.blocks):
             raise bad_value("states", f"{len(states)} states", f"one per layer ({len(self.blocks)})")
+        # every layer has seen the same tokens; the segments are cut at the first layer's position, so a
+        # None (read as .position) or a state of another call beside it would be carried on unnoticed
+        positions = [] if states is None else [getattr(state, "position", None) for state in states]
+        if None in positions or len(set(positions)) > 1:
+            raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
         context = self.config.context
         offset = 0 if states is None else states[0].position
         pieces, start = [], 0

@@ -32,6 +32,7 @@ from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
 from fwbench.tasks.corpus import CorpusError
+from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
 from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask
 from fwbench.variants import AttentionLayer, FastWeightState, Favor, NonFiniteError, VariantError
 from fwbench.variants.kernels import fla_dispatch
@@ -939,6 +940,29 @@ def _(ctx):
     module = variants.build_attention("softmax", d_key=2)
     state = variants.KVCacheState(torch.randn(1, 1, 3, 2), torch.randn(2, 1, 3, 4), 3)
     return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), state)
+
+
+@row("L47")
+def _(ctx):
+    module = variants.build_attention("linear-delta", d_key=2)
+    return raised(VariantError, module.read, torch.randn(1, 1, 1, 2), FastWeightState(torch.zeros(4, 2), None, 3))
+
+
+@row("L48")
+def _(ctx):
+    module = variants.build_attention("linear", d_key=2)
+    k, v = torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 3)
+    state = module.write(k, v)
+    state.position = None
+    return raised(VariantError, module, k, k, v, state=state)
+
+
+@row("L49")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    tokens = torch.randint(0, 5, (1, 5))
+    (_, after_3), (_, after_2) = model(tokens[:, :3]), model(tokens[:, :2])
+    return raised(VariantError, model, tokens[:, 3:], [after_2[0], after_3[1]])
 
 
 @row("L80")

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_tensor
+from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
@@ -222,20 +222,24 @@ class FastWeightAttention(Attention):
         chosen = chunk_size if chunk_size is not None else self.chunk_size
         return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
-    def _check_state(self, state, B: int, H: int, d_v: int, device: torch.device, dtype: torch.dtype) -> None:
+    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype) -> None:
+        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v."""
         if state is None:
             return
         if not isinstance(state, FastWeightState):
             raise bad_value("state", type(state).__name__, f"a FastWeightState from a {self.rule}-rule variant")
+        check_state_position(state.position)
         if (state.z is not None) != self.update_rule.carries_normalizer:  # only the sum rule keeps z
             other, has_z = ("sum", "with") if state.z is not None else ("delta", "without")
             raise VariantError(
                 f"state: got a FastWeightState from a {other}-rule variant ({has_z} normaliser z); "
                 f"expected one from a {self.rule}-rule variant"
             )
-        expected = (B, H, d_v, self.d_dot)
         why = "fast-weight states are kept in the compute dtype: fp32, or float64 for float64 inputs"
         check_state_tensor("state.W", state.W, device, dtype, why)
+        if d_v is None:  # a read: W's d_v, once W is known to be 4-D (read took W.shape[2] unchecked)
+            d_v = state.W.shape[2] if state.W.dim() == 4 else "d_v"
+        expected = (B, H, d_v, self.d_dot)
         if tuple(state.W.shape) != expected:
             raise bad_value("state.W", tuple(state.W.shape), f"shape (B, H, d_v, d_dot) = {expected}")
         if state.z is not None:
@@ -313,8 +317,7 @@ class FastWeightAttention(Attention):
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
-        d_v = state.W.shape[2] if isinstance(state, FastWeightState) else 0
-        self._check_state(state, q.shape[0], q.shape[1], d_v, q.device, compute_dtype(q))
+        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
         self._check_finite_values(state, q=q)
         return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
 
@@ -343,6 +346,7 @@ class SoftmaxAttention(Attention):
             return
         if not isinstance(state, KVCacheState):
             raise bad_value("state", type(state).__name__, "a KVCacheState from a softmax variant")
+        check_state_position(state.position)
         why = "a KV cache continues a sequence of the same dtype"
         check_state_tensor("state.k", state.k, q.device, q.dtype, why)
         check_state_tensor("state.v", state.v, q.device, q.dtype, why)
@@ -407,14 +411,18 @@ class SoftmaxAttention(Attention):
         return self.read(q, self.write(k, v, beta, state))
 
     def read(self, q: Tensor, state: KVCacheState) -> Tensor:
-        """Every query attends to every cached key; nothing is written."""
+        """Every query attends to every cached key (under a window, the last ``window``); nothing is written."""
         if state is None:
             raise bad_value("state", None, "the KVCacheState returned by write() or forward()")
         self._check_query(q)
         self._check_state(state, q, getattr(state, "v", q))
         if self.check_finite:
             check_finite(q=q, state_k=state.k, state_v=state.v)
-        return softmax_kernels.softmax_read(q, state.k, state.v)
+        keys, values = state.k, state.v
+        if self.window is not None:  # a longer cache (a module's of no or a longer window) read every key,
+            # where write (write_read), forward and the recurrent form keep the last `window`
+            keys, values = keys[:, :, -self.window:], values[:, :, -self.window:]
+        return softmax_kernels.softmax_read(q, keys, values)
 
     def extra_repr(self) -> str:
         return f"d_key={self.d_key}, window={self.window}, form={self.form}"

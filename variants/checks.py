@@ -55,6 +55,14 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
         raise VariantError(f"{name}.dtype: got {x.dtype}; expected {dtype} ({why})")
 
 
+def check_state_position(position: object) -> None:
+    """A carried state's ``position`` counts the tokens it has seen: an integer >= 0. Each call adds
+    its T to it (``None`` or a string raised a bare TypeError there; a float or a tensor was carried
+    into every later state, and the language model cuts its segments at it)."""
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise bad_value("state.position", position, "the number of tokens the state has seen (an integer >= 0)")
+
+
 def all_finite(tensors: Iterable[Tensor]) -> bool:
     """Whether every element of every tensor is finite (no NaN, no ±inf); sparse tensors too.
 

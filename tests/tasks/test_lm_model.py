@@ -3,6 +3,8 @@ across segments, constant-memory generation, sampling, and its input errors."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import SPECS, assert_close
@@ -53,6 +55,40 @@ def test_a_stream_split_anywhere_equals_one_call(spec):
             second, states = model(tokens[:, 5:19], states)
         third, _ = model(tokens[:, 19:], states)
     assert_close(torch.cat([first, second, third], dim=1), whole, GENERATION_RTOL)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear", "tanh-fwm"])
+def test_a_stream_split_at_its_start_continues(spec):
+    """A call of no token on a new stream returns the states [] (no layer ran), which the next call
+    refused: "states: got '0 states'; expected one per layer (2)" (also generate(..., states=[]))."""
+    model = tiny_model(spec, "learned")
+    tokens = torch.randint(0, VOCAB, (2, 11))
+    with torch.no_grad():
+        whole, _ = model(tokens)
+        empty, states = model(tokens[:, :0])
+        assert empty.shape == (2, 0, VOCAB) and states == []
+        continued, _ = model(tokens, states)
+        sampled, _ = model.generate(tokens[:, :3], 4, temperature=0, states=states)
+    torch.testing.assert_close(continued, whole, rtol=0, atol=0)
+    assert torch.equal(sampled, model.generate(tokens[:, :3], 4, temperature=0)[0])
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear", "tanh-fwm"])
+def test_states_of_other_calls_or_none_beside_each_other_are_refused(spec):
+    """The stream is cut into segments at the first layer's position: a None in the list raised
+    "AttributeError: 'NoneType' object has no attribute 'position'" (first layer) or silently started
+    that layer's memory afresh (a later layer), and states of two calls were carried on together."""
+    model = tiny_model(spec)
+    tokens = torch.randint(0, VOCAB, (2, 5))
+    with torch.no_grad():
+        _, after_3 = model(tokens[:, :3])
+        _, after_2 = model(tokens[:, :2])
+        cases = {"positions [None, None]": [None, None], "positions [3, None]": [after_3[0], None],
+                 "positions [2, 3]": [after_2[0], after_3[1]]}
+        for got, states in cases.items():
+            with pytest.raises(VariantError, match=rf"^states: got '{re.escape(got)}'; expected the per-layer states "
+                                                   r"of one call, all at one position$"):
+                model(tokens[:, 3:], states)
 
 
 def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():

@@ -64,3 +64,22 @@ def test_a_read_on_meta_tensors_has_the_cpu_calls_shapes(spec, call):
     grads = torch.autograd.grad(y.sum(), on_meta, allow_unused=True)
     assert [None if g is None else g.shape for g in grads] == [
         None if call in ("parallel", "recurrent") else q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("source", ["softmax", f"softmax:window={T - 2}"])
+@pytest.mark.parametrize("window", [1, WINDOW])
+def test_a_windowed_read_of_a_longer_cache_reads_the_last_window_keys(source, window):
+    """A cache of more than ``window`` tokens (written by a module of no window or a longer one) was
+    read whole by ``read``, where ``write_read`` of no new token, ``write`` and the forms keep its last
+    ``window``: at window 3, read(q, a 9-token cache) gave [-0.4724, -0.0503] against [-0.1868, -0.4071]."""
+    attention = variants.build_attention(f"softmax:window={window}", D_KEY)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, T, D_KEY, generator=g, dtype=torch.float64), torch.randn(2, 2, T, D_V, generator=g,
+                                                                                      dtype=torch.float64)
+    q = torch.randn(2, 2, 4, D_KEY, generator=g, dtype=torch.float64)
+    longer = variants.build_attention(source, D_KEY).write(k, v)
+    assert longer.k.shape[2] > window
+    expected = last_keys_read(q, k, v, window)
+    torch.testing.assert_close(attention.read(q, longer), expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(attention.read(q, longer), attention.write_read(k[:, :, :0], v[:, :, :0], q, state=longer),
+                               rtol=0, atol=0)

@@ -9,6 +9,8 @@ are frozen until redrawn; bad specs and bad calls raise :class:`variants.Variant
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers import (
@@ -465,6 +467,54 @@ def test_kv_cache_whose_keys_and_values_disagree_raises(case, window, call):
     calls = {"read": lambda: attention.read(q, state), "write_read": lambda: attention.write_read(k, v, q, state=state),
              "write": lambda: attention.write(k, v, state=state), "forward": lambda: attention(k, k, v, state=state)}
     with pytest.raises(VariantError, match=r"^state: cache k .* is not a KV cache; expected k \(B, H, P, d_key\)"):
+        calls[call]()
+
+
+READ_W = {  # a fast weight W that is not (B, H, d_v, d_dot), for the read of a module with d_key 2
+    "None": (None, r"state\.W: got 'NoneType'; expected a tensor$"),
+    "2 dimensions": ((4, 2), r"state\.W: got \(4, 2\); expected shape \(B, H, d_v, d_dot\) = \(1, 1, 'd_v', 2\)$"),
+    "3 dimensions": ((1, 4, 2), r"state\.W: got \(1, 4, 2\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+    "0 dimensions": ((), r"state\.W: got \(\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+    "5 dimensions": ((1, 1, 1, 4, 2), r"state\.W: got \(1, 1, 1, 4, 2\); expected shape .* = \(1, 1, 'd_v', 2\)$"),
+}
+
+
+@pytest.mark.parametrize("spec", ["linear", "linear-delta", "tanh-fwm"])
+@pytest.mark.parametrize("case", list(READ_W))
+def test_read_of_a_fast_weight_that_is_not_4d_raises(spec, case):
+    """read() took W's d_v as state.W.shape[2] before checking W: a W of None raised
+    "AttributeError: 'NoneType' object has no attribute 'shape'" and one of fewer than 3 dimensions
+    "IndexError: tuple index out of range" (forward and write named state.W)."""
+    attention = variants.build_attention(spec, d_key=2)
+    shape, message = READ_W[case]
+    z = torch.zeros(1, 1, 2) if attention.update_rule.carries_normalizer else None
+    state = FastWeightState(None if shape is None else torch.zeros(shape), z, 3)
+    with pytest.raises(VariantError, match="^" + message):
+        attention.read(torch.randn(1, 1, 1, 2), state)
+
+
+BAD_POSITIONS = {"None": None, "a string": "3", "negative": -1, "a float": 2.0, "a tensor": torch.tensor(3),
+                 "a bool": True}
+
+
+@pytest.mark.parametrize("call", ["forward", "write", "read", "write_read"])
+@pytest.mark.parametrize("spec", ["softmax", "softmax:window=2", "linear", "linear-delta", "tanh-fwm"])
+@pytest.mark.parametrize("case", list(BAD_POSITIONS))
+def test_state_whose_position_is_not_a_token_count_raises(case, spec, call):
+    """A state's position counts its tokens, and each call adds T to it: a position of None or a
+    string raised "TypeError: unsupported operand type(s) for +" in forward and write, and a float, a
+    tensor or a negative count was carried into the next state (2.0 + 2 = 4.0), which the language
+    model uses to cut its segments."""
+    attention = variants.build_attention(spec, d_key=2)
+    q, k, v = torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 3)
+    beta = torch.rand(1, 1, 2) if attention.uses_beta else None
+    state = attention.write(k, v, beta)
+    state.position = BAD_POSITIONS[case]
+    calls = {"forward": lambda: attention(q, k, v, beta=beta, state=state), "read": lambda: attention.read(q, state),
+             "write": lambda: attention.write(k, v, beta, state),
+             "write_read": lambda: attention.write_read(k, v, q, beta, state)}
+    message = f"state.position: got {BAD_POSITIONS[case]!r}; expected the number of tokens the state has seen"
+    with pytest.raises(VariantError, match="^" + re.escape(message) + r" \(an integer >= 0\)$"):
         calls[call]()
 
 
