@@ -205,7 +205,7 @@ class DecoderLM(nn.Module):
         # every layer has seen the same tokens; the segments are cut at the first layer's position, so a
         # None (read as .position) or a state of another call beside it would be carried on unnoticed
         positions = [] if states is None else [getattr(state, "position", None) for state in states]
-        if None in positions or len(set(positions)) > 1:
+        if any(position is None or position != positions[0] for position in positions):  # no set: a position may be unhashable
             raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
         context = self.config.context
         offset = 0 if states is None else states[0].position

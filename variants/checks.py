@@ -11,6 +11,7 @@ that goes non-finite is stopped at the first bad tensor, named, and recorded as 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable
 
 import torch
@@ -59,7 +60,7 @@ def check_state_position(position: object) -> None:
     """A carried state's ``position`` counts the tokens it has seen: an integer >= 0. Each call adds
     its T to it (``None`` or a string raised a bare TypeError there; a float or a tensor was carried
     into every later state, and the language model cuts its segments at it)."""
-    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+    if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:  # NumPy's too
         raise bad_value("state.position", position, "the number of tokens the state has seen (an integer >= 0)")
 
 

@@ -3,6 +3,7 @@ across segments, constant-memory generation, sampling, and its input errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -84,7 +85,8 @@ def test_states_of_other_calls_or_none_beside_each_other_are_refused(spec):
         _, after_3 = model(tokens[:, :3])
         _, after_2 = model(tokens[:, :2])
         cases = {"positions [None, None]": [None, None], "positions [3, None]": [after_3[0], None],
-                 "positions [2, 3]": [after_2[0], after_3[1]]}
+                 "positions [2, 3]": [after_2[0], after_3[1]],
+                 "positions [[3], 3]": [dataclasses.replace(after_3[0], position=[3]), after_3[1]]}  # unhashable
         for got, states in cases.items():
             with pytest.raises(VariantError, match=rf"^states: got '{re.escape(got)}'; expected the per-layer states "
                                                    r"of one call, all at one position$"):

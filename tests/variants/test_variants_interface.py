@@ -518,6 +518,20 @@ def test_state_whose_position_is_not_a_token_count_raises(case, spec, call):
         calls[call]()
 
 
+@pytest.mark.parametrize("spec", ["softmax", "linear", "linear-delta"])
+def test_state_whose_position_is_a_numpy_integer_continues(spec):
+    """A count held as a NumPy integer (read from an array a user keeps positions in) is a count."""
+    np = pytest.importorskip("numpy")
+    attention = variants.build_attention(spec, d_key=2)
+    q, k, v = torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 3)
+    beta = torch.rand(1, 1, 2) if attention.uses_beta else None
+    state = attention.write(k, v, beta)
+    state.position = np.int64(2)
+    expected = attention(q, k, v, beta=beta, state=attention.write(k, v, beta))
+    y, after = attention(q, k, v, beta=beta, state=state)
+    assert torch.equal(y, expected[0]) and after.position == 4
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_bad_form_name_raises(spec):
     attention = build(spec)
