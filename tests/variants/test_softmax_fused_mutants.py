@@ -375,3 +375,42 @@ def test_a_second_backward_runs_under_the_forwards_fp16_autocast():
     for retain in (True, False):
         for ours, theirs in zip(torch.autograd.grad(y, (q, k, v), grad_y, retain_graph=retain), expected):
             assert torch.equal(ours, theirs)
+
+
+# --- the read of a cache the fused kernel cannot take (0444ca3), rerun after h-break15a-d ---------
+
+def _huge_value_cache(P: int, d_key: int = 2):
+    """fp32 q (1, 1, 2, d_key) and a cache of P keys whose values sum past fp32's largest float
+    (columns ±0.6 × max), so the read goes to the explicit path."""
+    m = torch.finfo(torch.float32).max * 0.6
+    q, keys = _randn(1, 1, 2, d_key, seed=40), _randn(1, 1, P, d_key, seed=41)
+    values = torch.tensor([m, -m]).expand(1, 1, P, 2).clone()
+    return q, keys, values
+
+
+def test_a_read_of_more_cached_keys_than_d_key_weighs_every_key():
+    """The explicit read allows every query every cached key: its mask is (T_q, P). Fault:
+    ``keys.shape[3]`` (d_key) for P, a mask of the wrong width (P = 3, d_key = 2: a shape error where
+    the read is the parallel form's last outputs)."""
+    q, keys, values = _huge_value_cache(P=3)
+    y = softmax.softmax_read(q, keys, values)
+    for t in range(2):  # each query placed after the cache, alone, in the recurrent form
+        expected = softmax_recurrent(q[:, :, t:t + 1], keys[:, :, -1:], values[:, :, -1:],
+                                     keys[:, :, :-1], values[:, :, :-1])[0]
+        torch.testing.assert_close(y[:, :, t:t + 1], expected)
+    assert torch.isfinite(y).all()
+
+
+def test_the_read_mask_is_made_on_the_inputs_device(monkeypatch):
+    """The explicit read's mask is asked for on q's device (on a GPU a CPU mask beside CUDA logits
+    raises). A recorder of ``torch.ones`` sees the call. Faults: ``device=None`` or no device."""
+    asked, ones = [], torch.ones
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs.get("device", "missing"))
+        return ones(*args, **kwargs)
+
+    q, keys, values = _huge_value_cache(P=3)
+    monkeypatch.setattr(torch, "ones", recorded)
+    softmax.softmax_read(q, keys, values)
+    assert asked and all(d is not None and d != "missing" and torch.device(d) == q.device for d in asked), asked
