@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
+from fwbench.variants.checks import check_state_position
 from fwbench.variants.errors import VariantError, bad_value
 
 POSITIONAL = ("none", "learned")
@@ -207,6 +208,8 @@ class DecoderLM(nn.Module):
         positions = [] if states is None else [getattr(state, "position", None) for state in states]
         if any(position is None or position != positions[0] for position in positions):  # no set: a position may be unhashable
             raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
+        if positions:  # the segments are cut at it before any layer checks its state (a float 3.0 raised a bare
+            check_state_position(positions[0])  # TypeError slicing the tokens, a string '3' one adding to it)
         context = self.config.context
         offset = 0 if states is None else states[0].position
         pieces, start = [], 0

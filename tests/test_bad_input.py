@@ -965,6 +965,16 @@ def _(ctx):
     return raised(VariantError, model, tokens[:, 3:], [after_2[0], after_3[1]])
 
 
+@row("L50")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    tokens = torch.randint(0, 5, (1, 5))
+    _, states = model(tokens[:, :3])
+    for state in states:
+        state.position = 3.0
+    return raised(VariantError, model, tokens[:, 3:], states)
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

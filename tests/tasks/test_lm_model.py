@@ -93,6 +93,23 @@ def test_states_of_other_calls_or_none_beside_each_other_are_refused(spec):
                 model(tokens[:, 3:], states)
 
 
+@pytest.mark.parametrize("spec", ["softmax", "linear", "tanh-fwm"])
+def test_states_whose_position_is_not_a_token_count_are_refused_before_the_segments_are_cut(spec):
+    """The segments are cut at the first layer's position before any layer checks its state: 3.0 raised
+    "TypeError: slice indices must be integers or None or have an __index__ method", '3' "TypeError: can
+    only concatenate str (not "int") to str"; a call of no token returned them unchecked."""
+    model = tiny_model(spec)
+    tokens = torch.randint(0, VOCAB, (2, 9))  # the 6 tokens after 3 cross the boundary at 8: a cut at 8 - 3.0
+    with torch.no_grad():
+        _, states = model(tokens[:, :3])
+        for position, got in ((3.0, "3.0"), ("3", "'3'")):
+            bad = [dataclasses.replace(state, position=position) for state in states]
+            for rest in (tokens[:, 3:], tokens[:, :0]):
+                with pytest.raises(VariantError, match=rf"^state.position: got {re.escape(got)}; expected the number "
+                                                       r"of tokens the state has seen \(an integer >= 0\)$"):
+                    model(rest, bad)
+
+
 def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():
     tokens = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
