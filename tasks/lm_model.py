@@ -199,6 +199,10 @@ class DecoderLM(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             got = (tuple(tokens.shape), tokens.dtype) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise bad_value("tokens", got, "an int64 tensor of shape (B, T)")
+        if tokens.numel():  # an id outside the vocabulary raised "IndexError: index out of range in self" from
+            low, high = (int(x) for x in torch.aminmax(tokens))  # the embedding (a device-side assert on CUDA)
+            if low < 0 or high >= self.config.vocab_size:
+                raise bad_value("tokens", f"ids in [{low}, {high}]", f"ids in [0, vocab_size={self.config.vocab_size})")
         if states is not None and not len(states):  # what a call of no token on a new stream returns:
             states = None  # still a new stream (refused as "0 states", a split at t = 0 did not continue)
         if states is not None and len(states) != len(self.blocks):

@@ -110,6 +110,19 @@ def test_states_whose_position_is_not_a_token_count_are_refused_before_the_segme
                     model(rest, bad)
 
 
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_token_ids_outside_the_vocabulary_are_refused(spec):
+    """An id outside [0, vocab_size) raised "IndexError: index out of range in self" from the embedding
+    (a device-side assert on CUDA), in the forward and in generate's prompt."""
+    model = tiny_model(spec)
+    for ids, got in (([[1, VOCAB, 2]], f"[1, {VOCAB}]"), ([[-1, 0]], "[-1, 0]")):
+        message = rf"^tokens: got 'ids in {re.escape(got)}'; expected ids in \[0, vocab_size={VOCAB}\)$"
+        with pytest.raises(VariantError, match=message):
+            model(torch.tensor(ids))
+        with pytest.raises(VariantError, match=message):
+            model.generate(torch.tensor(ids), 2)
+
+
 def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():
     tokens = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
