@@ -27,6 +27,7 @@ one token at a time is the special case t = 1, 2, ….
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -265,13 +266,19 @@ class DecoderLM(nn.Module):
         Raises:
             VariantError: empty prompt, negative ``n_tokens`` or ``temperature``, bad ``top_k``.
         """
-        if prompt.dim() != 2 or prompt.shape[1] < 1:
-            raise bad_value("prompt", tuple(prompt.shape), "ids of shape (B, P) with P >= 1")
-        if n_tokens < 0:
+        # the types first: a list prompt raised AttributeError ('dim'), a string or None count, temperature or
+        # top_k a bare TypeError ('<'), a float count or top_k one from range() or topk() after the prompt's
+        # read; a bool count (True) sampled one token
+        if not isinstance(prompt, Tensor) or prompt.dim() != 2 or prompt.shape[1] < 1:
+            got = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
+            raise bad_value("prompt", got, "ids of shape (B, P) with P >= 1")
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise bad_value("n_tokens", n_tokens, "an integer >= 0")
-        if temperature < 0 or not math.isfinite(temperature):
+        if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or temperature < 0
+                or not math.isfinite(temperature)):
             raise bad_value("temperature", temperature, "a finite number >= 0 (0 = greedy)")
-        if top_k is not None and not 1 <= top_k <= self.config.vocab_size:
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
+                                  or not 1 <= top_k <= self.config.vocab_size):
             raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")
         was_training = self.training
         self.eval()

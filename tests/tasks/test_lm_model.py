@@ -210,6 +210,24 @@ def test_bad_input_is_a_clear_error(build, expected):
         build()
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    ({"prompt": [[1, 2]]}, "prompt: got 'list'; expected ids of shape (B, P) with P >= 1"),
+    ({"n_tokens": 2.5}, "n_tokens: got 2.5; expected an integer >= 0"),
+    ({"n_tokens": True}, "n_tokens: got True; expected an integer >= 0"),
+    ({"n_tokens": None}, "n_tokens: got None; expected an integer >= 0"),
+    ({"temperature": "1"}, "temperature: got '1'; expected a finite number >= 0 (0 = greedy)"),
+    ({"top_k": 2.5}, f"top_k: got 2.5; expected an integer in [1, {VOCAB}] or None"),
+    ({"top_k": True}, f"top_k: got True; expected an integer in [1, {VOCAB}] or None"),
+])
+def test_generate_arguments_of_another_type_are_refused_naming_them(change, message):
+    """A float count or top_k raised a bare TypeError from range() or topk() (after the prompt's read), a
+    string or None one from '<', a list prompt "AttributeError: 'list' object has no attribute 'dim'";
+    a bool count (True) sampled one token."""
+    arguments = {"prompt": torch.zeros(1, 1, dtype=torch.int64), "n_tokens": 2, **change}
+    with pytest.raises(VariantError, match=f"^{re.escape(message)}$"):
+        tiny_model("linear").generate(**arguments)
+
+
 def test_sampling_at_a_tiny_temperature_is_greedy_and_finite():
     logits = torch.tensor([[2.0, 5.0, -1.0], [0.5, 0.1, 0.4]])
     generator = torch.Generator().manual_seed(0)
