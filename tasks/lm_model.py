@@ -204,6 +204,9 @@ class DecoderLM(nn.Module):
             low, high = (int(x) for x in torch.aminmax(tokens))  # the embedding (a device-side assert on CUDA)
             if low < 0 or high >= self.config.vocab_size:
                 raise bad_value("tokens", f"ids in [{low}, {high}]", f"ids in [0, vocab_size={self.config.vocab_size})")
+        if states is not None and not isinstance(states, (list, tuple)):  # one layer's state, an int, a generator:
+            # "TypeError: object of type 'FastWeightState' has no len()"
+            raise bad_value("states", type(states).__name__, "the list of per-layer states the previous call returned")
         if states is not None and not len(states):  # what a call of no token on a new stream returns:
             states = None  # still a new stream (refused as "0 states", a split at t = 0 did not continue)
         if states is not None and len(states) != len(self.blocks):

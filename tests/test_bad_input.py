@@ -987,6 +987,14 @@ def _(ctx):
     return raised(VariantError, model.generate, torch.tensor([[1]]), 2.5)
 
 
+@row("L53")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    tokens = torch.randint(0, 5, (1, 4))
+    _, states = model(tokens[:, :2])
+    return raised(VariantError, model, tokens[:, 2:], states[0])
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

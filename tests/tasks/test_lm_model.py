@@ -123,6 +123,22 @@ def test_token_ids_outside_the_vocabulary_are_refused(spec):
             model.generate(torch.tensor(ids), 2)
 
 
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_states_that_are_not_a_list_are_refused(spec):
+    """One layer's state instead of the list (or an int, a generator) raised "TypeError: object of type
+    'FastWeightState' has no len()"."""
+    model = tiny_model(spec)
+    tokens = torch.randint(0, VOCAB, (1, 4))
+    with torch.no_grad():
+        _, states = model(tokens[:, :2])
+        for bad in (states[0], 3, (state for state in states)):
+            message = rf"^states: got '{type(bad).__name__}'; expected the list of per-layer states the previous call returned$"
+            with pytest.raises(VariantError, match=message):
+                model(tokens[:, 2:], bad)
+        continued, _ = model(tokens[:, 2:], tuple(states))  # a tuple is a list of states
+        assert torch.equal(continued, model(tokens[:, 2:], states)[0])
+
+
 def test_fast_weight_state_crosses_segments_and_softmax_cache_does_not():
     tokens = torch.randint(0, VOCAB, (1, 16))
     with torch.no_grad():
