@@ -285,16 +285,18 @@ class DecoderLM(nn.Module):
             raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")
         was_training = self.training
         self.eval()
-        logits, states = self(prompt, states)
-        next_logits = logits[:, -1]
-        sampled = []
-        with using_form(self, "recurrent"):
-            for _ in range(n_tokens):
-                token = sample_next(next_logits, temperature, generator, top_k)
-                sampled.append(token)
-                logits, states = self(token, states)
-                next_logits = logits[:, -1]
-        self.train(was_training)
+        try:  # a refused call (a prompt id outside the vocabulary, states of another batch) left it in eval mode
+            logits, states = self(prompt, states)
+            next_logits = logits[:, -1]
+            sampled = []
+            with using_form(self, "recurrent"):
+                for _ in range(n_tokens):
+                    token = sample_next(next_logits, temperature, generator, top_k)
+                    sampled.append(token)
+                    logits, states = self(token, states)
+                    next_logits = logits[:, -1]
+        finally:
+            self.train(was_training)
         out = torch.cat(sampled, dim=1) if sampled else prompt.new_zeros(prompt.shape[0], 0)
         return out, states
 

@@ -244,6 +244,20 @@ def test_generate_arguments_of_another_type_are_refused_naming_them(change, mess
         tiny_model("linear").generate(**arguments)
 
 
+def test_a_refused_generation_leaves_the_model_in_training_mode():
+    """generate switched the model to eval mode and back only when it returned: a refused prompt (an id
+    outside the vocabulary) or non-finite logits left a training model in eval mode (dropout off)."""
+    model = tiny_model("linear").train()
+    with pytest.raises(VariantError, match="^tokens: got 'ids in"):
+        model.generate(torch.tensor([[VOCAB]]), 2)
+    assert model.training
+    with torch.no_grad():
+        model.output.weight.fill_(float("nan"))
+    with pytest.raises(VariantError, match="^logits: got non-finite values"):
+        model.generate(torch.tensor([[1]]), 2)
+    assert model.training
+
+
 def test_sampling_at_a_tiny_temperature_is_greedy_and_finite():
     logits = torch.tensor([[2.0, 5.0, -1.0], [0.5, 0.1, 0.4]])
     generator = torch.Generator().manual_seed(0)
