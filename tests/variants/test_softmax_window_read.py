@@ -83,3 +83,21 @@ def test_a_windowed_read_of_a_longer_cache_reads_the_last_window_keys(source, wi
     torch.testing.assert_close(attention.read(q, longer), expected, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(attention.read(q, longer), attention.write_read(k[:, :, :0], v[:, :, :0], q, state=longer),
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("window", [1, WINDOW])
+def test_a_call_of_no_token_leaves_a_written_cache_as_it_was(form, window):
+    """A forward of T = 0 returns the state unchanged (L41), but trimmed the cache to ``window − 1`` tokens:
+    a cache of ``window`` tokens (what ``write`` keeps) lost its oldest key, and a read after the empty call
+    differed from the read before it (window 3: [-0.6223, 0.0496] against [-0.6461, 0.0535])."""
+    attention = variants.build_attention(f"softmax:window={window}", D_KEY, form=form)
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, T, D_KEY, generator=g, dtype=torch.float64), torch.randn(2, 2, T, D_V, generator=g,
+                                                                                      dtype=torch.float64)
+    q = torch.randn(2, 2, 4, D_KEY, generator=g, dtype=torch.float64)
+    written = attention.write(k, v)
+    y, after = attention(q[:, :, :0], k[:, :, :0], v[:, :, :0], state=written)
+    assert y.shape == (2, 2, 0, D_V) and after.position == written.position == T
+    assert torch.equal(after.k, written.k) and torch.equal(after.v, written.v)
+    torch.testing.assert_close(attention.read(q, after), last_keys_read(q, k, v, window), rtol=1e-12, atol=1e-12)

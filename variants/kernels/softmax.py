@@ -4,7 +4,8 @@
 
 Shapes: q, k (B, H, T, d_key); v (B, H, T, d_v); cached keys and values (B, H, P, ·) hold the
 P tokens before this call. With ``window`` set, each query sees only its last ``window`` keys
-(itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all.
+(itself included) and the returned cache keeps the last ``window − 1`` tokens; ``None`` keeps all; a
+call of no token (T = 0) returns the cache as it came.
 A NaN or ±inf in a key or value reaches only the queries at or after it, as in the recurrent form,
 and so does a finite key whose logits overflow or a value past √ of the logit limit (the fused
 kernel is then kept from it).
@@ -46,8 +47,8 @@ def softmax_parallel(
     keys = k if k_cache is None else torch.cat([k_cache.to(k.dtype), k], dim=2)
     values = v if v_cache is None else torch.cat([v_cache.to(v.dtype), v], dim=2)
     T, P = q.shape[2], keys.shape[2] - k.shape[2]
-    if T == 0:
-        return v.new_zeros(v.shape), *_trim(keys, values, window)
+    if T == 0:  # the cache as it came: trimmed, a write's cache of `window` tokens lost one and reads changed
+        return v.new_zeros(v.shape), keys, values
     mask = _causal_mask(T, P, window, q.device)
     if _fused_kernel_is_safe(q, keys, values):
         y = _fused_attention(q, keys, values, attn_mask=mask)
@@ -349,8 +350,9 @@ def softmax_recurrent(
             keys, values = keys[:, :, -window:], values[:, :, -window:]
         weights = torch.softmax((q[:, :, t : t + 1].to(wide) @ keys.to(wide).mT) * scale, dim=-1)
         outputs.append((weights @ values.to(wide)).to(v.dtype))
-    y = torch.cat(outputs, dim=2) if outputs else v.new_zeros(v.shape)
-    return y, *_trim(keys, values, window)
+    if not outputs:  # T = 0: the cache as it came (see softmax_parallel)
+        return v.new_zeros(v.shape), keys, values
+    return torch.cat(outputs, dim=2), *_trim(keys, values, window)
 
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
