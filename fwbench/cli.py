@@ -306,6 +306,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.capacity import capacity_intervals, describe, write_capacity_csv
     from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
     from fwbench.analysis.records import records_frame
+    from fwbench.analysis.verdicts import leaning_note
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
     from fwbench.run.grid import expand, load_grid
     from fwbench.run.store import ResultsStore
@@ -339,7 +340,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     print(f"capacities written to {csv}, figure to {figure}")
     for claim in (claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot):
         result = claim(frame)
-        print(f"{result.id} {result.verdict}: {result.measured}\n    evidence: {result.evidence}")
+        print(f"{result.id} {result.verdict}{leaning_note(result)}: {result.measured}\n    evidence: {result.evidence}")
     return 0
 
 

@@ -243,7 +243,9 @@ def claim_carried_state_sum_degrades_delta_holds(frame: pd.DataFrame) -> ClaimRe
     evaluation carries the state (the measured text says which).
     """
     claim = (f"C10: state carried over the validation stream: sum rule degrades, delta rule holds "
-             f"(carried / per-segment ppl in the last position bucket > or ≤ {1 + HOLD_TOLERANCE:.2f})")
+             f"(degradation > or ≤ {1 + HOLD_TOLERANCE:.2f}: ppl with the state carried over 16× ÷ 1× the length "
+             f"carried in training; for records without that evaluation, carried ÷ per-segment ppl in the "
+             f"stream's last position bucket)")
     paper = (f"WikiText-103 valid ppl (Table 4, medium, trained and evaluated without truncating context): "
              f"linear sum {paper_ppl(4, 'medium', 'linear', 'sum')}, delta {paper_ppl(4, 'medium', 'linear', 'delta')} "
              f"({paper_ppl(2, 'medium', 'linear', 'delta')} with limited context)")

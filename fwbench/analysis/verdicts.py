@@ -39,6 +39,13 @@ class ClaimResult:
     leaning: str = ""
 
 
+def leaning_note(result: ClaimResult) -> str:
+    """" (leans PASS)" / " (leans FAIL)" after an INDICATIVE verdict whose criterion leans on the
+    evidence at hand, else "": what the report's verdict column and ``fwbench capacity`` print after
+    the verdict (a PASS or FAIL verdict is its leaning already)."""
+    return f" (leans {result.leaning})" if result.verdict == INDICATIVE and result.leaning else ""
+
+
 def lean(checks: Sequence[bool | None]) -> str | None:
     """PASS if every check holds, FAIL if any certainly fails, None (undecided) otherwise or when empty."""
     known = [None if c is None else bool(c) for c in checks]  # numpy booleans are not True / False

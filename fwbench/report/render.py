@@ -24,6 +24,7 @@ from fwbench.analysis.claims import evaluate_claims, main_d_key
 from fwbench.analysis.records import CAPACITY_THRESHOLD, records_frame
 from fwbench.analysis.reference import official_synthetic
 from fwbench.analysis.statistics import CONFIDENCE, log_interval, t_interval
+from fwbench.analysis.verdicts import leaning_note
 from fwbench.errors import FwbenchError
 from fwbench.report.bench_section import section_bench
 from fwbench.report.figures import capacity_figure
@@ -291,6 +292,7 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
             "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 
 
+
 def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``out_dir/REPORT.md`` and its figures from the store in ``results_dir``.
 
@@ -308,7 +310,7 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
     claims = evaluate_claims(frame)
     claims_table = pd.DataFrame([
         {"claim": c.claim, "reference": c.reference, "paper": c.paper, "this run": c.measured,
-         "evidence": c.evidence, "verdict": f"**{c.verdict}**"} for c in claims
+         "evidence": c.evidence, "verdict": f"**{c.verdict}**{leaning_note(c)}"} for c in claims
     ])
     lines = [
         "# fwbench report: Linear Transformers Are Secretly Fast Weight Programmers",
@@ -319,7 +321,9 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         "## Claims",
         "",
         "PASS / FAIL only where the evidence meets the minimum the claim states (seeds, S range, finished "
-        "runs, LM budget); otherwise INDICATIVE with what is missing. Intervals are 95 %; losses in log space. "
+        "runs, LM budget); otherwise INDICATIVE with what is missing, and which way the criterion leans on the "
+        "evidence at hand (\"leans PASS\" / \"leans FAIL\"; nothing where the intervals do not separate the cases). "
+        "Intervals are 95 %; losses in log space. "
         f"{DIVERGENCE_POLICY} See the setup section for every difference from the official code.",
         "",
         markdown_table(claims_table),

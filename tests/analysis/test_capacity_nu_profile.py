@@ -64,3 +64,16 @@ def test_every_quick_run_ends_by_convergence_or_plateau_and_c2_can_decide():
     assert "ν=1: ≈ 21" in c2.measured and "ν=4: ≈ 102" in c2.measured, c2.measured
     c3 = claim_sum_rule_failure_scales_with_d_dot(records)
     assert c3.verdict == INDICATIVE and "d_key 16, not the paper's 64" in c3.evidence
+
+
+def test_an_indicative_verdict_says_which_way_its_criterion_leans():
+    """The README reads the quick profile's claims by their leaning (C2 leans PASS on one seed), and
+    the report's claims table and ``fwbench capacity`` print it after INDICATIVE; a PASS or FAIL
+    verdict, and a criterion that does not lean, print none (the leaning was computed, never shown)."""
+    from fwbench.analysis.verdicts import FAIL, judge, leaning_note
+
+    c2 = claim_dpfp_capacity_grows_with_nu(quick_records())
+    assert leaning_note(c2) == " (leans PASS)"
+    assert leaning_note(judge("X", "claim", "paper", "measured", FAIL, [], "3 seeds", "ref")) == ""  # FAIL: met
+    assert leaning_note(judge("X", "claim", "paper", "measured", None, [], "3 seeds", "ref")) == ""  # undecided
+    assert leaning_note(judge("X", "claim", "paper", "measured", FAIL, ["1 seed"], "3 seeds", "ref")) == " (leans FAIL)"

@@ -3,6 +3,8 @@ sections (Setting 2, capacity vs d_dot, MQAR, probe, statistics) rendered from t
 
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -107,7 +109,8 @@ def test_capacity_command_writes_a_csv_with_intervals_and_a_figure(tmp_path, cap
     printed = capsys.readouterr().out
     assert "capacities written to" in printed
     # C2 and C3 with their evidence: two seeds at d_key 4 can only be INDICATIVE
-    assert "C2 INDICATIVE: capacity ν=1: " in printed and "C3 INDICATIVE: " in printed
+    assert re.search(r"C2 INDICATIVE( \(leans (PASS|FAIL)\))?: capacity ν=1: ", printed), printed
+    assert re.search(r"C3 INDICATIVE( \(leans (PASS|FAIL)\))?: ", printed), printed
     assert "missing: 2 seeds" in printed and "d_key 4, not the paper's 64" in printed
 
 
