@@ -177,7 +177,8 @@ def claim_favor_delta_diverges(frame: pd.DataFrame) -> ClaimResult:
         for v, g in favor.groupby("variant"))
     leaning = None if large.empty else PASS if (large["status"] == "diverged").any() else FAIL
     gaps = [*retrieval_gaps(favor), "" if not large.empty else f"S < {FAVOR_DELTA_DIVERGES_FROM} only"]
-    measured = f"{len(diverged)} of {len(favor)} runs diverged — {per_variant}"
+    measured = (per_variant if favor["variant"].nunique() == 1  # the total would say the variant's count again
+                else f"{len(diverged)} of {len(favor)} runs diverged — {per_variant}")
     return judge("C14", claim, paper, measured, leaning, gaps, minimum, reference)
 
 

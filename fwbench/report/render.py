@@ -251,7 +251,8 @@ def section_statistics(frame: pd.DataFrame, out_dir: Path) -> str:
         "Capacities are estimated on each seed's own curve (one isolated failing S between retrieving ones "
         "is skipped as a bad point) and then summarised; two capacities differ only when their intervals "
         "are apart and a grid point separates them. Diverged runs are never hidden: they appear in the "
-        f"tables as 'diverged @ step'. {DIVERGENCE_POLICY}", "",
+        "retrieval tables as 'diverged @ step' and in the language-model tables with status diverged and "
+        f"their steps. {DIVERGENCE_POLICY}", "",
     ]
     if not frame.empty and "grid" in frame:
         seeds = frame.groupby("grid")["seed"].agg(lambda s: " ".join(str(x) for x in sorted(set(s)))).reset_index()

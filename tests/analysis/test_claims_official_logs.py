@@ -191,3 +191,18 @@ def test_the_papers_lm_tables_pass_c8_and_c9():
     # seed noise of ±5 % hides the 33.0 vs 33.9 gap of C9: no longer decided
     noisy = claim_softmax_best_at_training_context(paper_lm_records(spread=0.05))
     assert noisy.verdict == INDICATIVE and "do not separate" in noisy.evidence
+
+
+def test_c14_on_one_favor_delta_variant_states_its_count_once():
+    """With one FAVOR+ delta variant in the records, C14's measured text gave the same count twice
+    ("0 of 1 runs diverged — favor-delta:m=64: 0 of 1 diverged", a new-user trial); now once."""
+    from fwbench.analysis.claims_setting2 import claim_favor_delta_diverges
+
+    frame = official_records()
+    favor = frame[(frame["setting"] == 2) & frame["variant"].str.startswith("favor-delta")]
+    one = favor[favor["variant"] == favor["variant"].iloc[0]]
+    others = frame[~frame.index.isin(favor.index)]
+    measured = claim_favor_delta_diverges(pd.concat([others, one])).measured
+    variant = one["variant"].iloc[0]
+    assert measured.startswith(f"{variant}: ") and " runs diverged — " not in measured, measured
+    assert " runs diverged — " in claim_favor_delta_diverges(frame).measured or favor["variant"].nunique() == 1
