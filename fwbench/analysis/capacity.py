@@ -119,12 +119,19 @@ def capacity_intervals(rows: pd.DataFrame, threshold: float = CAPACITY_THRESHOLD
             "capacity_mean": interval.mean, "ci_low": ci_low, "ci_high": ci_high, "bound": bound,
             "grid_low": group["grid_low"].min(), "grid_high": group["grid_high"].max(),
             "capacity_over_d_dot": interval.mean / d_dot if d_dot and not pd.isna(d_dot) else math.nan,
-            "per_seed": " ".join(f"{c:.0f}" for c in group.sort_values("seed")["capacity"]),
+            "per_seed": " ".join(_seed_text(seed) for _, seed in group.sort_values("seed").iterrows()),
             "n_diverged": int(group["n_diverged"].sum()),
             "ignored_S": " ".join(sorted({s for text in group["ignored_S"] for s in text.split()}, key=float)),
             "S_grid": group["S_grid"].iloc[0], "threshold": threshold,
         })
     return pd.DataFrame(out, columns=[c for c in CAPACITY_COLUMNS if c != "setting"])
+
+
+def _seed_text(seed: pd.Series) -> str:
+    """One seed's capacity for the per-seed column, with its censoring: "<16" (failed even the smallest
+    S), "≥160" (passed every S), "22" (bracketed); a bare bound read as a measured capacity."""
+    mark = "≥" if seed["lower_bound_only"] else "<" if seed["upper_bound_only"] else ""
+    return f"{mark}{seed['capacity']:.0f}"
 
 
 @dataclass(frozen=True)

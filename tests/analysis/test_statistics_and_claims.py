@@ -103,6 +103,9 @@ def test_capacity_censoring_and_the_divergence_policy():
     assert "1 diverged run(s) left out" in describe(favor)
     assert (table.loc["dpfp:nu=2", "grid_low"], table.loc["dpfp:nu=2", "grid_high"]) == (80, math.inf)
     assert (table.loc["linear", "grid_low"], table.loc["linear", "grid_high"]) == (0, 20)
+    # the per-seed column marks a seed's bound (it read "80" and "20", as measured capacities)
+    assert (table.loc["dpfp:nu=2", "per_seed"], table.loc["linear", "per_seed"]) == ("≥80", "<20")
+    assert favor["per_seed"] == "36"
 
 
 def test_one_bad_point_does_not_cap_a_capacity():
