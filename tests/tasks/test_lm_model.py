@@ -124,6 +124,28 @@ def test_token_ids_outside_the_vocabulary_are_refused(spec):
 
 
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_tokens_on_another_device_are_refused(spec):
+    """Ids on another device than the model: meta ids into a CPU model read the CPU embedding and
+    returned logits of garbage, no error (before the range check), then "RuntimeError: Tensor.item()
+    cannot be called on meta tensors" from it, in the forward and in generate's prompt."""
+    model = tiny_model(spec)
+    tokens = torch.tensor([[1, 2, 3]], device="meta")
+    message = r"^tokens.device: got 'meta'; expected the model's device \(cpu\)$"
+    with pytest.raises(VariantError, match=message):
+        model(tokens)
+    with pytest.raises(VariantError, match=message):
+        model.generate(tokens, 2)
+
+
+def test_a_model_on_meta_reads_meta_ids_unchecked():
+    """A dry run of a softmax model on meta (shapes only) ran before the range check, which read
+    the ids' values: "RuntimeError: Tensor.item() cannot be called on meta tensors"."""
+    model = tiny_model("softmax").to("meta")
+    logits, states = model(torch.tensor([[1, 2, 3]], device="meta"))
+    assert (logits.shape, logits.device.type, states[0].position) == ((1, 3, VOCAB), "meta", 3)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
 def test_states_that_are_not_a_list_are_refused(spec):
     """One layer's state instead of the list (or an int, a generator) raised "TypeError: object of type
     'FastWeightState' has no len()"."""
