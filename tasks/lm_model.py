@@ -281,9 +281,15 @@ class DecoderLM(nn.Module):
             raise bad_value("prompt", got, "ids of shape (B, P) with P >= 1")
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise bad_value("n_tokens", n_tokens, "an integer >= 0")
-        if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or temperature < 0
-                or not math.isfinite(temperature)):
+        try:  # as a float: a Fraction passed the check and raised TypeError dividing the logits, an int
+            # past float's range (10**400) raised OverflowError from math.isfinite
+            value = math.nan if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+                else float(temperature)
+        except OverflowError:
+            value = math.inf
+        if value < 0 or not math.isfinite(value):
             raise bad_value("temperature", temperature, "a finite number >= 0 (0 = greedy)")
+        temperature = value
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
                                   or not 1 <= top_k <= self.config.vocab_size):
             raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from fractions import Fraction
 
 import pytest
 import torch
@@ -264,6 +265,19 @@ def test_generate_arguments_of_another_type_are_refused_naming_them(change, mess
     arguments = {"prompt": torch.zeros(1, 1, dtype=torch.int64), "n_tokens": 2, **change}
     with pytest.raises(VariantError, match=f"^{re.escape(message)}$"):
         tiny_model("linear").generate(**arguments)
+
+
+def test_a_temperature_of_any_real_type_samples_as_its_float():
+    """numbers.Real passed the check, but a Fraction raised "TypeError: unsupported operand type(s) for
+    /: 'Tensor' and 'Fraction'" dividing the logits, and an int past float's range "OverflowError: int
+    too large to convert to float" from the check's math.isfinite."""
+    model = tiny_model("linear")
+    prompt = torch.tensor([[1, 2]])
+    sampled = [model.generate(prompt, 4, t, torch.Generator().manual_seed(0))[0] for t in (Fraction(7, 10), 0.7)]
+    assert torch.equal(*sampled)
+    message = "temperature: got " + str(10**400) + "; expected a finite number >= 0 (0 = greedy)"
+    with pytest.raises(VariantError, match=f"^{re.escape(message)}$"):
+        model.generate(prompt, 4, 10**400)
 
 
 def test_a_refused_generation_leaves_the_model_in_training_mode():
