@@ -220,8 +220,9 @@ class DecoderLM(nn.Module):
         positions = [] if states is None else [getattr(state, "position", None) for state in states]
         if any(position is None or position != positions[0] for position in positions):  # no set: a position may be unhashable
             raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
-        if positions:  # the segments are cut at it before any layer checks its state (a float 3.0 raised a bare
-            check_state_position(positions[0])  # TypeError slicing the tokens, a string '3' one adding to it)
+        for position in positions:  # the segments are cut at the first before any layer checks its state (a
+            check_state_position(position)  # float 3.0 raised a bare TypeError slicing the tokens, a string '3' one
+            # adding to it); every one: a call of no token returned [3, 3.0] (equal) unchecked, which T > 0 refuses
         context = self.config.context
         offset = 0 if states is None else states[0].position
         pieces, start = [], 0

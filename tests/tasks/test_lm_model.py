@@ -112,6 +112,21 @@ def test_states_whose_position_is_not_a_token_count_are_refused_before_the_segme
 
 
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_every_layers_position_is_checked_by_a_call_of_no_token(spec):
+    """Only the first layer's position was checked before the segments: a second layer's 3.0 (equal to 3)
+    came back unchecked from a call of no token, while a call of tokens refused it in that layer."""
+    model = tiny_model(spec)
+    tokens = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad():
+        _, states = model(tokens[:, :3])
+        bad = [states[0], dataclasses.replace(states[1], position=3.0)]
+        for rest in (tokens[:, :0], tokens[:, 3:]):
+            with pytest.raises(VariantError, match=r"^state.position: got 3.0; expected the number of tokens the "
+                                                   r"state has seen \(an integer >= 0\)$"):
+                model(rest, bad)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
 def test_token_ids_outside_the_vocabulary_are_refused(spec):
     """An id outside [0, vocab_size) raised "IndexError: index out of range in self" from the embedding
     (a device-side assert on CUDA), in the forward and in generate's prompt."""
