@@ -218,7 +218,8 @@ class DecoderLM(nn.Module):
         # every layer has seen the same tokens; the segments are cut at the first layer's position, so a
         # None (read as .position) or a state of another call beside it would be carried on unnoticed
         positions = [] if states is None else [getattr(state, "position", None) for state in states]
-        if any(position is None or position != positions[0] for position in positions):  # no set: a position may be unhashable
+        # no set: a position may be unhashable
+        if any(position is None or _differs(position, positions[0]) for position in positions):
             raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
         for position in positions:  # the segments are cut at the first before any layer checks its state (a
             check_state_position(position)  # float 3.0 raised a bare TypeError slicing the tokens, a string '3' one
@@ -310,6 +311,16 @@ class DecoderLM(nn.Module):
             self.train(was_training)
         out = torch.cat(sampled, dim=1) if sampled else prompt.new_zeros(prompt.shape[0], 0)
         return out, states
+
+
+def _differs(position: object, first: object) -> bool:
+    """Whether two layers' positions differ; ``False`` where ``!=`` has no truth value (a tensor or an
+    array of several counts raised a bare "Boolean value of Tensor with more than one value is
+    ambiguous" or NumPy's ValueError): such a position is no count, and is refused as one next."""
+    try:
+        return bool(position != first)
+    except (RuntimeError, ValueError):
+        return False
 
 
 def sample_next(logits: Tensor, temperature: float, generator: torch.Generator | None = None,

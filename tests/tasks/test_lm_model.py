@@ -7,6 +7,7 @@ import dataclasses
 import re
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from helpers import SPECS, assert_close
@@ -124,6 +125,23 @@ def test_every_layers_position_is_checked_by_a_call_of_no_token(spec):
             with pytest.raises(VariantError, match=r"^state.position: got 3.0; expected the number of tokens the "
                                                    r"state has seen \(an integer >= 0\)$"):
                 model(rest, bad)
+
+
+def test_a_position_of_several_counts_is_refused_as_no_count():
+    """A tensor or array position (every layer's, or the second's) raised "RuntimeError: Boolean value of
+    Tensor with more than one value is ambiguous" (NumPy: "ValueError: The truth value of an array with more
+    than one element is ambiguous") from the comparison of the layers' positions."""
+    model = tiny_model("linear")
+    tokens = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad():
+        _, states = model(tokens[:, :3])
+        for position in (torch.tensor([3, 3]), np.array([3, 3])):
+            for layers in ((0, 1), (1,)):
+                bad = [dataclasses.replace(state, position=position) if i in layers else state
+                       for i, state in enumerate(states)]
+                message = f"state.position: got {position!r}; expected the number of tokens the state has seen"
+                with pytest.raises(VariantError, match=f"^{re.escape(message)} \\(an integer >= 0\\)$"):
+                    model(tokens[:, 3:], bad)
 
 
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
