@@ -200,7 +200,11 @@ class DecoderLM(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             got = (tuple(tokens.shape), tokens.dtype) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise bad_value("tokens", got, "an int64 tensor of shape (B, T)")
-        if tokens.numel():  # an id outside the vocabulary raised "IndexError: index out of range in self" from
+        device = self.embedding.weight.device  # meta ids into a CPU model read the CPU embedding (garbage
+        if tokens.device != device:  # logits, no error), CUDA ids raised deep in torch, and the range check below
+            raise bad_value("tokens.device", str(tokens.device), f"the model's device ({device})")  # a bare .item()
+        if tokens.numel() and device.type != "meta":  # meta ids have no values: a dry run on meta is not checked
+            # an id outside the vocabulary raised "IndexError: index out of range in self" from
             low, high = (int(x) for x in torch.aminmax(tokens))  # the embedding (a device-side assert on CUDA)
             if low < 0 or high >= self.config.vocab_size:
                 raise bad_value("tokens", f"ids in [{low}, {high}]", f"ids in [0, vocab_size={self.config.vocab_size})")
@@ -214,10 +218,12 @@ class DecoderLM(nn.Module):
         # every layer has seen the same tokens; the segments are cut at the first layer's position, so a
         # None (read as .position) or a state of another call beside it would be carried on unnoticed
         positions = [] if states is None else [getattr(state, "position", None) for state in states]
-        if any(position is None or position != positions[0] for position in positions):  # no set: a position may be unhashable
+        # no set: a position may be unhashable
+        if any(position is None or _differs(position, positions[0]) for position in positions):
             raise bad_value("states", f"positions {positions}", "the per-layer states of one call, all at one position")
-        if positions:  # the segments are cut at it before any layer checks its state (a float 3.0 raised a bare
-            check_state_position(positions[0])  # TypeError slicing the tokens, a string '3' one adding to it)
+        for position in positions:  # the segments are cut at the first before any layer checks its state (a
+            check_state_position(position)  # float 3.0 raised a bare TypeError slicing the tokens, a string '3' one
+            # adding to it); every one: a call of no token returned [3, 3.0] (equal) unchecked, which T > 0 refuses
         context = self.config.context
         offset = 0 if states is None else states[0].position
         pieces, start = [], 0
@@ -277,9 +283,15 @@ class DecoderLM(nn.Module):
             raise bad_value("prompt", got, "ids of shape (B, P) with P >= 1")
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise bad_value("n_tokens", n_tokens, "an integer >= 0")
-        if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) or temperature < 0
-                or not math.isfinite(temperature)):
+        try:  # as a float: a Fraction passed the check and raised TypeError dividing the logits, an int
+            # past float's range (10**400) raised OverflowError from math.isfinite
+            value = math.nan if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \
+                else float(temperature)
+        except OverflowError:
+            value = math.inf
+        if value < 0 or not math.isfinite(value):
             raise bad_value("temperature", temperature, "a finite number >= 0 (0 = greedy)")
+        temperature = value
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
                                   or not 1 <= top_k <= self.config.vocab_size):
             raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")
@@ -299,6 +311,16 @@ class DecoderLM(nn.Module):
             self.train(was_training)
         out = torch.cat(sampled, dim=1) if sampled else prompt.new_zeros(prompt.shape[0], 0)
         return out, states
+
+
+def _differs(position: object, first: object) -> bool:
+    """Whether two layers' positions differ; ``False`` where ``!=`` has no truth value (a tensor or an
+    array of several counts raised a bare "Boolean value of Tensor with more than one value is
+    ambiguous" or NumPy's ValueError): such a position is no count, and is refused as one next."""
+    try:
+        return bool(position != first)
+    except (RuntimeError, ValueError):
+        return False
 
 
 def sample_next(logits: Tensor, temperature: float, generator: torch.Generator | None = None,

@@ -995,6 +995,18 @@ def _(ctx):
     return raised(VariantError, model, tokens[:, 2:], states[0])
 
 
+@row("L54")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    return raised(VariantError, model, torch.tensor([[1, 2, 3]], device="meta"))
+
+
+@row("L55")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    return raised(VariantError, model.generate, torch.tensor([[1]]), 2, 10**400)
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 from helpers import SPECS, assert_close
@@ -111,6 +113,38 @@ def test_states_whose_position_is_not_a_token_count_are_refused_before_the_segme
 
 
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_every_layers_position_is_checked_by_a_call_of_no_token(spec):
+    """Only the first layer's position was checked before the segments: a second layer's 3.0 (equal to 3)
+    came back unchecked from a call of no token, while a call of tokens refused it in that layer."""
+    model = tiny_model(spec)
+    tokens = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad():
+        _, states = model(tokens[:, :3])
+        bad = [states[0], dataclasses.replace(states[1], position=3.0)]
+        for rest in (tokens[:, :0], tokens[:, 3:]):
+            with pytest.raises(VariantError, match=r"^state.position: got 3.0; expected the number of tokens the "
+                                                   r"state has seen \(an integer >= 0\)$"):
+                model(rest, bad)
+
+
+def test_a_position_of_several_counts_is_refused_as_no_count():
+    """A tensor or array position (every layer's, or the second's) raised "RuntimeError: Boolean value of
+    Tensor with more than one value is ambiguous" (NumPy: "ValueError: The truth value of an array with more
+    than one element is ambiguous") from the comparison of the layers' positions."""
+    model = tiny_model("linear")
+    tokens = torch.randint(0, VOCAB, (1, 5))
+    with torch.no_grad():
+        _, states = model(tokens[:, :3])
+        for position in (torch.tensor([3, 3]), np.array([3, 3])):
+            for layers in ((0, 1), (1,)):
+                bad = [dataclasses.replace(state, position=position) if i in layers else state
+                       for i, state in enumerate(states)]
+                message = f"state.position: got {position!r}; expected the number of tokens the state has seen"
+                with pytest.raises(VariantError, match=f"^{re.escape(message)} \\(an integer >= 0\\)$"):
+                    model(tokens[:, 3:], bad)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
 def test_token_ids_outside_the_vocabulary_are_refused(spec):
     """An id outside [0, vocab_size) raised "IndexError: index out of range in self" from the embedding
     (a device-side assert on CUDA), in the forward and in generate's prompt."""
@@ -121,6 +155,28 @@ def test_token_ids_outside_the_vocabulary_are_refused(spec):
             model(torch.tensor(ids))
         with pytest.raises(VariantError, match=message):
             model.generate(torch.tensor(ids), 2)
+
+
+@pytest.mark.parametrize("spec", ["softmax", "linear"])
+def test_tokens_on_another_device_are_refused(spec):
+    """Ids on another device than the model: meta ids into a CPU model read the CPU embedding and
+    returned logits of garbage, no error (before the range check), then "RuntimeError: Tensor.item()
+    cannot be called on meta tensors" from it, in the forward and in generate's prompt."""
+    model = tiny_model(spec)
+    tokens = torch.tensor([[1, 2, 3]], device="meta")
+    message = r"^tokens.device: got 'meta'; expected the model's device \(cpu\)$"
+    with pytest.raises(VariantError, match=message):
+        model(tokens)
+    with pytest.raises(VariantError, match=message):
+        model.generate(tokens, 2)
+
+
+def test_a_model_on_meta_reads_meta_ids_unchecked():
+    """A dry run of a softmax model on meta (shapes only) ran before the range check, which read
+    the ids' values: "RuntimeError: Tensor.item() cannot be called on meta tensors"."""
+    model = tiny_model("softmax").to("meta")
+    logits, states = model(torch.tensor([[1, 2, 3]], device="meta"))
+    assert (logits.shape, logits.device.type, states[0].position) == ((1, 3, VOCAB), "meta", 3)
 
 
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
@@ -242,6 +298,19 @@ def test_generate_arguments_of_another_type_are_refused_naming_them(change, mess
     arguments = {"prompt": torch.zeros(1, 1, dtype=torch.int64), "n_tokens": 2, **change}
     with pytest.raises(VariantError, match=f"^{re.escape(message)}$"):
         tiny_model("linear").generate(**arguments)
+
+
+def test_a_temperature_of_any_real_type_samples_as_its_float():
+    """numbers.Real passed the check, but a Fraction raised "TypeError: unsupported operand type(s) for
+    /: 'Tensor' and 'Fraction'" dividing the logits, and an int past float's range "OverflowError: int
+    too large to convert to float" from the check's math.isfinite."""
+    model = tiny_model("linear")
+    prompt = torch.tensor([[1, 2]])
+    sampled = [model.generate(prompt, 4, t, torch.Generator().manual_seed(0))[0] for t in (Fraction(7, 10), 0.7)]
+    assert torch.equal(*sampled)
+    message = "temperature: got " + str(10**400) + "; expected a finite number >= 0 (0 = greedy)"
+    with pytest.raises(VariantError, match=f"^{re.escape(message)}$"):
+        model.generate(prompt, 4, 10**400)
 
 
 def test_a_refused_generation_leaves_the_model_in_training_mode():
