@@ -102,9 +102,13 @@ def capacity_intervals(rows: pd.DataFrame, threshold: float = CAPACITY_THRESHOLD
     ``bound`` is "" (every seed bracketed), "≥" (some seed passed every S: a lower bound) or "<"
     (some seed failed even the smallest S: an upper bound).
     """
-    per_seed = seed_capacities(rows, threshold).dropna(subset=["capacity"])
     out = []
-    for (variant, d_key, d_dot), group in per_seed.groupby(["variant", "d_key", "d_dot"], dropna=False):
+    for (variant, d_key, d_dot), seeds in seed_capacities(rows, threshold).groupby(["variant", "d_key", "d_dot"],
+                                                                                  dropna=False):
+        # a seed whose every run diverged has no capacity, but its diverged runs are counted with the others
+        group = seeds.dropna(subset=["capacity"])
+        if group.empty:
+            continue
         interval = t_interval(list(group["capacity"]), confidence)
         bound = "≥" if group["lower_bound_only"].any() else "<" if group["upper_bound_only"].any() else ""
         ci_low, ci_high = interval.low, interval.high
@@ -120,7 +124,7 @@ def capacity_intervals(rows: pd.DataFrame, threshold: float = CAPACITY_THRESHOLD
             "grid_low": group["grid_low"].min(), "grid_high": group["grid_high"].max(),
             "capacity_over_d_dot": interval.mean / d_dot if d_dot and not pd.isna(d_dot) else math.nan,
             "per_seed": " ".join(_seed_text(seed) for _, seed in group.sort_values("seed").iterrows()),
-            "n_diverged": int(group["n_diverged"].sum()),
+            "n_diverged": int(seeds["n_diverged"].sum()),
             "ignored_S": " ".join(sorted({s for text in group["ignored_S"] for s in text.split()}, key=float)),
             "S_grid": group["S_grid"].iloc[0], "threshold": threshold,
         })

@@ -80,6 +80,16 @@ def test_a_diverged_run_is_counted_per_seed():
     assert row["capacity"] == pytest.approx(40.0) and (row["grid_low"], row["grid_high"]) == (20, 60)
 
 
+def test_the_diverged_runs_of_a_seed_with_no_capacity_are_counted():
+    """A seed whose every run diverged has no capacity and no place in the mean, but its runs are still
+    counted as diverged (the count used to sum only the seeds with a capacity: 0, and no note)."""
+    frame = curve_rows(("linear", 1, {20: 1e-3, 40: 0.1}),
+                       ("linear", 2, {20: 1e-3, 40: 0.1}, {20: "diverged", 40: "diverged"}))
+    row = capacity_intervals(frame).iloc[0]
+    assert (row["n_seeds"], row["per_seed"], row["n_diverged"]) == (1, "30", 2)
+    assert describe(row) == "≈ 30 (1 seed; grid 20–40) (2 diverged run(s) left out)"
+
+
 def test_the_seed_aggregate_of_two_seeds():
     """Capacities 70 and 130: mean 100, s/√2 = 30, half-width t_{0.975,1} · 30 = 381, cut to the
     brackets: seed 1 lies in [60, 80] and seed 2 in [120, 140], so their mean lies in [90, 110]."""
