@@ -62,6 +62,23 @@ def test_c10_reads_the_carried_length_evaluation():
     assert claim_carried_state_sum_degrades_delta_holds(carried_rows(1.04, 1.9)).verdict == FAIL
 
 
+def test_c10_reads_the_stream_where_the_carried_length_evaluation_pairs_no_rules():
+    """The sum rule re-run with the carried-length evaluation, the delta rule's records older (the
+    stream's last bucket only): the claim text says the stream is read then; it was NOT RUN ('needs sum
+    and delta runs with the long-context evaluation') though both rules had that evaluation."""
+    def stream(ratio: float) -> dict:
+        return {"long_context": {"buckets": [[0, 16], [16, 64]], "carried_ppl": [8.0, 8.0 * ratio],
+                                 "reset_ppl": [8.0, 8.0], "carried_ppl_all": 8.0 * ratio, "reset_ppl_all": 8.0}}
+    rows = carried_rows(1.3, 1.0)
+    rows = rows.assign(final_evaluation=[stream(1.3 if v == "linear" else 1.0) for v in rows["variant"]])
+    rows.loc[rows["variant"] == "linear-delta", ["carried_ppl_1x", "carried_ppl_16x"]] = math.nan
+    result = claim_carried_state_sum_degrades_delta_holds(rows)
+    assert result.verdict == PASS, result.measured
+    assert result.measured.startswith("carried ÷ per-segment ppl, last bucket of the stream: linear ×1.30 vs "
+                                      "linear-delta ×1.00 [")
+    assert "where that evaluation pairs no sum and delta rule, carried ÷ per-segment ppl" in result.claim
+
+
 def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_stored():
     limited = [row(v, seed, 6e-3, p * (1 + 0.01 * seed)) for v, p in (("linear", 11.0), ("linear-delta", 9.5))
                for seed in (1, 2, 3)]
