@@ -278,10 +278,12 @@ def _carried_ratios(rows: pd.DataFrame) -> tuple[pd.Series, str]:
     carried in training ÷ over 1× (:func:`~fwbench.analysis.lm_protocol.carried_ratio`); where that
     evaluation pairs no sum and delta rule (older records have only the stream's), carried ÷
     per-segment perplexity in the last bucket of the stream."""
-    carried = carried_ratio(at_best_learning_rate(rows))
+    best = at_best_learning_rate(rows)
+    carried = carried_ratio(best)
     if rule_pairs(list(carried.index)):  # one rule's 16× evaluation alone compares nothing: read the stream
         return carried, "carried ppl 16× ÷ 1× the carried training length"
-    return (stream_ratios(rows).groupby("variant")["last_ratio"].mean(),
+    # the stream too at the best rate: a swept rate's worse run is not the variant's degradation
+    return (stream_ratios(best).groupby("variant")["last_ratio"].mean(),
             "carried ÷ per-segment ppl, last bucket of the stream")
 
 

@@ -79,6 +79,22 @@ def test_c10_reads_the_stream_where_the_carried_length_evaluation_pairs_no_rules
     assert "where that evaluation pairs no sum and delta rule, carried ÷ per-segment ppl" in result.claim
 
 
+def test_c10_reads_the_stream_at_each_variants_best_learning_rate():
+    """Records with the stream's last bucket only, the delta rule swept over two rates: it holds (×1.00)
+    at its best rate (val ppl 7.0) and degrades (×1.50) at the worse one (20.0). The stream ratios were
+    averaged over every rate (×1.25: FAIL) while the 16× evaluation is read at the best rate."""
+    def stream(ratio: float) -> dict:
+        return {"long_context": {"buckets": [[0, 16], [16, 64]], "carried_ppl": [8.0, 8.0 * ratio],
+                                 "reset_ppl": [8.0, 8.0], "carried_ppl_all": 8.0 * ratio, "reset_ppl_all": 8.0}}
+    rows = pd.DataFrame([{**row(v, seed, lr, ppl), "train_segments": 4, "final_evaluation": stream(r)}
+                         for v, lr, ppl, r in (("linear", 6e-3, 8.0, 1.3), ("linear-delta", 6e-3, 7.0, 1.0),
+                                               ("linear-delta", 3e-2, 20.0, 1.5)) for seed in (1, 2, 3)])
+    result = claim_carried_state_sum_degrades_delta_holds(rows)
+    assert result.verdict == PASS
+    assert result.measured.startswith("carried ÷ per-segment ppl, last bucket of the stream: linear ×1.30 vs "
+                                      "linear-delta ×1.00 [")
+
+
 def test_c8_reads_the_limited_context_setup_when_a_carried_state_setup_is_also_stored():
     limited = [row(v, seed, 6e-3, p * (1 + 0.01 * seed)) for v, p in (("linear", 11.0), ("linear-delta", 9.5))
                for seed in (1, 2, 3)]
