@@ -225,7 +225,7 @@ class DecoderLM(nn.Module):
             check_state_position(position)  # float 3.0 raised a bare TypeError slicing the tokens, a string '3' one
             # adding to it); every one: a call of no token returned [3, 3.0] (equal) unchecked, which T > 0 refuses
         context = self.config.context
-        offset = 0 if states is None else states[0].position
+        offset = 0 if states is None else int(states[0].position)  # a NumPy count adds in its width (uint8 wraps)
         pieces, start = [], 0
         while start < tokens.shape[1]:
             # cut at the next segment boundary of the stream

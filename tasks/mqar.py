@@ -185,10 +185,43 @@ class MQARModel(nn.Module):
         return self.final_norm(x)
 
     def forward(self, tokens: Tensor, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """Logits (N, V) at the N scored positions (row-major order) and their labels (N,)."""
+        """Logits (N, V) at the N scored positions (row-major order) and their labels (N,).
+
+        Raises:
+            ValueError: tokens that are not (B, T) integer ids in [0, vocab_size) on the model's device, or
+                labels not of the tokens' shape, naming the argument (:func:`check_mqar_ids`).
+        """
+        check_mqar_ids(self.embedding.num_embeddings, tokens, labels, self.embedding.weight.device)
         h = self.hidden(tokens)
         scored = labels != IGNORE
         return self.read_out(h[scored]), labels[scored]
+
+
+def check_mqar_ids(vocab_size: int, tokens: Tensor, labels: Tensor, device: torch.device) -> None:
+    """Refuse MQAR inputs that are not token ids and their labels: tokens (B, T) int64 (or int32) ids in
+    [0, vocab_size) on ``device``, labels an integer tensor of the same shape, as the retrieval model's
+    ids are (:func:`fwbench.tasks.retrieval.check_token_ids`). An id outside the vocabulary raised
+    "IndexError: index out of range in self" from the embedding (a device-side assert on CUDA), float
+    or 1-D tokens a RuntimeError deep in torch, labels of another shape an IndexError from the mask.
+    The range check reads two integers back to the host (meta ids, which have none, are not read).
+
+    Raises:
+        ValueError: naming ``tokens`` or ``labels``, with the shape, dtype, device or range expected.
+    """
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
+        got = f"{tokens.dtype} of shape {tuple(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens: got {got}; expected int64 (or int32) ids of shape (B, T)")
+    if not isinstance(labels, Tensor) or labels.shape != tokens.shape or labels.dtype not in (torch.int32, torch.int64):
+        got = f"{labels.dtype} of shape {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels).__name__
+        raise ValueError(f"labels: got {got}; expected int64 (or int32) labels of the tokens' shape "
+                         f"{tuple(tokens.shape)} ({IGNORE} where unscored)")
+    for name, ids in (("tokens", tokens), ("labels", labels)):
+        if ids.device != device:
+            raise ValueError(f"{name}.device: got '{ids.device}'; expected the model's device ({device})")
+    if tokens.numel() and device.type != "meta":
+        low, high = (int(x) for x in torch.aminmax(tokens))
+        if low < 0 or high >= vocab_size:
+            raise ValueError(f"tokens: got ids in [{low}, {high}]; expected ids in [0, vocab_size={vocab_size})")
 
 
 class MQARTask:

@@ -254,7 +254,7 @@ class RetrievalModel(nn.Module):
             ValueError: ids that are not integer (B, L), (B, L), (B, Q) tensors or lie outside [0, S),
                 naming the argument (:func:`check_token_ids`).
         """
-        check_token_ids(self.S, keys, values, queries)
+        check_token_ids(self.S, keys, values, queries, self.key_embedding.weight.device)
         embedding = self.key_embedding.weight
         key_rows = KeyRows(self.key_by_value, values, self.key_projection(embedding), keys)
         q = self.query_projections(queries)[:, None]
@@ -268,16 +268,17 @@ class RetrievalModel(nn.Module):
         return output if output.dtype == torch.float64 else output.float()
 
 
-def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor) -> None:
+def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor, device: torch.device | None = None) -> None:
     """Refuse retrieval inputs that are not key and value ids: keys and values (B, L), queries (B, Q),
-    integer tensors with every id in [0, S).
+    integer tensors with every id in [0, S), on ``device`` (the model's) where given.
 
     The embedding lookups and the compiled table loops would otherwise fail deep in torch
     ("IndexError: index out of range in self") or name their internal tables. The range check reads
-    two integers per tensor back to the host (a sync per call on CUDA, as :func:`retrieval_loss`'s).
+    two integers per tensor back to the host (a sync per call on CUDA, as :func:`retrieval_loss`'s);
+    meta ids have no values and are not range-checked (a shape dry run of a model on meta).
 
     Raises:
-        ValueError: naming ``keys``, ``values`` or ``queries``, with the shape, dtype or range expected.
+        ValueError: naming ``keys``, ``values`` or ``queries``, with the shape, dtype, device or range expected.
     """
     named = (("keys", keys), ("values", values), ("queries", queries))
     for name, ids in named:
@@ -288,8 +289,12 @@ def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor) -> No
     if values.shape != keys.shape or queries.shape[0] != keys.shape[0]:
         raise ValueError(f"keys, values, queries: got shapes {tuple(keys.shape)}, {tuple(values.shape)}, "
                          f"{tuple(queries.shape)}; expected (B, L), (B, L), (B, Q)")
+    for name, ids in named:  # meta ids into a CPU model raised "RuntimeError: Tensor.item() cannot be called on
+        if device is not None and ids.device != device:  # meta tensors" from the range check below; CPU ids
+            # into a model on meta returned meta outputs (a fast-weight delta rule: "v.device: got 'cpu'")
+            raise ValueError(f"{name}.device: got '{ids.device}'; expected the model's device ({device})")
     for name, ids in named:
-        if ids.numel():
+        if ids.numel() and ids.device.type != "meta":
             low, high = (int(x) for x in torch.aminmax(ids))
             if low < 0 or high >= S:
                 raise ValueError(f"{name}: got ids in [{low}, {high}]; expected ids in [0, S={S})")

@@ -1103,6 +1103,27 @@ def _(ctx):
     return answer
 
 
+@row("L101")
+def _(ctx):
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    keys = torch.arange(8).repeat(2, 1)
+    answers = {raised(ValueError, RetrievalModel(spec, 8, d_key=8), keys.to("meta"), keys, keys[:, :1])
+               for spec in ("linear", "softmax", "dpfp-delta:nu=1")}
+    (answer,) = answers
+    return answer
+
+
+@row("L102")
+def _(ctx):
+    from fwbench.tasks.mqar import MQARModel
+
+    tokens, labels = torch.tensor([[1, 8, 2]]), torch.tensor([[-100, -100, 1]])  # id 8 is outside [0, 8)
+    answers = {raised(ValueError, MQARModel(spec, 8, 8), tokens, labels) for spec in ("linear", "softmax")}
+    (answer,) = answers
+    return answer
+
+
 @row("L81")
 def _(ctx):
     """Not an error: a huge finite key overflows K Kᵀ inside a chunk, yet stays causal."""

@@ -270,7 +270,7 @@ class FastWeightAttention(Attention):
         y, W, z = self.update_rule.kernels[kernel_form](
             self.phi(q, query=True), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
         )
-        return y, FastWeightState(W, z, (0 if state is None else state.position) + T)
+        return y, FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
     def write(
         self, k: Tensor, v: Tensor, beta: Tensor | None = None, state: FastWeightState | None = None,
@@ -285,7 +285,7 @@ class FastWeightAttention(Attention):
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         W, z = self.update_rule.write(self.phi(k), v, beta, W0, z0, self._chunk_size("write", chunk_size))
-        return FastWeightState(W, z, (0 if state is None else state.position) + T)
+        return FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
                    state: FastWeightState | None = None) -> Tensor:
@@ -382,7 +382,7 @@ class SoftmaxAttention(Attention):
         v_cache = None if state is None else state.v
         kernel = softmax_kernels.softmax_recurrent if form == "recurrent" else softmax_kernels.softmax_parallel
         y, k_cache, v_cache = kernel(q, k, v, k_cache, v_cache, self.window)
-        position = (0 if state is None else state.position) + q.shape[2]
+        position = (0 if state is None else int(state.position)) + q.shape[2]
         return y, KVCacheState(k_cache, v_cache, position)
 
     def write(self, k: Tensor, v: Tensor, beta: Tensor | None = None, state: KVCacheState | None = None,
@@ -397,7 +397,7 @@ class SoftmaxAttention(Attention):
                          state_v=None if state is None else state.v)
         if state is not None:
             k, v = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
-        position = (0 if state is None else state.position) + k.shape[2] - (0 if state is None else state.k.shape[2])
+        position = (0 if state is None else int(state.position)) + k.shape[2] - (0 if state is None else state.k.shape[2])
         if self.window is not None:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         return KVCacheState(k, v, position)

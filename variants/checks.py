@@ -59,7 +59,9 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
 def check_state_position(position: object) -> None:
     """A carried state's ``position`` counts the tokens it has seen: an integer >= 0. Each call adds
     its T to it (``None`` or a string raised a bare TypeError there; a float or a tensor was carried
-    into every later state, and the language model cuts its segments at it)."""
+    into every later state, and the language model cuts its segments at it). The callers add to
+    ``int(position)``: a NumPy integer adds in its own width, so a count held as np.uint8(250) wrapped
+    to 4 after 10 more tokens (np.int8(127) to -128), silently."""
     if isinstance(position, bool) or not isinstance(position, numbers.Integral) or position < 0:  # NumPy's too
         raise bad_value("state.position", position, "the number of tokens the state has seen (an integer >= 0)")
 

@@ -183,3 +183,36 @@ def test_power_law_of_a_subnormal_exponent_is_one_over_i(a):
     torch.testing.assert_close(power_law_probabilities(124, a), expected, rtol=1e-12, atol=0)
     inputs, labels = generate_mqar(2, 64, 256, 4, a, torch.Generator().manual_seed(0))
     assert int((labels != IGNORE).sum()) == 2 * 4
+
+
+@pytest.mark.parametrize("spec", ["linear", "softmax"])
+def test_mqar_model_refuses_tokens_that_are_not_ids_of_its_vocabulary_naming_them(spec):
+    """The MQAR model read its tokens unchecked: an id outside the vocabulary raised "IndexError: index out
+    of range in self" from the embedding, float tokens "RuntimeError: Expected tensor for argument #1
+    'indices' ...", 1-D tokens one from the token shift's cat, labels of another shape "IndexError: The shape
+    of the mask ...", meta tokens NotImplementedError from nonzero. Valid batches (int64 or int32) unchanged."""
+    from fwbench.tasks.mqar import MQARModel
+
+    torch.manual_seed(0)
+    model = MQARModel(spec, 8, 8)
+    tokens = torch.tensor([[0, 1, 2, 3, 4, 5], [6, 7, 0, 1, 2, 3]])
+    labels = torch.full((2, 6), IGNORE)
+    labels[:, 3] = 1
+    logits, scored = model(tokens, labels)
+    assert logits.shape == (2, 8) and scored.tolist() == [1, 1]
+    assert torch.equal(model(tokens.int(), labels)[0], logits)
+    cases = [
+        ((tokens + 8, labels), "tokens: got ids in [8, 15]; expected ids in [0, vocab_size=8)"),
+        ((tokens - 1, labels), "tokens: got ids in [-1, 6]; expected ids in [0, vocab_size=8)"),
+        ((tokens.float(), labels), "tokens: got torch.float32 of shape (2, 6); expected int64 (or int32) ids of "
+                                   "shape (B, T)"),
+        ((tokens[0], labels[0]), "tokens: got torch.int64 of shape (6,); expected int64 (or int32) ids of shape "
+                                 "(B, T)"),
+        ((tokens, labels[:, :3]), "labels: got torch.int64 of shape (2, 3); expected int64 (or int32) labels of "
+                                  "the tokens' shape (2, 6) (-100 where unscored)"),
+        ((tokens.to("meta"), labels), "tokens.device: got 'meta'; expected the model's device (cpu)"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError) as error:
+            model(*args)
+        assert str(error.value) == message

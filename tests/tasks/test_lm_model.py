@@ -144,6 +144,22 @@ def test_a_position_of_several_counts_is_refused_as_no_count():
                     model(tokens[:, 3:], bad)
 
 
+@pytest.mark.parametrize(("spec", "positional"), [("softmax", "none"), ("linear", "learned")])
+def test_a_position_held_in_a_narrow_numpy_integer_counts_past_its_width(spec, positional):
+    """A count held as np.uint8(250) (a NumPy integer counts, d41f698) was added to in uint8: the segments
+    were cut at a wrapped offset (logits off by up to 1.1 for learned positions, 5.2 for softmax's cache) and
+    the states came back at position 44 after 50 more tokens instead of 300 (softmax: 2 instead of 6)."""
+    model = tiny_model(spec, positional, context=6)
+    tokens = torch.randint(0, VOCAB, (1, 300))
+    with torch.no_grad():
+        expected, expected_states = model(tokens)
+        _, states = model(tokens[:, :250])
+        narrow = [dataclasses.replace(state, position=np.uint8(250)) for state in states]
+        logits, states = model(tokens[:, 250:], narrow)
+    assert_close(logits, expected[:, 250:], GENERATION_RTOL)
+    assert [state.position for state in states] == [state.position for state in expected_states]
+
+
 @pytest.mark.parametrize("spec", ["softmax", "linear"])
 def test_token_ids_outside_the_vocabulary_are_refused(spec):
     """An id outside [0, vocab_size) raised "IndexError: index out of range in self" from the embedding

@@ -135,6 +135,24 @@ def test_an_empty_batch_reads_nothing_in_every_form():
             assert model(ids, ids, torch.zeros(0, 2, dtype=torch.long)).shape == (0, 2, 5)
 
 
+@pytest.mark.parametrize("spec", ["linear", "softmax", "linear-delta"])
+def test_ids_on_another_device_than_the_model_are_refused_naming_them(spec):
+    """The range check read meta ids with .item(): "RuntimeError: Tensor.item() cannot be called on meta
+    tensors"; CPU ids into a model on meta returned meta outputs (the delta rule: "v.device: got 'cpu'").
+    A model on meta reads meta ids unchecked (a shape dry run)."""
+    model = RetrievalModel(spec, 6, d_key=4)
+    ids = torch.arange(6).repeat(2, 1)
+    meta = ids.to("meta")
+    for args, name in (((meta, ids, ids[:, :1]), "keys"), ((ids, ids, meta[:, :1]), "queries")):
+        with pytest.raises(ValueError, match=rf"^{name}.device: got 'meta'; expected the model's device \(cpu\)$"):
+            model(*args)
+    on_meta = RetrievalModel(spec, 6, d_key=4).to("meta")
+    with pytest.raises(ValueError, match=r"^keys.device: got 'cpu'; expected the model's device \(meta\)$"):
+        on_meta(ids, ids, ids[:, :1])
+    output = on_meta(meta, meta, meta[:, :1])
+    assert output.device.type == "meta" and output.shape == (2, 1, 6)
+
+
 def test_loss_is_fp32_nan_for_no_queries_and_names_bad_arguments():
     many = torch.zeros(100_000, 1, 10, dtype=torch.float16)  # a sum in fp16 would overflow
     assert retrieval_loss(many, torch.zeros(100_000, 1, dtype=torch.long), 10).item() == pytest.approx(0.5)

@@ -532,6 +532,22 @@ def test_state_whose_position_is_a_numpy_integer_continues(spec):
     assert torch.equal(y, expected[0]) and after.position == 4
 
 
+@pytest.mark.parametrize("spec", ["softmax", "linear", "linear-delta"])
+def test_state_whose_position_is_a_narrow_numpy_integer_counts_past_its_width(spec):
+    """Each call added its T to the position in the position's own type: np.uint8(255) + 2 wrapped to 1
+    (with a RuntimeWarning), np.int8(127) + 2 to -127, which the next call refused as negative."""
+    np = pytest.importorskip("numpy")
+    attention = variants.build_attention(spec, d_key=2)
+    q, k, v = torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 3)
+    beta = torch.rand(1, 1, 2) if attention.uses_beta else None
+    for position in (np.uint8(255), np.int8(127)):
+        state = attention.write(k, v, beta)
+        state.position = position
+        after = [attention(q, k, v, beta=beta, state=state)[1], attention.write(k, v, beta, state=state)]
+        assert [s.position for s in after] == [int(position) + 2] * 2
+        assert all(type(s.position) is int for s in after)
+
+
 @pytest.mark.parametrize("spec", SPECS)
 def test_bad_form_name_raises(spec):
     attention = build(spec)
