@@ -161,7 +161,8 @@ def mqar_figure(rows: pd.DataFrame, path: Path) -> Path:
     """MQAR accuracy at the query positions vs d_model, one line per variant (seed mean, 95 % band)."""
     fig, ax = plt.subplots(figsize=(7.5, 5))
     rows = rows.copy()
-    rows["accuracy"] = rows["best_eval_accuracy"].astype(float)
+    # a diverged run is no measured accuracy (the divergence policy): a red cross, not in the mean
+    rows["accuracy"] = rows["best_eval_accuracy"].astype(float).where(rows["status"] != "diverged")
     stats = mean_ci(rows, ["variant", "d_model"], "accuracy")
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, (variant, group) in enumerate(sorted(stats.groupby("variant"), key=lambda kv: kv[0])):

@@ -157,7 +157,21 @@ def test_report_renders_when_every_mqar_run_diverged(tmp_path, capsys):
     assert "0 trained now" not in capsys.readouterr().out
     assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
     mqar = (out / "REPORT.md").read_text().split("## Multi-query associative recall")[1].split("\n## ")[0]
-    assert "| 4 | — (diverged) |" in mqar
+    assert "| 4 | — (1 diverged) |" in mqar
+
+
+def test_mqar_table_leaves_a_diverged_runs_accuracy_out_and_counts_it(tmp_path):
+    """The divergence policy (README, Statistics): a diverged run is left out of intervals and counted.
+    The MQAR table averaged in the accuracy a run measured before it diverged (seeds 0.2, 0.3 and a
+    diverged 0.95 read '0.483 [-0.528, 1.495] (diverged)'), and the figure's mean with it."""
+    from fwbench.report.render import section_mqar
+
+    base = {"task": "mqar", "num_kv_pairs": 4, "seq_len": 32, "vocab_size": 64, "power_a": 0.01, "n_layers": 1,
+            "n_heads": 1, "max_steps": 600, "wall_s": 1.0, "d_model": 16, "variant": "linear"}
+    rows = pd.DataFrame([{**base, "seed": seed, "best_eval_accuracy": accuracy, "status": status}
+                         for seed, accuracy, status in ((1, 0.2, "max_steps"), (2, 0.3, "max_steps"),
+                                                        (3, 0.95, "diverged"))])
+    assert "| 16 | 0.250 [-0.385, 0.885] (1 diverged) |" in section_mqar(rows, tmp_path)
 
 
 def test_probe_bytes_counts_the_largest_variant_by_hand():
