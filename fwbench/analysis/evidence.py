@@ -1,7 +1,8 @@
 """What a synthetic claim's evidence lacks, and how two cells' losses compare under their intervals.
 
 The minimum every retrieval claim states (see :mod:`fwbench.analysis.verdicts`): at least
-:data:`~fwbench.analysis.verdicts.MIN_SEEDS` measured seeds in each cell it reads; runs that ended by
+:data:`~fwbench.analysis.verdicts.MIN_SEEDS` seeds in each cell it reads (a seed whose runs diverged counts:
+divergence is a result); runs that ended by
 convergence, plateau or divergence, not by ``max_steps`` while still above the threshold (more steps
 can only lower a best loss, so a run at ``max_steps`` that already retrieves is final); and the S
 range and variants the claim names. Each function returns the words for what is missing ("1 seed",

@@ -54,8 +54,9 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         row.update(r["config"])
         row.update(r["metrics"])
         if r["status"] == "diverged" and row.get("best_eval_loss") is None:
-            # diverged before its first evaluation: never measured (null in the record); tables and
-            # claims count the memory as failed, an infinite loss
+            # diverged before its first evaluation: never measured (null in the record); a number here
+            # for the frame's float column only: tables, capacities and claims read a diverged run's
+            # loss as NaN, neither a pass nor a measured loss (capacity.measured_loss, DIVERGENCE_POLICY)
             row["best_eval_loss"] = math.inf
         rows.append(row)
     frame = pd.DataFrame(rows)
