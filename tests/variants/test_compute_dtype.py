@@ -10,7 +10,7 @@ mutants that survived: a dropped argument of ``compute_dtype``, ``dtype = None``
   1e-5 (bf16 arithmetic misses by ~1e-2).
 - Softmax attention keeps no compute dtype of its own: a cache in another dtype is read as if cast
   to the new tokens' dtype (to q's, in the read), bit for bit; and its cache keeps the last
-  window − 1 tokens (all without a window), also after an empty call.
+  window − 1 tokens (all without a window); an empty call returns it as it came.
 """
 
 from __future__ import annotations
@@ -146,10 +146,12 @@ def test_softmax_reads_a_cache_of_another_dtype_as_if_cast_first():
     assert torch.equal(y, softmax_read(q64, k_cache.float().double(), v_cache.float().double()))
 
 
-@pytest.mark.parametrize(("window", "P", "T", "kept"), [(1, 2, 3, 0), (10, 2, 4, 6), (3, 5, 0, 2), (None, 5, 0, 5)])
+@pytest.mark.parametrize(("window", "P", "T", "kept"), [(1, 2, 3, 0), (10, 2, 4, 6), (3, 5, 0, 5), (None, 5, 0, 5)])
 def test_softmax_keeps_the_last_window_minus_one_tokens_in_its_cache(window, P, T, kept):
     """The cache holds what the next query may still see: min(window − 1, P + T) tokens (all without
-    a window), from an empty call too; d_key 4 < P + T, so that a bound taken from the wrong axis shows."""
+    a window); a call of no token returns the cache as it came (row L41: the state unchanged; trimmed,
+    a write's cache of `window` tokens lost one and later reads changed, 7111177); d_key 4 < P + T, so
+    that a bound taken from the wrong axis shows."""
     g = torch.Generator().manual_seed(6)
     k_cache, v_cache = (torch.randn(1, 1, P, 4, generator=g) for _ in range(2))
     q, k, v = (torch.randn(1, 1, T, 4, generator=g) for _ in range(3))
