@@ -146,10 +146,11 @@ def test_softmax_reads_a_cache_of_another_dtype_as_if_cast_first():
     assert torch.equal(y, softmax_read(q64, k_cache.float().double(), v_cache.float().double()))
 
 
-@pytest.mark.parametrize(("window", "P", "T", "kept"), [(1, 2, 3, 0), (10, 2, 4, 6), (3, 5, 0, 2), (None, 5, 0, 5)])
+@pytest.mark.parametrize(("window", "P", "T", "kept"), [(1, 2, 3, 0), (10, 2, 4, 6), (3, 5, 0, 5), (None, 5, 0, 5)])
 def test_softmax_keeps_the_last_window_minus_one_tokens_in_its_cache(window, P, T, kept):
     """The cache holds what the next query may still see: min(window − 1, P + T) tokens (all without
-    a window), from an empty call too; d_key 4 < P + T, so that a bound taken from the wrong axis shows."""
+    a window); an empty call returns the cache as it came (7111177: trimmed, a write's cache of
+    ``window`` tokens lost its oldest key); d_key 4 < P + T, so that a bound taken from the wrong axis shows."""
     g = torch.Generator().manual_seed(6)
     k_cache, v_cache = (torch.randn(1, 1, P, 4, generator=g) for _ in range(2))
     q, k, v = (torch.randn(1, 1, T, 4, generator=g) for _ in range(3))
