@@ -1569,6 +1569,17 @@ def _(ctx):
     return answer
 
 
+@row("C175")
+def _(ctx):
+    results, out = ctx.tmp_path / "corrupt", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("1" * 5000 + "\n" + "[" * 100_000 + "\n")  # json raises ValueError, RecursionError
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    assert f"2 corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'}:1)" in answer
+    return answer
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

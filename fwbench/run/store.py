@@ -141,7 +141,9 @@ class ResultsStore:
                     run_id = record["run_id"]
                     if not isinstance(run_id, str):
                         raise TypeError(run_id)
-                except (json.JSONDecodeError, KeyError, TypeError):
+                # ValueError: an integer of more than 4300 digits (JSONDecodeError is one too); RecursionError:
+                # arrays nested past the recursion limit; both are lines that are not records, and raised a traceback
+                except (ValueError, RecursionError, KeyError, TypeError):
                     problems.append(f"{self.path}:{number}: corrupt or truncated record skipped")
                     continue
                 records[run_id] = record
@@ -261,6 +263,6 @@ def _is_record(raw: bytes) -> bool:
     """Whether ``raw`` is one whole record: a JSON object with a string ``run_id``."""
     try:
         record = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors; see _load_unlocked
         return False
     return isinstance(record, dict) and isinstance(record.get("run_id"), str)

@@ -99,6 +99,38 @@ def test_store_skips_a_corrupt_line_and_reports_its_number(tmp_path):
     assert loaded.problems == [f"{store.path}:2: corrupt or truncated record skipped"]
 
 
+def test_a_later_record_of_a_run_replaces_its_failed_one(tmp_path):
+    """A failed run is retried and its finished record appended after the failed one: the later record
+    is the run's (load's docstring), so the run counts as finished and is not trained again (a planted
+    'first record wins' in load passed tests/run and test_bad_input)."""
+    store = ResultsStore(tmp_path)
+    assert store.append({"run_id": "a", "status": "failed"})
+    assert "a" not in store.finished_ids()
+    assert store.append({"run_id": "a", "status": "converged"})
+    assert [r["status"] for r in store.records()] == ["converged"]
+    assert store.finished_ids() == {"a"}
+    assert not store.append({"run_id": "a", "status": "converged"})
+
+
+def test_store_skips_lines_json_cannot_read_as_corrupt(tmp_path):
+    """A line of an integer past Python's 4300 digits, or of arrays nested past the recursion limit,
+    is no record: skipped and reported as any corrupt line. load raised ValueError ('Exceeds the limit
+    (4300 digits) ...') or RecursionError, a traceback from fwbench report and run; append's torn-tail
+    check raised them too, where now such a tail is set aside."""
+    store = ResultsStore(tmp_path)
+    store.append({"run_id": "a", "x": 1})
+    with open(store.path, "a") as handle:
+        handle.write("1" * 5000 + "\n" + "[" * 100_000 + "\n")
+    store.append({"run_id": "c", "x": 3})
+    loaded = store.load()
+    assert [r["run_id"] for r in loaded.records] == ["a", "c"]
+    assert loaded.problems == [f"{store.path}:{n}: corrupt or truncated record skipped" for n in (2, 3)]
+    with open(store.path, "a") as handle:
+        handle.write("9" * 5000)  # a torn tail json cannot read: set aside, not a traceback
+    assert store.append({"run_id": "d"})
+    assert [r["run_id"] for r in store.records()] == ["a", "c", "d"]
+
+
 def test_store_never_duplicates_a_run_and_mends_a_truncated_tail(tmp_path):
     store = ResultsStore(tmp_path)
     assert store.append({"run_id": "a"})

@@ -234,6 +234,17 @@ def test_the_grid_loader_warns_when_the_budget_falls_between_evaluations(tmp_pat
                              "reach it are also evaluated at step 190, off the every-100 schedule",)
 
 
+def test_the_grid_loader_warns_of_a_budget_below_the_first_evaluation(tmp_path):
+    """max_steps below eval_every falls between step 0 and the first scheduled evaluation: the run is
+    evaluated at its last step only, off the schedule, and is warned of as any other budget between two
+    evaluations (a planted ``steps > every`` condition in _schedule_warnings survived the tests)."""
+    path = tmp_path / "g.toml"
+    path.write_text('task = "retrieval"\n[profiles.quick]\nvariant = "linear"\nseed = 1\n'
+                    'max_steps = 50\neval_every = 100\n')
+    assert load_grid(path).warnings == ("grid g profile quick: max_steps 50 is not a multiple of eval_every 100; "
+                                        "runs that reach it are also evaluated at step 50, off the every-100 schedule",)
+
+
 def test_tables_still_count_a_run_diverged_before_any_evaluation_as_failed():
     from fwbench.analysis.records import records_frame
 

@@ -215,14 +215,53 @@ def _reached_by_non_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor,
     return bad.cumsum(dim=-1) > 0
 
 
+def _zero_from(x: Tensor | None, cut: Tensor) -> Tensor | None:
+    """``x`` (B, H, T, ...) with every token at or after ``cut`` (B, H) of its sequence set to 0."""
+    if x is None:
+        return None
+    later = torch.arange(x.shape[2], device=x.device) >= cut[..., None]     # (B, H, T)
+    return torch.where(later.view(*later.shape, *(1,) * (x.dim() - 3)), torch.zeros_like(x), x)
+
+
+def _finite_prefix(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> Tensor:
+    """(B, H) int64: per sequence, the longest prefix whose chunked scan, with every later token read
+    as 0, is finite (a binary search, one chunked scan per step; only after an overflow)."""
+    B, H, T = beta.shape
+    low = torch.zeros(B, H, dtype=torch.long, device=k.device)                 # finite (no token)
+    high = torch.full((B, H), T, dtype=torch.long, device=k.device)
+    with torch.no_grad(), denormals_flushed():
+        while bool((low < high).any()):
+            mid = (low + high + 1) // 2
+            args = [_zero_from(x, mid) for x in (q, k, v, beta)]
+            reads, W = _scan_chunks(*args, W0)
+            finite = torch.isfinite(W).flatten(2).all(-1)
+            if reads is not None:
+                finite &= torch.isfinite(reads).flatten(2).all(-1)
+            low, high = torch.where(finite, mid, low), torch.where(finite, high, mid - 1)
+    return low
+
+
 def _scan_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
-    """:func:`_scan` on finite inputs: in chunks, or token by token where a chunk overflows."""
+    """:func:`_scan` on finite inputs: in chunks, or token by token from where a chunk overflows."""
     reads, W = _scan_in_chunks(q, k, v, beta, W0, FWM_CHUNK_SIZE)
     if all_finite(reads, W):
         return reads, W
     # finite inputs, yet a product overflowed inside a chunk (a value near 1e19 squares past fp32's
-    # range): 0·inf would carry it back to earlier reads, so scan token by token, as the recurrence
-    return _scan_in_chunks(q, k, v, beta, W0, 1)
+    # range): 0·inf would carry it back to earlier reads, so from the first token whose chunked scan
+    # overflows, per sequence, scan token by token, as the recurrence. The tokens before it keep the
+    # chunked scan's numbers, bit for bit (a chunk's token never reads a later one: the later tokens
+    # enter its read only as exact zeros of the masked products, whatever they hold, so reading them as
+    # 0 changes nothing before them, as for NaN in :func:`_scan`); rescanning the whole batch token by
+    # token moved the reads before the overflow, and every other sequence's, by an ulp.
+    cut = _finite_prefix(q, k, v, beta, W0)
+    reads_before, W_before = _scan_in_chunks(*(_zero_from(x, cut) for x in (q, k, v, beta)), W0, FWM_CHUNK_SIZE)
+    reads_given, W_given = _scan_in_chunks(q, k, v, beta, W0, 1)
+    whole = (cut == k.shape[2])[..., None, None]
+    W = torch.where(whole, W_before, W_given)
+    if q is None:
+        return None, W
+    later = torch.arange(k.shape[2], device=k.device) >= cut[..., None]
+    return torch.where(later[..., None], reads_given, reads_before), W
 
 
 def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
@@ -235,8 +274,9 @@ def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | Non
     same chunked scan with the non-finite values read as 0 (the same chunks and shapes as without
     them: the same numbers), and from the first token that holds one they are those of a scan one
     token per chunk on the inputs as given (as the token-by-token recurrence). Finite inputs whose
-    chunked scan overflows are scanned one token per chunk throughout (also the finite stand-ins:
-    a huge value after a NaN must not reach the reads before the NaN)."""
+    chunked scan overflows are scanned one token per chunk from the first token whose chunked scan
+    overflows, in that sequence (:func:`_scan_finite`; also the finite stand-ins: a huge value after a
+    NaN must not reach the reads before the NaN)."""
     if all_finite(q, k, v, beta, W0):
         return _scan_finite(q, k, v, beta, W0)
     reached = _reached_by_non_finite(q, k, v, beta, W0)
