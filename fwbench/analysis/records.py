@@ -26,6 +26,12 @@ TASK_METRICS = {
 }
 
 
+#: The metrics a finished run of every task records (``build_record``): a failed run records none
+#: (``failed_record``: metrics {}), so a store whose every run failed had no ``best_eval_loss`` column and
+#: the report raised KeyError: 'best_eval_loss'; :func:`records_frame` adds them as NaN like :data:`TASK_METRICS`.
+COMMON_METRICS = ("best_eval_loss", "final_eval_loss", "best_step")
+
+
 def records_frame(records: list[dict]) -> pd.DataFrame:
     """One row per record: grid, task, variant spec, seed, every config field, metrics, status,
     and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``. Every
@@ -61,7 +67,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         rows.append(row)
     frame = pd.DataFrame(rows)
     for task in dict.fromkeys(r["task"] for r in records):
-        for name in TASK_METRICS.get(task, ()):
+        for name in (*COMMON_METRICS, *TASK_METRICS.get(task, ())):
             if name not in frame:
                 frame[name] = math.nan
     return frame

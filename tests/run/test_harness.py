@@ -223,3 +223,15 @@ def test_console_command_grid_error_exits_2_without_traceback(tmp_path):
     assert done.returncode == 2
     assert "Traceback" not in done.stderr and "favor:m" in done.stderr
     json.dumps(done.stderr)
+
+
+def test_report_of_a_store_whose_every_run_failed(tmp_path):
+    """Runs that all failed (failed_record: metrics {}) leave no metric column in the frame; the report
+    raised KeyError: 'best_eval_loss' (capacity.measured_loss), now it is written, the claims NOT RUN."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    ResultsStore(results).append({
+        "run_id": "r1", "grid": "g", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1,
+        "config": {"S": 20, "setting": 1, "d_key": 8}, "status": "failed", "error": "boom",
+        "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0})
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    assert "**NOT RUN**" in (out / "REPORT.md").read_text()
