@@ -192,14 +192,17 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
         FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
             skipped as corrupt, their number and the first one's place (PATH:LINE) are named.
     """
+    from fwbench.analysis.records import readable_run_records
     from fwbench.bench.suite import BENCH_RECORDS
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
-    runs, benches = ResultsStore(results_dir).load(), ResultsStore(results_dir, BENCH_RECORDS).load()
-    if runs.records or benches.records:
+    store = ResultsStore(results_dir)
+    runs, benches = store.load(), ResultsStore(results_dir, BENCH_RECORDS).load()
+    readable, unreadable = readable_run_records(runs.records, store.path)  # objects that are no run record
+    if readable or benches.records:
         return
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable
-    skipped = runs.problems + benches.problems
+    skipped = runs.problems + unreadable + benches.problems
     found = (f"; {len(skipped)} corrupt or truncated line(s) skipped, the first {skipped[0].split(': ')[0]}"
              if skipped else "")
     raise FwbenchError(
@@ -305,7 +308,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.capacity import capacity_intervals, describe, write_capacity_csv
     from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
-    from fwbench.analysis.records import records_frame
+    from fwbench.analysis.records import readable_run_records, records_frame
     from fwbench.analysis.verdicts import leaning_note
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
     from fwbench.run.grid import expand, load_grid
@@ -325,7 +328,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     name = grid.name
     specs = _run_grids(args, [args.grid])
     wanted = {spec.run_id for spec in specs}
-    frame = records_frame([r for r in ResultsStore(args.results_dir).records() if r["run_id"] in wanted])
+    store = ResultsStore(args.results_dir)
+    records, unreadable = readable_run_records([r for r in store.records() if r["run_id"] in wanted], store.path)
+    for problem in unreadable:  # a run id of this grid held by a record that is no run record
+        print(f"fwbench: warning: {problem}", file=sys.stderr)
+    frame = records_frame(records)
     rows = frame[frame["d_dot"].notna()] if not frame.empty else frame
     if rows.empty:
         raise FwbenchError(f"grid {name}: no fast-weight runs to estimate a capacity from")

@@ -1580,6 +1580,17 @@ def _(ctx):
     return answer
 
 
+@row("C176")
+def _(ctx):
+    results, out = ctx.tmp_path / "no_run_record", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text('{"run_id": "x"}\n')  # an object with a run id, none of a run record's fields
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    assert f"1 corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'})" in answer
+    return answer
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -24,6 +25,38 @@ TASK_METRICS = {
                     "val_ppl", "unigram_bpc", "stream_bpc", "stream_ppl", "stream_reset_ppl", "carried_ppl_1x",
                     "carried_ppl_4x", "carried_ppl_16x"),
 }
+
+
+#: The metrics a finished run of every task records (``build_record``): a failed run records none
+#: (``failed_record``: metrics {}), so a store whose every run failed had no ``best_eval_loss`` column and
+#: the report raised KeyError: 'best_eval_loss'; :func:`records_frame` adds them as NaN like :data:`TASK_METRICS`.
+COMMON_METRICS = ("best_eval_loss", "final_eval_loss", "best_step")
+
+
+#: The fields every run record holds (``build_record``, ``failed_record``) and :func:`records_frame` reads,
+#: with their types: a JSON object with a string ``run_id`` but without them is no run record fwbench wrote.
+RUN_RECORD_FIELDS = {"task": str, "variant": dict, "seed": int, "status": str, "steps": int,
+                     "wall_s": (int, float), "config": dict, "metrics": dict}
+
+
+def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:
+    """(the records :func:`records_frame` can read, a ``SOURCE: record 'ID' skipped: ...`` problem for each
+    other one). A record of ``source`` (runs.jsonl) missing a field of :data:`RUN_RECORD_FIELDS`, or holding
+    it as another type (a hand-edited line, another tool's JSON), made ``fwbench report`` a traceback
+    (KeyError: 'task'); it is skipped and counted as the store skips a line that is not a record."""
+    readable, problems = [], []
+    for record in records:
+        restored = restore_non_finite(record)  # a field written as null for being NaN is the float it was
+        wrong = [name for name, kind in RUN_RECORD_FIELDS.items()
+                 if isinstance(restored.get(name), bool) or not isinstance(restored.get(name), kind)]
+        if not wrong and not isinstance(record["variant"].get("spec"), str):
+            wrong = ["variant.spec"]
+        if wrong:
+            problems.append(f"{source}: record {record['run_id']!r} skipped: no run record "
+                            f"(missing or mistyped: {', '.join(wrong)})")
+        else:
+            readable.append(record)
+    return readable, problems
 
 
 def records_frame(records: list[dict]) -> pd.DataFrame:
@@ -61,7 +94,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
         rows.append(row)
     frame = pd.DataFrame(rows)
     for task in dict.fromkeys(r["task"] for r in records):
-        for name in TASK_METRICS.get(task, ()):
+        for name in (*COMMON_METRICS, *TASK_METRICS.get(task, ())):
             if name not in frame:
                 frame[name] = math.nan
     return frame

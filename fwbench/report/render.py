@@ -21,7 +21,7 @@ from fwbench.analysis.capacity import (
     write_capacity_csv,
 )
 from fwbench.analysis.claims import evaluate_claims, main_d_key
-from fwbench.analysis.records import CAPACITY_THRESHOLD, records_frame
+from fwbench.analysis.records import CAPACITY_THRESHOLD, readable_run_records, records_frame
 from fwbench.analysis.reference import official_synthetic
 from fwbench.analysis.statistics import CONFIDENCE, log_interval, t_interval
 from fwbench.analysis.verdicts import leaning_note
@@ -308,8 +308,11 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FwbenchError(f"--out: cannot create {str(out_dir)!r}: {exc.strerror}") from None
-    loaded = ResultsStore(results_dir).load()
-    frame = records_frame(loaded.records)
+    store = ResultsStore(results_dir)
+    loaded = store.load()
+    records, unreadable = readable_run_records(loaded.records, store.path)
+    problems = loaded.problems + unreadable
+    frame = records_frame(records)
     frame.attrs["results_dir"] = str(results_dir)  # sections with their own records file (bench.jsonl) read it
     claims = evaluate_claims(frame)
     claims_table = pd.DataFrame([
@@ -333,8 +336,8 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         markdown_table(claims_table),
         "",
     ]
-    if loaded.problems:
-        lines += ["Store problems (lines skipped):", "", *[f"- {p}" for p in loaded.problems], ""]
+    if problems:
+        lines += ["Store problems (lines skipped):", "", *[f"- {p}" for p in problems], ""]
     for section in SECTIONS:
         lines.append(section(frame, out_dir))
     lines += _environment_lines(frame)
