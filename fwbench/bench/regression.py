@@ -461,12 +461,14 @@ class JudgedBaseline:
         return " or ".join(path.name + ("" if path.exists() else " (no such file)") for path in self.files)
 
 
-def judged_baseline(cpu: str, directory: Path = BASELINE_DIR) -> JudgedBaseline:
+def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None) -> JudgedBaseline:
     """The ratios the gate judges CPU ``cpu`` against: those of the file :func:`choose_baseline`
     picks, with its warning; where that is this CPU's own file and it lacks cases that
     ``perf_baseline.json`` has (a partial ``--update-baseline -k ...``), those cases take
     ``perf_baseline.json``'s ratio, with a warning naming them and the CPU that file was measured
-    on. They were not judged at all before, with no word, while the other cases were.
+    on. They were not judged at all before, with no word, while the other cases were. A file measured
+    under another torch than ``torch_version`` (default: the one installed) gets a warning too: every
+    ratio moves with torch's kernels, the calibration matmul's included, and the gate never said so.
 
     Raises:
         ValueError: a baseline file it reads is not a baseline (:func:`read_baseline`).
@@ -485,6 +487,13 @@ def judged_baseline(cpu: str, directory: Path = BASELINE_DIR) -> JudgedBaseline:
                             f"judging them against {default.name}, measured on {origin}; ratios differ between "
                             f"machines, so a slowdown smaller than that can pass. On a quiet machine, "
                             f"`nox -s bench -- --update-baseline -k NAME` adds a case to {path.name}")
+    torch_version = torch.__version__ if torch_version is None else torch_version
+    for file in files:
+        measured_with = (read_baseline(file).get("environment") or {}).get("torch")
+        if measured_with and measured_with != torch_version:
+            warnings.append(f"{file.name} was measured with torch {measured_with}, this is torch {torch_version}: "
+                            f"ratios move with torch's kernels, so a pass or a fail may be torch's; on a quiet "
+                            f"machine, `nox -s bench -- --update-baseline` measures it again")
     return JudgedBaseline(ratios, tuple(files), tuple(warnings))
 
 

@@ -567,3 +567,17 @@ def test_cases_a_partial_own_baseline_lacks_are_judged_against_the_default(tmp_p
     assert "'Intel(R) Xeon(R) Processor'" in judged.warnings[0]
     full = judged_baseline("Intel(R) Xeon(R) Processor", tmp_path)
     assert full.ratios == {"a": 2.0, "b": 3.0} and full.warnings == ()
+
+
+def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_path):
+    """A baseline records the torch it was measured with, and every ratio moves with torch's kernels;
+    the gate judged an upgraded torch against it with no word (a read-only probe found it). Now it
+    warns; the same torch, or a file that does not say, gets none."""
+    write_baseline({"a": 2.0}, {}, {"device_name": "AMD EPYC", "torch": "2.13.0+cpu"}, tmp_path / "perf_baseline.json")
+    same = judged_baseline("AMD EPYC", tmp_path, torch_version="2.13.0+cpu")
+    assert same.warnings == ()
+    other = judged_baseline("AMD EPYC", tmp_path, torch_version="2.14.1")
+    assert other.ratios == {"a": 2.0} and len(other.warnings) == 1
+    assert other.warnings[0].startswith("perf_baseline.json was measured with torch 2.13.0+cpu, this is torch 2.14.1")
+    _baseline_on(tmp_path / "perf_baseline.json", "AMD EPYC", 2.0)  # no torch recorded: nothing to compare
+    assert judged_baseline("AMD EPYC", tmp_path, torch_version="2.14.1").warnings == ()
