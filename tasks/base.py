@@ -161,3 +161,27 @@ def map_tensors(batch: Any, fn: Callable[[Tensor], Tensor]) -> Any:
 def to_device(batch: Any, device: torch.device) -> Any:
     """Move every tensor of a (nested tuple / dict) batch to ``device``."""
     return map_tensors(batch, lambda x: x.to(device))
+
+
+def check_ids(name: str, ids: Tensor, size: int | None, size_name: str, device: torch.device | None,
+              error: type[ValueError] = ValueError) -> None:
+    """Refuse token or key ids (an integer tensor) that the model's embedding cannot look up: held on
+    another device than the model's (``device``; None: not checked), or outside [0, ``size``) (None:
+    not checked, no host read).
+
+    An id outside the table raised "IndexError: index out of range in self" from the embedding (a
+    device-side assert on CUDA); meta ids into a CPU model made the range check's host read raise
+    "Tensor.item() cannot be called on meta tensors", and CPU ids into a model on meta returned meta
+    outputs. The range check reads two integers back to the host (a sync per call on CUDA); meta ids
+    have no values and are not read (a shapes-only dry run of a model on meta).
+
+    Raises:
+        ValueError (or ``error``, e.g. VariantError): ``NAME.device: got ...`` or ``NAME: got ids in
+        [low, high]; expected ids in [0, SIZE_NAME=size)``.
+    """
+    if device is not None and ids.device != device:
+        raise error(f"{name}.device: got '{ids.device}'; expected the model's device ({device})")
+    if size is not None and ids.numel() and ids.device.type != "meta":
+        low, high = (int(x) for x in torch.aminmax(ids))
+        if low < 0 or high >= size:
+            raise error(f"{name}: got ids in [{low}, {high}]; expected ids in [0, {size_name}={size})")

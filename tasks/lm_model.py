@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fwbench.tasks.base import check_ids
 from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
 from fwbench.variants.checks import check_state_position
 from fwbench.variants.errors import VariantError, bad_value
@@ -200,14 +201,9 @@ class DecoderLM(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype != torch.int64:
             got = (tuple(tokens.shape), tokens.dtype) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise bad_value("tokens", got, "an int64 tensor of shape (B, T)")
-        device = self.embedding.weight.device  # meta ids into a CPU model read the CPU embedding (garbage
-        if tokens.device != device:  # logits, no error), CUDA ids raised deep in torch, and the range check below
-            raise bad_value("tokens.device", str(tokens.device), f"the model's device ({device})")  # a bare .item()
-        if tokens.numel() and device.type != "meta":  # meta ids have no values: a dry run on meta is not checked
-            # an id outside the vocabulary raised "IndexError: index out of range in self" from
-            low, high = (int(x) for x in torch.aminmax(tokens))  # the embedding (a device-side assert on CUDA)
-            if low < 0 or high >= self.config.vocab_size:
-                raise bad_value("tokens", f"ids in [{low}, {high}]", f"ids in [0, vocab_size={self.config.vocab_size})")
+        # meta ids into a CPU model read the CPU embedding (garbage logits, no error); an id outside the
+        # vocabulary raised "IndexError: index out of range in self" from it
+        check_ids("tokens", tokens, self.config.vocab_size, "vocab_size", self.embedding.weight.device, VariantError)
         if states is not None and not isinstance(states, (list, tuple)):  # one layer's state, an int, a generator:
             # "TypeError: object of type 'FastWeightState' has no len()"
             raise bad_value("states", type(states).__name__, "the list of per-layer states the previous call returned")

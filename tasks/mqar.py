@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
+from fwbench.tasks.base import check_fields, check_ids, forward_acting_config, variant_over
 from fwbench.variants import AttentionLayer, parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -203,7 +203,7 @@ def check_mqar_ids(vocab_size: int, tokens: Tensor, labels: Tensor, device: torc
     ids are (:func:`fwbench.tasks.retrieval.check_token_ids`). An id outside the vocabulary raised
     "IndexError: index out of range in self" from the embedding (a device-side assert on CUDA), float
     or 1-D tokens a RuntimeError deep in torch, labels of another shape an IndexError from the mask.
-    The range check reads two integers back to the host (meta ids, which have none, are not read).
+    The device and range checks are :func:`~fwbench.tasks.base.check_ids`.
 
     Raises:
         ValueError: naming ``tokens`` or ``labels``, with the shape, dtype, device or range expected.
@@ -215,13 +215,8 @@ def check_mqar_ids(vocab_size: int, tokens: Tensor, labels: Tensor, device: torc
         got = f"{labels.dtype} of shape {tuple(labels.shape)}" if isinstance(labels, Tensor) else type(labels).__name__
         raise ValueError(f"labels: got {got}; expected int64 (or int32) labels of the tokens' shape "
                          f"{tuple(tokens.shape)} ({IGNORE} where unscored)")
-    for name, ids in (("tokens", tokens), ("labels", labels)):
-        if ids.device != device:
-            raise ValueError(f"{name}.device: got '{ids.device}'; expected the model's device ({device})")
-    if tokens.numel() and device.type != "meta":
-        low, high = (int(x) for x in torch.aminmax(tokens))
-        if low < 0 or high >= vocab_size:
-            raise ValueError(f"tokens: got ids in [{low}, {high}]; expected ids in [0, vocab_size={vocab_size})")
+    check_ids("tokens", tokens, vocab_size, "vocab_size", device)
+    check_ids("labels", labels, None, "", device)  # the device only: labels are no lookups (IGNORE is < 0)
 
 
 class MQARTask:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from fwbench.tasks.base import acting_config, check_fields, variant_over
+from fwbench.tasks.base import acting_config, check_fields, check_ids, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
 from fwbench.variants.kernels.precision import compute_dtype
 from fwbench.variants.rules.fwm import FWM
@@ -273,9 +273,8 @@ def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor, devic
     integer tensors with every id in [0, S), on ``device`` (the model's) where given.
 
     The embedding lookups and the compiled table loops would otherwise fail deep in torch
-    ("IndexError: index out of range in self") or name their internal tables. The range check reads
-    two integers per tensor back to the host (a sync per call on CUDA, as :func:`retrieval_loss`'s);
-    meta ids have no values and are not range-checked (a shape dry run of a model on meta).
+    ("IndexError: index out of range in self") or name their internal tables; the device and range
+    checks are :func:`~fwbench.tasks.base.check_ids` (a host read per tensor, as :func:`retrieval_loss`'s).
 
     Raises:
         ValueError: naming ``keys``, ``values`` or ``queries``, with the shape, dtype, device or range expected.
@@ -289,15 +288,8 @@ def check_token_ids(S: int, keys: Tensor, values: Tensor, queries: Tensor, devic
     if values.shape != keys.shape or queries.shape[0] != keys.shape[0]:
         raise ValueError(f"keys, values, queries: got shapes {tuple(keys.shape)}, {tuple(values.shape)}, "
                          f"{tuple(queries.shape)}; expected (B, L), (B, L), (B, Q)")
-    for name, ids in named:  # meta ids into a CPU model raised "RuntimeError: Tensor.item() cannot be called on
-        if device is not None and ids.device != device:  # meta tensors" from the range check below; CPU ids
-            # into a model on meta returned meta outputs (a fast-weight delta rule: "v.device: got 'cpu'")
-            raise ValueError(f"{name}.device: got '{ids.device}'; expected the model's device ({device})")
     for name, ids in named:
-        if ids.numel() and ids.device.type != "meta":
-            low, high = (int(x) for x in torch.aminmax(ids))
-            if low < 0 or high >= S:
-                raise ValueError(f"{name}: got ids in [{low}, {high}]; expected ids in [0, S={S})")
+        check_ids(name, ids, S, "S", device)
 
 
 def retrieval_loss(predicted: Tensor, targets: Tensor, S: int, mask: Tensor | None = None) -> Tensor:
