@@ -215,12 +215,26 @@ def _reached_by_non_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor,
     return bad.cumsum(dim=-1) > 0
 
 
-def _zero_from(x: Tensor | None, cut: Tensor) -> Tensor | None:
-    """``x`` (B, H, T, ...) with every token at or after ``cut`` (B, H) of its sequence set to 0."""
+def _from(cut: Tensor, T: int) -> Tensor:
+    """(B, H, T) bool: True at and after token ``cut`` (B, H) of each sequence."""
+    return torch.arange(T, device=cut.device) >= cut[..., None]
+
+
+def _zero_from(x: Tensor | None, later: Tensor) -> Tensor | None:
+    """``x`` (B, H, T, ...) with the tokens marked in ``later`` (B, H, T) set to 0."""
     if x is None:
         return None
-    later = torch.arange(x.shape[2], device=x.device) >= cut[..., None]     # (B, H, T)
     return torch.where(later.view(*later.shape, *(1,) * (x.dim() - 3)), torch.zeros_like(x), x)
+
+
+def _spliced(later: Tensor, before: tuple[Tensor | None, Tensor], given: tuple[Tensor | None, Tensor]
+             ) -> tuple[Tensor | None, Tensor]:
+    """(reads, W_T): ``before``'s (a chunked scan that reads the marked tokens as 0) where ``later``
+    (B, H, T) is False, ``given``'s (the scan one token per chunk on the inputs as given) where True;
+    W_T is ``given``'s for a sequence with any marked token."""
+    (reads_before, W_before), (reads_given, W_given) = before, given
+    W = torch.where(later[..., -1, None, None], W_given, W_before)
+    return (None if reads_before is None else torch.where(later[..., None], reads_given, reads_before)), W
 
 
 def _finite_prefix(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> Tensor:
@@ -232,7 +246,8 @@ def _finite_prefix(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Ten
     with torch.no_grad(), denormals_flushed():
         while bool((low < high).any()):
             mid = (low + high + 1) // 2
-            args = [_zero_from(x, mid) for x in (q, k, v, beta)]
+            later = _from(mid, T)
+            args = [_zero_from(x, later) for x in (q, k, v, beta)]
             reads, W = _scan_chunks(*args, W0)
             finite = torch.isfinite(W).flatten(2).all(-1)
             if reads is not None:
@@ -253,15 +268,9 @@ def _scan_finite(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tenso
     # enter its read only as exact zeros of the masked products, whatever they hold, so reading them as
     # 0 changes nothing before them, as for NaN in :func:`_scan`); rescanning the whole batch token by
     # token moved the reads before the overflow, and every other sequence's, by an ulp.
-    cut = _finite_prefix(q, k, v, beta, W0)
-    reads_before, W_before = _scan_in_chunks(*(_zero_from(x, cut) for x in (q, k, v, beta)), W0, FWM_CHUNK_SIZE)
-    reads_given, W_given = _scan_in_chunks(q, k, v, beta, W0, 1)
-    whole = (cut == k.shape[2])[..., None, None]
-    W = torch.where(whole, W_before, W_given)
-    if q is None:
-        return None, W
-    later = torch.arange(k.shape[2], device=k.device) >= cut[..., None]
-    return torch.where(later[..., None], reads_given, reads_before), W
+    later = _from(_finite_prefix(q, k, v, beta, W0), k.shape[2])
+    before = _scan_in_chunks(*(_zero_from(x, later) for x in (q, k, v, beta)), W0, FWM_CHUNK_SIZE)
+    return _spliced(later, before, _scan_in_chunks(q, k, v, beta, W0, 1))
 
 
 def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | None) -> tuple[Tensor | None, Tensor]:
@@ -284,10 +293,8 @@ def _scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor | Non
     def finite(x: Tensor | None) -> Tensor | None:
         return None if x is None else torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
-    reads_clean, W_clean = _scan_finite(finite(q), finite(k), finite(v), finite(beta), finite(W0))
-    reads_given, W_given = _scan_in_chunks(q, k, v, beta, W0, 1)
-    W = torch.where(reached[..., -1, None, None], W_given, W_clean)
-    return (None if q is None else torch.where(reached[..., None], reads_given, reads_clean)), W
+    clean = _scan_finite(finite(q), finite(k), finite(v), finite(beta), finite(W0))
+    return _spliced(reached, clean, _scan_in_chunks(q, k, v, beta, W0, 1))
 
 
 def fwm_rule_read(q: Tensor, W: Tensor, eps: float = FWM_LAYER_NORM_EPS) -> Tensor:
