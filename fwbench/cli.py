@@ -192,17 +192,15 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
         FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
             skipped as corrupt, their number and the first one's place (PATH:LINE) are named.
     """
-    from fwbench.analysis.records import readable_run_records
+    from fwbench.analysis.records import load_run_records
     from fwbench.bench.suite import BENCH_RECORDS
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
-    store = ResultsStore(results_dir)
-    runs, benches = store.load(), ResultsStore(results_dir, BENCH_RECORDS).load()
-    readable, unreadable = readable_run_records(runs.records, store.path)  # objects that are no run record
-    if readable or benches.records:
+    (runs, run_problems), benches = load_run_records(results_dir), ResultsStore(results_dir, BENCH_RECORDS).load()
+    if runs or benches.records:
         return
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable
-    skipped = runs.problems + unreadable + benches.problems
+    skipped = run_problems + benches.problems
     found = (f"; {len(skipped)} corrupt or truncated line(s) skipped, the first {skipped[0].split(': ')[0]}"
              if skipped else "")
     raise FwbenchError(

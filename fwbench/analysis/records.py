@@ -59,6 +59,18 @@ def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[
     return readable, problems
 
 
+def load_run_records(results_dir: str | Path) -> tuple[list[dict], list[str]]:
+    """(the run records of ``results_dir``'s runs.jsonl that :func:`records_frame` can read, a problem for
+    every line or record skipped): the store's corrupt lines, then records that are no run record
+    (:func:`readable_run_records`)."""
+    from fwbench.run.store import ResultsStore
+
+    store = ResultsStore(results_dir)
+    loaded = store.load()
+    records, unreadable = readable_run_records(loaded.records, store.path)
+    return records, loaded.problems + unreadable
+
+
 def records_frame(records: list[dict]) -> pd.DataFrame:
     """One row per record: grid, task, variant spec, seed, every config field, metrics, status,
     and (as Python objects) the learning ``curve`` and the task's ``final_evaluation``. Every

@@ -21,7 +21,7 @@ from fwbench.analysis.capacity import (
     write_capacity_csv,
 )
 from fwbench.analysis.claims import evaluate_claims, main_d_key
-from fwbench.analysis.records import CAPACITY_THRESHOLD, readable_run_records, records_frame
+from fwbench.analysis.records import CAPACITY_THRESHOLD, load_run_records, records_frame
 from fwbench.analysis.reference import official_synthetic
 from fwbench.analysis.statistics import CONFIDENCE, log_interval, t_interval
 from fwbench.analysis.verdicts import leaning_note
@@ -32,7 +32,6 @@ from fwbench.report.interval_figures import capacity_vs_d_dot_figure, loss_vs_S_
 from fwbench.report.lm_section import section_shakespeare
 from fwbench.report.markdown import markdown_table
 from fwbench.report.setup_section import section_setup
-from fwbench.run.store import ResultsStore
 
 
 def _loss(value: float) -> str:
@@ -296,7 +295,6 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
             "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 
 
-
 def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
     """Write ``out_dir/REPORT.md`` and its figures from the store in ``results_dir``.
 
@@ -308,10 +306,7 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise FwbenchError(f"--out: cannot create {str(out_dir)!r}: {exc.strerror}") from None
-    store = ResultsStore(results_dir)
-    loaded = store.load()
-    records, unreadable = readable_run_records(loaded.records, store.path)
-    problems = loaded.problems + unreadable
+    records, problems = load_run_records(results_dir)
     frame = records_frame(records)
     frame.attrs["results_dir"] = str(results_dir)  # sections with their own records file (bench.jsonl) read it
     claims = evaluate_claims(frame)
