@@ -1558,37 +1558,32 @@ def _(ctx):
     return answer
 
 
-@row("C174")
-def _(ctx):
-    results, out = ctx.tmp_path / "corrupt", ctx.tmp_path / "out"
+def report_on_unreadable_lines(ctx, text: str, skipped: int, first: str) -> str:
+    """``fwbench report`` on a runs.jsonl of ``text`` whose lines are none of them a run record: it
+    refuses without writing, counting the ``skipped`` lines and naming the first (``first``: ":1" for a
+    line number, "" for a record that decoded but is no run record)."""
+    results, out = ctx.tmp_path / "unreadable", ctx.tmp_path / "out"
     results.mkdir()
-    (results / "runs.jsonl").write_text('{"run_id": 3}\nnot json\n')  # a run id that is no string; no JSON
+    (results / "runs.jsonl").write_text(text)
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     assert not out.exists()
-    assert f"the first {results / 'runs.jsonl'}:1)" in answer
+    assert f"{skipped} corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'}{first})" in answer
     return answer
+
+
+@row("C174")
+def _(ctx):
+    return report_on_unreadable_lines(ctx, '{"run_id": 3}\nnot json\n', 2, ":1")  # a run id that is no string; no JSON
 
 
 @row("C175")
-def _(ctx):
-    results, out = ctx.tmp_path / "corrupt", ctx.tmp_path / "out"
-    results.mkdir()
-    (results / "runs.jsonl").write_text("1" * 5000 + "\n" + "[" * 100_000 + "\n")  # json raises ValueError, RecursionError
-    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
-    assert not out.exists()
-    assert f"2 corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'}:1)" in answer
-    return answer
+def _(ctx):  # json raises ValueError and RecursionError, not a decode error
+    return report_on_unreadable_lines(ctx, "1" * 5000 + "\n" + "[" * 100_000 + "\n", 2, ":1")
 
 
 @row("C176")
-def _(ctx):
-    results, out = ctx.tmp_path / "no_run_record", ctx.tmp_path / "out"
-    results.mkdir()
-    (results / "runs.jsonl").write_text('{"run_id": "x"}\n')  # an object with a run id, none of a run record's fields
-    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
-    assert not out.exists()
-    assert f"1 corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'})" in answer
-    return answer
+def _(ctx):  # an object with a run id, none of a run record's fields
+    return report_on_unreadable_lines(ctx, '{"run_id": "x"}\n', 1, "")
 
 
 @row("H81")
