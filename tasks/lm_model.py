@@ -57,6 +57,11 @@ class DecoderConfig:
         form, chunk_size: the attention form and longest chunk of every layer (``auto`` / unset:
             the variant's fastest form and the rule's default chunk size); see
             :func:`variants.build_attention`. Generation switches to the recurrent form itself.
+
+    Raises:
+        VariantError: a size that is not a positive integer, ``d_model`` not a multiple of
+            ``n_heads``, ``dropout`` not a number in [0, 1), ``tied_output`` not a bool, an unknown
+            ``positional``.
     """
 
     vocab_size: int
@@ -78,8 +83,13 @@ class DecoderConfig:
                 raise bad_value(name, value, "a positive integer (>= 1)")
         if self.d_model % self.n_heads:
             raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
-        if not 0.0 <= self.dropout < 1.0:
+        # the types too: a string dropout raised a bare TypeError ('<='), and a truthy non-bool
+        # tied_output ('no', 0.5) tied the output weights silently
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real) \
+                or not 0.0 <= self.dropout < 1.0:
             raise bad_value("dropout", self.dropout, "a probability in [0, 1)")
+        if not isinstance(self.tied_output, bool):
+            raise bad_value("tied_output", self.tied_output, "True or False")
         if self.positional not in POSITIONAL:
             raise bad_value("positional", self.positional, f"one of {', '.join(POSITIONAL)}")
 
@@ -269,7 +279,8 @@ class DecoderLM(nn.Module):
             (B, n_tokens) sampled ids and the per-layer states after the last one.
 
         Raises:
-            VariantError: empty prompt, negative ``n_tokens`` or ``temperature``, bad ``top_k``.
+            VariantError: empty prompt, negative ``n_tokens`` or ``temperature``, bad ``top_k``, a
+                ``generator`` that is not a ``torch.Generator``.
         """
         # the types first: a list prompt raised AttributeError ('dim'), a string or None count, temperature or
         # top_k a bare TypeError ('<'), a float count or top_k one from range() or topk() after the prompt's
@@ -291,6 +302,8 @@ class DecoderLM(nn.Module):
         if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, numbers.Integral)
                                   or not 1 <= top_k <= self.config.vocab_size):
             raise bad_value("top_k", top_k, f"an integer in [1, {self.config.vocab_size}] or None")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise bad_value("generator", type(generator).__name__, "a torch.Generator or None")
         was_training = self.training
         self.eval()
         try:  # a refused call (a prompt id outside the vocabulary, states of another batch) left it in eval mode

@@ -1007,6 +1007,19 @@ def _(ctx):
     return raised(VariantError, model.generate, torch.tensor([[1]]), 2, 10**400)
 
 
+@row("L56")
+def _(ctx):
+    for setting in {"tied_output": "no"}, {"tied_output": 0.5}, {"tied_output": 1}, {"dropout": True}:
+        assert raised(VariantError, DecoderConfig, vocab_size=5, **setting).startswith(f"VariantError: {[*setting][0]}:")
+    return raised(VariantError, DecoderConfig, vocab_size=5, dropout="0.5")
+
+
+@row("L57")
+def _(ctx):
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=2, d_ff=8))
+    return raised(VariantError, model.generate, torch.tensor([[1]]), 2, generator="x")
+
+
 @row("L80")
 def _(ctx):
     """Not an error: second derivatives (create_graph=True) are exact in every form, also through the
