@@ -17,7 +17,8 @@ Random streams, all derived from the run seed: the model's initial weights (torc
 after ``torch.manual_seed(seed)``), the training and evaluation data, FAVOR+'s feature redraws
 (a generator of their own, the same on every rank of a data-parallel group, so the ranks keep one
 Ω) and dropout (torch's global RNG after the model is built: rank 0 continues the seed's stream,
-rank r > 0 is reseeded with :func:`rank_stream_seed`, so each rank draws its own masks).
+rank r > 0 is reseeded with :func:`rank_stream_seed`, so each rank draws its own masks, also after
+resuming from a checkpoint that holds no stream of that rank).
 
 Optional config fields extend the loop without changing runs whose configs lack them:
 ``schedule`` / ``warmup_steps`` / ``grad_clip`` (see :mod:`fwbench.run.optimization`) and
@@ -65,7 +66,9 @@ def rank_stream_seed(seed: int, rank: int, step: int = 0) -> int:
     masks of rank 1 of seed s + 3_000_017. torch's CPU generator reads only the low 32 bits of a seed
     (``manual_seed(1)`` and ``manual_seed(2**32 + 1)`` draw alike), so bit 31 is set: no grid seed
     below 2**31, nor a stream derived from it (``seed`` + about 3e6), is a rank's stream. ``step``: the
-    step a rank starts drawing at, 0 for a fresh run.
+    step a rank starts drawing at, 0 for a fresh run; a resumed run whose checkpoint holds no stream of
+    this rank (saved by one process, or by a group of another size) starts a new one there, not the
+    one it drew from step 0.
 
     Raises:
         ValueError: ``seed``, ``rank`` or ``step`` is negative.
@@ -313,11 +316,16 @@ class _Training:
             self.optimizer.load_state_dict(saved["optimizer"])
         if self.schedule is not None and saved["schedule"] is not None:
             self.schedule.load_state_dict(saved["schedule"])
-        restore_rng_states(saved["rng"], self.generators, self.device)
+        restore_rng_states(saved["rng"], self.generators, self.device)  # the global stream: rank 0's
+        loop = LoopState.from_state_dict(saved["loop"])
         ranks = saved["rng"].get("ranks")
         if self.distributed is not None and ranks is not None and len(ranks) == self.distributed.world_size:
             restore_rng_states(ranks[self.distributed.rank], {}, self.device)
-        return LoopState.from_state_dict(saved["loop"])
+        elif self.distributed is not None and self.distributed.rank:
+            # no stream of this rank in the file (a one-process run, another group size): rank 0's
+            # restored above would give every rank the same dropout masks from here on
+            torch.manual_seed(rank_stream_seed(self.seed, self.distributed.rank, loop.step))
+        return loop
 
     def result(self, loop: LoopState) -> FitResult:
         """The run's :class:`FitResult`, after the task's final evaluation (rank 0, runs that did not diverge)."""

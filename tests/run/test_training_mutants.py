@@ -382,13 +382,25 @@ def test_a_resumed_rank_continues_its_own_dropout_stream(task, tmp_path):
     assert torch.equal(_resume_with(task, tmp_path, streams, FakeRanks(rank=1)), streams[1]["torch"])
 
 
-@pytest.mark.parametrize("distributed", [None, FakeRanks(rank=1, world_size=3)], ids=["one process", "other size"])
+@pytest.mark.parametrize("distributed", [None, FakeRanks(rank=0, world_size=3)], ids=["one process", "rank 0"])
 def test_rank_streams_of_another_group_size_are_not_restored(task, tmp_path, distributed):
-    """Resumed on one process, or on 3 ranks from a 2-rank checkpoint: the saved global stream."""
+    """Resumed on one process, or as rank 0 of 3 ranks from a 2-rank checkpoint: the saved global stream."""
     streams = [{"torch": torch.Generator().manual_seed(seed).get_state()} for seed in (10, 11)]
     path = tmp_path / "run.pt"
     after = _resume_with(task, tmp_path, streams, distributed)
     assert torch.equal(after, torch.load(path, weights_only=True)["rng"]["torch"])
+
+
+@pytest.mark.parametrize("ranks, rank", [(None, 1), (2, 1), (2, 2)], ids=["one-process file", "2 to 3, rank 1", "2 to 3, rank 2"])
+def test_a_rank_without_its_stream_in_the_checkpoint_starts_its_own_not_rank_0s(task, tmp_path, ranks, rank):
+    """A checkpoint of one process (no rank streams), or of 2 ranks, resumed on 3 ranks: every rank
+    took the file's global stream (rank 0's), so all ranks drew the same dropout masks from the resumed
+    step on (6 of 6 equal in a 2-rank LM run resumed from a one-process checkpoint). A rank above 0
+    starts the stream of its rank at the resumed step (2) instead."""
+    streams = None if ranks is None else [{"torch": torch.Generator().manual_seed(s).get_state()} for s in range(ranks)]
+    after = _resume_with(task, tmp_path, streams, FakeRanks(rank=rank, world_size=3))
+    assert not torch.equal(after, torch.load(tmp_path / "run.pt", weights_only=True)["rng"]["torch"])
+    assert torch.equal(after, torch.Generator().manual_seed(rank_stream_seed(SEED, rank, 2)).get_state())
 
 
 def test_a_ranks_stream_is_no_stream_of_another_seed_or_rank():
