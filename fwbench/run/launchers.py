@@ -191,7 +191,11 @@ def check_ray_resources(options: LaunchOptions) -> None:
     no address and silently ran every run on a Ray instance started on this machine instead of the
     cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
     likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
-    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes).
+    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes); and a ``cuda:N`` device that
+    no run's worker has: Ray sets each GPU task's ``CUDA_VISIBLE_DEVICES`` to the ⌈``gpus_per_run``⌉
+    GPUs it reserved, which the worker numbers from ``cuda:0``, so ``--device cuda:1 --gpus-per-run 1``
+    on a 2-GPU machine (GPU 1 with the local launcher) failed every run ("expected cuda:N with N < 1").
+    Without GPUs per run Ray sets nothing: ``cuda:N`` is then GPU N of the worker's node, as asked.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -221,6 +225,13 @@ def check_ray_resources(options: LaunchOptions) -> None:
             raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
                                f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
+    index = options.device.partition(":")[2] if options.device.startswith("cuda:") else ""
+    visible = math.ceil(options.gpus_per_run)
+    if options.gpus_per_run > 0 and index.isascii() and index.isdigit() and int(index) >= visible:
+        raise FwbenchError(f"--device: got {options.device!r} with --launcher ray --gpus-per-run {options.gpus_per_run:g}; "
+                           f"expected cuda{' or cuda:0' if visible == 1 else f' or cuda:N with N < {visible}'} (Ray "
+                           f"gives each run {visible} GPU{'s' if visible > 1 else ''} of its own, numbered from cuda:0 "
+                           "in its worker, whatever their number on the machine)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
