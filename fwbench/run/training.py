@@ -64,8 +64,9 @@ def rank_stream_seed(seed: int, rank: int, step: int = 0) -> int:
     Hashed, not offset: ``seed + rank · 3_000_017`` made rank 1 of seed s draw its masks from the very
     stream of seed s + 3_000_017 (its training data and initial weights), and rank 2 of seed s the
     masks of rank 1 of seed s + 3_000_017. torch's CPU generator reads only the low 32 bits of a seed
-    (``manual_seed(1)`` and ``manual_seed(2**32 + 1)`` draw alike), so bit 31 is set: no grid seed
-    below 2**31, nor a stream derived from it (``seed`` + about 3e6), is a rank's stream. ``step``: the
+    (``manual_seed(1)`` and ``manual_seed(2**32 + 1)`` draw alike), so bit 31 is set: a run seeded
+    below 2**31 − 2_000_003 (every bundled grid's seeds are 1 to 3) draws none of its streams (initial
+    weights, data, evaluation, features: ``seed`` + up to 2_000_003) from a rank's. ``step``: the
     step a rank starts drawing at, 0 for a fresh run; a resumed run whose checkpoint holds no stream of
     this rank (saved by one process, or by a group of another size) starts a new one there, not the
     one it drew from step 0.
