@@ -407,7 +407,8 @@ def test_a_ranks_stream_is_no_stream_of_another_seed_or_rank():
     """``seed + rank · 3_000_017`` gave rank 1 of seed s the stream of seed s + 3_000_017 (its data and
     initial weights) and rank 2 of seed s that of rank 1 of seed s + 3_000_017. torch's CPU generator
     reads the seed's low 32 bits, so those are compared: rank streams of seeds 0-199, ranks 1-7 and
-    steps 0-4 are all distinct, none is a grid seed below 2**31 or a stream derived from one."""
+    steps 0-4 are all distinct and at least 2**31, above every stream of a run seeded below
+    2**31 - 2_000_003."""
     low = [rank_stream_seed(seed, rank, step) % 2**32 for seed in range(200) for rank in range(1, 8) for step in range(5)]
     assert len(set(low)) == len(low) and min(low) >= 2**31
     one, two = torch.Generator(), torch.Generator()
