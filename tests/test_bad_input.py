@@ -1599,6 +1599,24 @@ def _(ctx):  # an object with a run id, none of a run record's fields
     return report_on_unreadable_lines(ctx, '{"run_id": "x"}\n', 1, "")
 
 
+@row("C177")
+def _(ctx):
+    """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the
+    worker: ``--device cuda:1 --gpus-per-run 1`` failed every run ('expected cuda:N with N < 1')."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:2", "--gpus-per-run", "2",
+               "--results-dir", str(ctx.tmp_path / "r")) == (
+        "exit 2: fwbench: error: --device: got 'cuda:2' with --launcher ray --gpus-per-run 2; expected cuda or "
+        "cuda:N with N < 2 (Ray gives each run 2 GPUs of its own, numbered from cuda:0 in its worker, whatever "
+        "their number on the machine)")
+    for device, gpus in (("cuda:0", 0.25), ("cuda:1", 2.0), ("cuda:3", 0.0), ("cuda", 1.0)):  # still accepted
+        check_ray_resources(LaunchOptions(launcher="ray", device=device, gpus_per_run=gpus))
+    assert not (ctx.tmp_path / "r").exists()
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cuda:1", "--gpus-per-run", "1",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

@@ -10,7 +10,8 @@ a process group (NCCL on GPUs, gloo on CPU) and trains the same runs in lockstep
   distributed sampler in which the ranks read disjoint parts of one global batch. The mean loss
   over equal slices, with DDP averaging gradients, is the gradient of the global batch's mean loss,
   so a run on N processes follows the same trajectory as on one (up to floating-point summation
-  order); ``batch_size`` must be a multiple of N.
+  order); ``batch_size`` must be a multiple of N. Not with dropout: each rank draws its own masks
+  (:func:`fwbench.run.training.rank_stream_seed`), so the trajectories then agree in distribution only.
 - **Learning-rate schedule.** One scheduler step per optimiser step, as on one process: warm-up and
   decay are counted in global steps and need no rescaling.
 - **Rank 0 only** writes records, checkpoints and the progress bar; the other ranks train silently.

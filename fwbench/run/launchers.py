@@ -191,7 +191,11 @@ def check_ray_resources(options: LaunchOptions) -> None:
     no address and silently ran every run on a Ray instance started on this machine instead of the
     cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
     likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
-    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes).
+    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes); and a ``cuda:N`` device that
+    no run's worker has: Ray sets each GPU task's ``CUDA_VISIBLE_DEVICES`` to the ⌈``gpus_per_run``⌉
+    GPUs it reserved, which the worker numbers from ``cuda:0``, so ``--device cuda:1 --gpus-per-run 1``
+    on a 2-GPU machine (GPU 1 with the local launcher) failed every run ("expected cuda:N with N < 1").
+    Without GPUs per run Ray sets nothing: ``cuda:N`` is then GPU N of the worker's node, as asked.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -221,6 +225,13 @@ def check_ray_resources(options: LaunchOptions) -> None:
             raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
                                f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
+    index = options.device.partition(":")[2] if options.device.startswith("cuda:") else ""
+    visible = math.ceil(options.gpus_per_run)
+    if options.gpus_per_run > 0 and index.isascii() and index.isdigit() and int(index) >= visible:
+        raise FwbenchError(f"--device: got {options.device!r} with --launcher ray --gpus-per-run {options.gpus_per_run:g}; "
+                           f"expected cuda{' or cuda:0' if visible == 1 else f' or cuda:N with N < {visible}'} (Ray "
+                           f"gives each run {visible} GPU{'s' if visible > 1 else ''} of its own, numbered from cuda:0 "
+                           "in its worker, whatever their number on the machine)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
@@ -246,6 +257,25 @@ def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) ->
                                "(no run could ever be scheduled; lower it, or start the instance with more)")
 
 
+def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str | None = None) -> dict[str, str]:
+    """The environment variables of the Ray workers that run this command's tasks (their runtime
+    environment's ``env_vars``): ``OMP_NUM_THREADS`` = ``threads`` (idle OpenMP threads fight over
+    cores), and this process's ``PYTHONPATH`` (``environ``, default ``os.environ``), each entry made
+    absolute against this working directory (``cwd``; an empty entry is the working directory, as for
+    Python), ahead of the cluster's own (``${PYTHONPATH}``). A worker of a cluster started elsewhere
+    has neither: a grid's ``variant_modules = ["my_pkg.attention"]`` found on the driver's
+    ``PYTHONPATH`` failed every run there ("No module named 'my_pkg'").
+    """
+    environ = os.environ if environ is None else environ
+    variables = {"OMP_NUM_THREADS": str(threads)}
+    if environ.get("PYTHONPATH"):
+        cwd = os.getcwd() if cwd is None else cwd
+        entries = [os.path.normpath(os.path.join(cwd, entry)) if entry else cwd
+                   for entry in environ["PYTHONPATH"].split(os.pathsep)]
+        variables["PYTHONPATH"] = os.pathsep.join([*entries, "${PYTHONPATH}"])
+    return variables
+
+
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,
                on_progress: Callable[[RunSpec], object] | None = None) -> Iterator[dict]:
     """Submit every spec as a Ray task and yield records as tasks finish."""
@@ -253,15 +283,14 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     # a task argument (the environment of a separately started cluster lacks them); read before Ray starts,
     # which a directory it refuses (~user naming no user) would otherwise follow
     settings = run_settings()
+    runtime_env = {"env_vars": ray_worker_env(options.threads)}
     ray = _import_ray()
     address = options.ray_address or os.environ.get("RAY_ADDRESS")
     started_here = not ray.is_initialized()
     if started_here:
         init_args = {"address": address} if address else {"num_cpus": options.ray_num_cpus}
-        # One torch thread per worker unless asked otherwise: idle OpenMP threads fight over cores.
         try:
-            ray.init(**init_args, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"OMP_NUM_THREADS": str(options.threads)}})
+            ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if not address:  # no address to blame: it said "$RAY_ADDRESS: got None"
@@ -279,9 +308,9 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     device = options.device
     if device == "auto":
         device = "cuda" if options.gpus_per_run > 0 else "cpu"
-    remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0)(
-        execute_in_worker
-    )
+    # the runtime environment also on each task: a Ray this process did not start has none of ours
+    remote = ray.remote(num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0,
+                        runtime_env=runtime_env)(execute_in_worker)
     pending = {remote.remote(spec, device, options.threads, options.checkpoint_for(spec), settings): spec
                for spec in specs}
     try:

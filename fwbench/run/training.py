@@ -17,7 +17,8 @@ Random streams, all derived from the run seed: the model's initial weights (torc
 after ``torch.manual_seed(seed)``), the training and evaluation data, FAVOR+'s feature redraws
 (a generator of their own, the same on every rank of a data-parallel group, so the ranks keep one
 Ω) and dropout (torch's global RNG after the model is built: rank 0 continues the seed's stream,
-rank r > 0 is reseeded with ``seed + r · RANK_SEED_OFFSET``, so each rank draws its own masks).
+rank r > 0 is reseeded with :func:`rank_stream_seed`, so each rank draws its own masks, also after
+resuming from a checkpoint that holds no stream of that rank).
 
 Optional config fields extend the loop without changing runs whose configs lack them:
 ``schedule`` / ``warmup_steps`` / ``grad_clip`` (see :mod:`fwbench.run.optimization`) and
@@ -28,6 +29,7 @@ run once after training; its ``metrics`` join the run's metrics and the rest goe
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable
@@ -47,11 +49,35 @@ from fwbench.variants import FeatureMap, NonFiniteError, set_check_finite
 from fwbench.variants.checks import all_finite
 from fwbench.variants.kernels.precision import denormals_flushed
 
-#: Generator seeds derived from the run seed; distinct streams for training and evaluation data,
-#: FAVOR+'s feature redraws, and each data-parallel rank's dropout.
+#: Generator seeds derived from the run seed; distinct streams for training and evaluation data and
+#: FAVOR+'s feature redraws (each data-parallel rank's dropout: :func:`rank_stream_seed`).
 EVAL_SEED_OFFSET = 1_000_003
 FEATURE_SEED_OFFSET = 2_000_003
-RANK_SEED_OFFSET = 3_000_017
+#: Bit 31, set in every rank stream's seed (see :func:`rank_stream_seed`).
+RANK_SEED_BIT = 1 << 31
+
+
+def rank_stream_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The seed of data-parallel rank ``rank``'s dropout stream (torch's global RNG) from ``step`` on,
+    for the run seeded ``seed``: 64 bits of SHA-256 of the three numbers, with bit 31 set.
+
+    Hashed, not offset: ``seed + rank · 3_000_017`` made rank 1 of seed s draw its masks from the very
+    stream of seed s + 3_000_017 (its training data and initial weights), and rank 2 of seed s the
+    masks of rank 1 of seed s + 3_000_017. torch's CPU generator reads only the low 32 bits of a seed
+    (``manual_seed(1)`` and ``manual_seed(2**32 + 1)`` draw alike), so bit 31 is set: a run seeded
+    below 2**31 − 2_000_003 (every bundled grid's seeds are 1 to 3) draws none of its streams (initial
+    weights, data, evaluation, features: ``seed`` + up to 2_000_003) from a rank's. ``step``: the
+    step a rank starts drawing at, 0 for a fresh run; a resumed run whose checkpoint holds no stream of
+    this rank (saved by one process, or by a group of another size) starts a new one there, not the
+    one it drew from step 0.
+
+    Raises:
+        ValueError: ``seed``, ``rank`` or ``step`` is negative.
+    """
+    if min(seed, rank, step) < 0:
+        raise ValueError(f"seed, rank, step: got {seed}, {rank}, {step}; expected non-negative integers")
+    digest = hashlib.sha256(f"fwbench rank dropout stream {seed} {rank} {step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") | RANK_SEED_BIT
 
 
 @dataclass
@@ -207,7 +233,7 @@ class _Training:
         if distributed is not None:
             distributed.check_batch_size(config.batch_size)
             if distributed.rank:  # the same initial weights on every rank, then each rank's own dropout
-                torch.manual_seed(seed + distributed.rank * RANK_SEED_OFFSET)
+                torch.manual_seed(rank_stream_seed(seed, distributed.rank))
         # the module the loss runs through: DDP averages gradients across ranks in backward
         self.trained = self.model if distributed is None else distributed.wrap(self.model, device)
         self.is_main = distributed is None or distributed.is_main
@@ -291,11 +317,16 @@ class _Training:
             self.optimizer.load_state_dict(saved["optimizer"])
         if self.schedule is not None and saved["schedule"] is not None:
             self.schedule.load_state_dict(saved["schedule"])
-        restore_rng_states(saved["rng"], self.generators, self.device)
+        restore_rng_states(saved["rng"], self.generators, self.device)  # the global stream: rank 0's
+        loop = LoopState.from_state_dict(saved["loop"])
         ranks = saved["rng"].get("ranks")
         if self.distributed is not None and ranks is not None and len(ranks) == self.distributed.world_size:
             restore_rng_states(ranks[self.distributed.rank], {}, self.device)
-        return LoopState.from_state_dict(saved["loop"])
+        elif self.distributed is not None and self.distributed.rank:
+            # no stream of this rank in the file (a one-process run, another group size): rank 0's
+            # restored above would give every rank the same dropout masks from here on
+            torch.manual_seed(rank_stream_seed(self.seed, self.distributed.rank, loop.step))
+        return loop
 
     def result(self, loop: LoopState) -> FitResult:
         """The run's :class:`FitResult`, after the task's final evaluation (rank 0, runs that did not diverge)."""

@@ -43,6 +43,22 @@ WORKER = textwrap.dedent('''
         omegas.append(hashlib.sha256(self.omega.numpy().tobytes()).hexdigest())
 
     nn.Dropout.forward, Favor.redraw_features = recording_dropout, recording_redraw
+    if sys.argv[4:] == ["solo-cut"]:  # one process, no torchrun: stopped after step 3, checkpoint at step 2
+        class Stop(Exception):
+            pass
+
+        def stop_at_3(step, loss):
+            if step == 3:
+                raise Stop
+
+        config = ShakespeareConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, context=16, batch_size=4, max_steps=4,
+                                   eval_every=4, eval_segments=2, dropout=0.5, sample_tokens=5, stream_eval=False,
+                                   positional="learned", checkpoint_every=2, prompt="ROMEO")
+        try:
+            fit("shakespeare", "linear", config, 1, torch.device("cpu"), stop_at_3, f"{out}/solo.pt")
+        except Stop:
+            pass
+        sys.exit(0)
     context, device = distributed.start(distributed.context_from_environment(), torch.device("cpu"))
     config = ShakespeareConfig(d_model=16, n_heads=2, n_layers=1, d_ff=32, context=16, batch_size=4, max_steps=3,
                                eval_every=3, eval_segments=2, dropout=0.5, sample_tokens=5, stream_eval=False,
@@ -66,6 +82,11 @@ WORKER = textwrap.dedent('''
         fit("shakespeare", "favor-delta:m=8", config, 1, device, checkpoint_path=f"{out}/cut.pt", distributed=context)
         with open(f"{out}/resume{context.rank}.json", "w") as handle:
             json.dump({"whole": whole, "resumed": masks}, handle)
+    elif sys.argv[4:] == ["solo-resume"]:  # the one-process checkpoint of solo-cut, resumed by 2 ranks
+        config = dataclasses.replace(config, max_steps=4, checkpoint_every=2)
+        fit("shakespeare", "linear", config, 1, device, checkpoint_path=f"{out}/solo.pt", distributed=context)
+        with open(f"{out}/solo{context.rank}.json", "w") as handle:
+            json.dump(masks, handle)
     else:
         result = fit("shakespeare", "favor-delta:m=8", config, 1, device, distributed=context)
         with open(f"{out}/rank{context.rank}.json", "w") as handle:
@@ -80,8 +101,9 @@ WORKER = textwrap.dedent('''
 ''')
 
 
-def run_two_ranks(tmp_path, *mode: str) -> None:
-    """The worker script under torchrun, 2 processes, on the fake corpus; results in ``tmp_path``."""
+def run_two_ranks(tmp_path, *mode: str, nproc: int | None = 2) -> None:
+    """The worker script under torchrun, ``nproc`` processes (``None``: one, without torchrun), on the
+    fake corpus; results in ``tmp_path``."""
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     (data / "input.txt").write_text(TEXT)
@@ -89,9 +111,9 @@ def run_two_ranks(tmp_path, *mode: str) -> None:
     script.write_text(WORKER)
     sha256 = hashlib.sha256(TEXT.encode()).hexdigest()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-         str(data), sha256, str(tmp_path), *mode],
+        [sys.executable, *launcher, str(script), str(data), sha256, str(tmp_path), *mode],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -117,3 +139,15 @@ def test_a_resumed_run_continues_each_ranks_own_dropout_stream(tmp_path):
     for rank in (rank0, rank1):
         assert len(rank["whole"]) == 6 and rank["resumed"] == rank["whole"]
     assert all(a != b for a, b in zip(rank0["resumed"], rank1["resumed"]))
+
+
+@pytest.mark.slow
+def test_two_ranks_resuming_a_one_process_checkpoint_draw_their_own_masks(tmp_path):
+    """A run killed on one process and resumed under torchrun (the same run id, so the same checkpoint
+    file): the file holds no rank streams, and every rank restored its global stream, so both ranks
+    drew the same dropout masks from the resumed step on (6 of 6 equal). Rank 1 now starts its own."""
+    run_two_ranks(tmp_path, "solo-cut", nproc=None)
+    run_two_ranks(tmp_path, "solo-resume")
+    rank0, rank1 = (json.loads((tmp_path / f"solo{r}.json").read_text()) for r in (0, 1))
+    assert len(rank0) == len(rank1) == 6  # steps 3 and 4, 3 dropout calls a step
+    assert all(a != b for a, b in zip(rank0, rank1)), "two ranks drew the same dropout mask after resuming"

@@ -192,3 +192,56 @@ def test_a_relative_data_dir_in_the_environment_reaches_the_workers_as_the_drive
     with started_cluster(tmp_path) as address:
         record = drive(tmp_path, GRID, address, {DATA_DIR_ENV: "data", CACHE_DIR_ENV: "driver-cache"})
     assert record["steps"] == 4
+
+
+MODULE_GRID = """
+name = "ray-python-path"
+task = "retrieval"
+variant_modules = ["ray_path_variants"]
+
+[profiles.quick]
+variant = "halved-relu"
+seed = 1
+S = 4
+d_key = 8
+batch_size = 4
+max_steps = 2
+eval_every = 2
+eval_sequences = 2
+"""
+
+MODULE = '''
+import torch
+from fwbench.variants import FeatureMap, register_feature_map
+
+
+class HalvedReLU(FeatureMap):
+    """phi(x) = relu(x) / 2: (B, H, T, d_key) -> (B, H, T, d_key)."""
+
+    @classmethod
+    def output_size(cls, d_key):
+        return d_key
+
+    @property
+    def d_dot(self):
+        return self.d_key
+
+    def forward(self, x):
+        return torch.relu(x) / 2
+
+
+register_feature_map("halved-relu", HalvedReLU, description="relu / 2", source="test")
+'''
+
+
+@pytest.mark.slow
+def test_a_variant_module_on_the_drivers_python_path_is_found_on_the_workers(tmp_path):
+    """``PYTHONPATH=pkgs fwbench run GRID --launcher ray --ray-address …`` with a grid naming the module
+    ``ray_path_variants`` found there: the driver imported it, but the workers of a cluster started
+    elsewhere had no such path, and every run failed ("No module named 'ray_path_variants'")."""
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / "ray_path_variants.py").write_text(MODULE)
+    path = os.pathsep.join(["pkgs", *filter(None, [os.environ.get("PYTHONPATH")])])
+    with started_cluster(tmp_path) as address:
+        record = drive(tmp_path, MODULE_GRID, address, {"PYTHONPATH": path})
+    assert record["variant"]["spec"] == "halved-relu" and record["steps"] == 2

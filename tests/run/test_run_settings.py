@@ -142,3 +142,21 @@ def test_a_directory_of_a_user_that_does_not_exist_is_one_line_naming_the_variab
         data_dir_candidates(None)
     with pytest.raises(CorpusError, match=r"^--data-dir: got '~nosuchuser-fwbench/x'"):
         data_dir_candidates("~nosuchuser-fwbench/x")
+
+
+def test_a_ray_worker_gets_the_drivers_python_path_made_absolute(tmp_path):
+    """``PYTHONPATH=pkgs`` on the driver, where a grid's ``variant_modules = ["my_pkg.attention"]`` is
+    found: a worker of a cluster started elsewhere lacked it and failed every run ("No module named").
+    Each entry travels absolute (an empty one is the driver's working directory, as for Python), ahead
+    of the cluster's own."""
+    import os
+
+    from fwbench.run.launchers import ray_worker_env
+
+    cwd = str(tmp_path)
+    path = os.pathsep.join(["pkgs", "", "/abs/lib", "../up"])
+    assert ray_worker_env(3, {"PYTHONPATH": path}, cwd) == {
+        "OMP_NUM_THREADS": "3",
+        "PYTHONPATH": os.pathsep.join([f"{cwd}/pkgs", cwd, "/abs/lib", str(tmp_path.parent / "up"), "${PYTHONPATH}"]),
+    }
+    assert ray_worker_env(1, {}, cwd) == ray_worker_env(1, {"PYTHONPATH": ""}, cwd) == {"OMP_NUM_THREADS": "1"}

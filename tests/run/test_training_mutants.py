@@ -24,11 +24,11 @@ from fwbench.run.optimization import noam_factor
 from fwbench.run.training import (
     EVAL_SEED_OFFSET,
     FEATURE_SEED_OFFSET,
-    RANK_SEED_OFFSET,
     LoopState,
     _rank_rng,
     _Training,
     fit,
+    rank_stream_seed,
     redraw_random_features,
 )
 from fwbench.variants import Favor, NonFiniteError, build_attention
@@ -317,7 +317,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_as_the_uninterrupted_one(task, t
 
 def test_a_rank_above_0_reseeds_its_dropout_stream_after_building_the_model(task):
     _Training("recording", "x", RecordingConfig(), SEED, CPU, True, FakeRanks(rank=1), None)
-    assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(SEED + RANK_SEED_OFFSET).get_state())
+    assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(rank_stream_seed(SEED, 1)).get_state())
     assert torch.equal(task.models[0].linear.weight, _seeded_weight(SEED))  # the same initial weights on every rank
 
 
@@ -382,13 +382,42 @@ def test_a_resumed_rank_continues_its_own_dropout_stream(task, tmp_path):
     assert torch.equal(_resume_with(task, tmp_path, streams, FakeRanks(rank=1)), streams[1]["torch"])
 
 
-@pytest.mark.parametrize("distributed", [None, FakeRanks(rank=1, world_size=3)], ids=["one process", "other size"])
+@pytest.mark.parametrize("distributed", [None, FakeRanks(rank=0, world_size=3)], ids=["one process", "rank 0"])
 def test_rank_streams_of_another_group_size_are_not_restored(task, tmp_path, distributed):
-    """Resumed on one process, or on 3 ranks from a 2-rank checkpoint: the saved global stream."""
+    """Resumed on one process, or as rank 0 of 3 ranks from a 2-rank checkpoint: the saved global stream."""
     streams = [{"torch": torch.Generator().manual_seed(seed).get_state()} for seed in (10, 11)]
     path = tmp_path / "run.pt"
     after = _resume_with(task, tmp_path, streams, distributed)
     assert torch.equal(after, torch.load(path, weights_only=True)["rng"]["torch"])
+
+
+@pytest.mark.parametrize("ranks, rank", [(None, 1), (2, 1), (2, 2)], ids=["one-process file", "2 to 3, rank 1", "2 to 3, rank 2"])
+def test_a_rank_without_its_stream_in_the_checkpoint_starts_its_own_not_rank_0s(task, tmp_path, ranks, rank):
+    """A checkpoint of one process (no rank streams), or of 2 ranks, resumed on 3 ranks: every rank
+    took the file's global stream (rank 0's), so all ranks drew the same dropout masks from the resumed
+    step on (6 of 6 equal in a 2-rank LM run resumed from a one-process checkpoint). A rank above 0
+    starts the stream of its rank at the resumed step (2) instead."""
+    streams = None if ranks is None else [{"torch": torch.Generator().manual_seed(s).get_state()} for s in range(ranks)]
+    after = _resume_with(task, tmp_path, streams, FakeRanks(rank=rank, world_size=3))
+    assert not torch.equal(after, torch.load(tmp_path / "run.pt", weights_only=True)["rng"]["torch"])
+    assert torch.equal(after, torch.Generator().manual_seed(rank_stream_seed(SEED, rank, 2)).get_state())
+
+
+def test_a_ranks_stream_is_no_stream_of_another_seed_or_rank():
+    """``seed + rank · 3_000_017`` gave rank 1 of seed s the stream of seed s + 3_000_017 (its data and
+    initial weights) and rank 2 of seed s that of rank 1 of seed s + 3_000_017. torch's CPU generator
+    reads the seed's low 32 bits, so those are compared: rank streams of seeds 0-199, ranks 1-7 and
+    steps 0-4 are all distinct and at least 2**31, above every stream of a run seeded below
+    2**31 - 2_000_003."""
+    low = [rank_stream_seed(seed, rank, step) % 2**32 for seed in range(200) for rank in range(1, 8) for step in range(5)]
+    assert len(set(low)) == len(low) and min(low) >= 2**31
+    one, two = torch.Generator(), torch.Generator()
+    one.manual_seed(rank_stream_seed(1, 1))
+    two.manual_seed(1 + 3_000_017)
+    assert not torch.equal(torch.rand(8, generator=one), torch.rand(8, generator=two))
+    assert rank_stream_seed(5, 1) != rank_stream_seed(5, 2) != rank_stream_seed(6, 1)
+    with pytest.raises(ValueError, match="seed, rank, step: got 1, -1, 0"):
+        rank_stream_seed(1, -1)
 
 
 def test_rank_rng_adds_the_cuda_stream_of_the_ranks_device(monkeypatch):
