@@ -24,7 +24,7 @@ from fwbench.run.store import ResultsStore
 from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'fwbench[ray]'")
-psutil = pytest.importorskip("psutil", reason="comes with Ray; used to stop only this test's cluster")
+psutil = pytest.importorskip("psutil", reason="in the dev extra (pip install -e '.[dev]'); stops only this test's cluster")
 
 REAL_DATA_DIR = os.environ.get(DATA_DIR_ENV)
 #: A throw-away cluster on this machine, for the test only: no token to share between it and the driver.
