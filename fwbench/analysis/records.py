@@ -151,6 +151,8 @@ def _mistyped_fields(record: dict) -> list[str]:
         wrong.append("variant.d_dot")
     wrong += [name for name, kind in OPTIONAL_RECORD_FIELDS.items()
               if record.get(name) is not None and not _is(record[name], kind)]
+    if record["status"] == "diverged" and not _is(record.get("diverged_at"), int) and "diverged_at" not in wrong:
+        wrong.append("diverged_at")  # the report names the step of every divergence (build_record writes it)
     curve = record.get("curve")
     if isinstance(curve, list) and not all(isinstance(point, dict) and _is(point.get("step"), int) and all(
             value is None or _is(value, NUMBER) for value in point.values()) for point in curve):

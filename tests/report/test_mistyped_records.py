@@ -92,6 +92,16 @@ def test_a_record_mistyped_below_the_top_level_is_skipped_naming_the_field(task,
     assert problems == [f"runs.jsonl: record '{task}:{path}' skipped: no run record (missing or mistyped: {named})"]
 
 
+def test_a_diverged_record_without_its_step_is_skipped():
+    """A diverged Setting 2 run whose record has no ``diverged_at`` (null): the report lists every
+    divergence with its step, and raised TypeError: int() argument must be ... not 'NoneType'."""
+    record = {**changed("retrieval", "config.setting", 2), "status": "diverged", "diverged_at": None}
+    _, problems = readable_run_records([record], "runs.jsonl")
+    assert problems == ["runs.jsonl: record 'retrieval:config.setting' skipped: no run record "
+                        "(missing or mistyped: diverged_at)"]
+    assert readable_run_records([{**record, "diverged_at": 3}], "runs.jsonl")[1] == []
+
+
 @pytest.mark.parametrize("task", ["retrieval", "mqar", "shakespeare"])
 def test_records_as_fwbench_writes_them_are_read(task):
     """No false alarm: the record of each task, also with its optional fields null or absent (a run that
