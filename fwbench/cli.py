@@ -305,7 +305,11 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
 def _cmd_capacity(args: argparse.Namespace) -> int:
     from fwbench.analysis.capacity import capacity_intervals, describe, write_capacity_csv
-    from fwbench.analysis.claims import claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot
+    from fwbench.analysis.claims import (
+        claim_dpfp_capacity_grows_with_nu,
+        claim_sum_rule_failure_scales_with_d_dot,
+        without_failed_runs,
+    )
     from fwbench.analysis.records import readable_run_records, records_frame
     from fwbench.analysis.verdicts import leaning_note
     from fwbench.report.interval_figures import capacity_vs_d_dot_figure, official_capacities
@@ -344,7 +348,7 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
               f"capacity {describe(row)}")
     print(f"capacities written to {csv}, figure to {figure}")
     for claim in (claim_dpfp_capacity_grows_with_nu, claim_sum_rule_failure_scales_with_d_dot):
-        result = claim(frame)
+        result = claim(without_failed_runs(frame))  # a run that raised is no evidence, as in the report
         print(f"{result.id} {result.verdict}{leaning_note(result)}: {result.measured}\n    evidence: {result.evidence}")
     return 0
 

@@ -1617,6 +1617,18 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C178")
+def _(ctx):  # a run record but for one field below the top level (config.S a string)
+    from dataclasses import asdict
+
+    from fwbench.tasks import RetrievalConfig
+
+    record = {"run_id": "x", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1, "status": "max_steps",
+              "steps": 10, "wall_s": 1.0, "config": {**asdict(RetrievalConfig()), "S": "3"},
+              "metrics": {"best_eval_loss": 0.5}}
+    return report_on_unreadable_lines(ctx, json.dumps(record) + "\n", 1, "")
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pandas as pd
@@ -38,19 +39,167 @@ COMMON_METRICS = ("best_eval_loss", "final_eval_loss", "best_step")
 RUN_RECORD_FIELDS = {"task": str, "variant": dict, "seed": int, "status": str, "steps": int,
                      "wall_s": (int, float), "config": dict, "metrics": dict}
 
+#: The fields :func:`records_frame` reads where a record holds them, each absent, null or of its type.
+OPTIONAL_RECORD_FIELDS = {"grid": str, "diverged_at": int, "diverged_reason": str, "steps_per_s": (int, float),
+                          "tokens_per_s": (int, float), "started_at": str, "ended_at": str, "environment": dict,
+                          "curve": list, "final_evaluation": dict}
+
+#: The ``environment`` entries :func:`records_frame` reads (``run.environment``), each absent, null or of its type.
+ENVIRONMENT_FIELDS = {"device": str, "torch": str, "threads": int, "device_name": str, "python": str,
+                      "git_commit": str}
+
+#: The frame's own columns (:func:`records_frame`): a config or metrics key of one of these names would
+#: overwrite the record's value (``config: {"status": 5}`` replaced the run's status).
+FRAME_COLUMNS = frozenset({"run_id", "grid", "task", "variant", "d_dot", "seed", "status", "diverged_at",
+                           "diverged_reason", "steps", "wall_s", "steps_per_s", "device", "torch", "threads",
+                           "machine", "python", "commit", "started_at", "ended_at", "tokens_per_s", "curve",
+                           "final_evaluation"})
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    """Whether ``value`` is a ``kind`` as the report computes with it: a bool is no number, and an
+    integer beyond a float's range (json reads a number written as 400 digits as an int) is none either:
+    the report converts its numbers to float (OverflowError: int too large to convert to float)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, int) and abs(value) > 2**1023:  # float() overflows a little above; no metric is near
+        return False
+    return isinstance(value, kinds)
+
+
+
+#: What the LM report reads of a record's ``final_evaluation`` (``lm_section``, ``lm_figures``, ``claims_lm``),
+#: each part optional: a key's type, ``[kind]`` a non-empty list of them, ``[[kind]]`` of pairs of them.
+NUMBER = (int, float)
+FINAL_EVALUATION_PARTS = {
+    "long_context": {"buckets": [[int]], "tokens": int, "carried_ppl": [NUMBER], "reset_ppl": [NUMBER],
+                     "carried_ppl_all": NUMBER, "reset_ppl_all": NUMBER},
+    "carried_lengths": {"lengths": [int], "ppl": [NUMBER], "ppl_ratio": [NUMBER], "tokens": int},
+    "sample": {"text": str, "prompt": str, "temperature": NUMBER, "seed": int},
+}
+
+
+def _fits(value: object, shape: object) -> bool:
+    """Whether ``value`` has ``shape`` (:data:`FINAL_EVALUATION_PARTS`' notation); a number may be null
+    (written so for being NaN or inf, restored by :func:`restore_non_finite` where the record says so)."""
+    if isinstance(shape, dict):
+        return isinstance(value, dict) and all(key in value and _fits(value[key], part) for key, part in shape.items())
+    if isinstance(shape, list):
+        if shape[0] == [int]:  # pairs
+            return isinstance(value, list) and bool(value) and all(
+                isinstance(pair, list) and len(pair) == 2 and all(_is(x, int) for x in pair) for pair in value)
+        return isinstance(value, list) and bool(value) and all(_fits(x, shape[0]) for x in value)
+    return (value is None and shape is NUMBER) or _is(value, shape)
+
+
+def _final_evaluation_problems(evaluation: dict) -> list[str]:
+    """The parts of a ``final_evaluation`` the LM report cannot read (``final_evaluation.long_context``, ...):
+    a part of another shape, or lists the report zips that differ in length."""
+    wrong = []
+    for name, shape in FINAL_EVALUATION_PARTS.items():
+        part = evaluation.get(name)
+        if name not in evaluation or (part is None and name != "long_context"):
+            continue  # not measured (carried_lengths and sample are read only where truthy)
+        if not _fits(part, shape):
+            wrong.append(f"final_evaluation.{name}")
+        elif name == "long_context" and not len(part["buckets"]) == len(part["carried_ppl"]) == len(part["reset_ppl"]):
+            wrong.append(f"final_evaluation.{name}")
+        elif name == "carried_lengths" and len(part["lengths"]) != len(part["ppl"]):
+            wrong.append(f"final_evaluation.{name}")
+    return wrong
+
+@cache
+def _config_field_types() -> dict[str, dict[str, tuple[type | tuple[type, ...], bool]]]:
+    """Per task, each config field's (type, whether null is allowed), from the task's config dataclass
+    (``build_record`` writes ``asdict`` of it: every field, of its type; a float field may hold an int)."""
+    from dataclasses import fields
+
+    from fwbench.tasks import TASKS
+
+    names = {"int": int, "float": float, "str": str, "bool": bool}
+    out = {}
+    for task, definition in TASKS.items():
+        types = {}
+        for f in fields(definition.config_class):
+            text = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            kind = names.get(text.split("|")[0].strip(), str)
+            types[f.name] = ((int, float) if kind is float else kind, "None" in text)
+        out[task] = types
+    return out
+
+
+@cache
+def _config_defaults() -> dict[str, dict[str, object]]:
+    """Per task, its config dataclass's defaults: what a field a record lacks was for its run."""
+    from dataclasses import asdict
+
+    from fwbench.tasks import TASKS
+
+    return {task: asdict(definition.config_class()) for task, definition in TASKS.items()}
+
+
+def _mistyped_fields(record: dict) -> list[str]:
+    """The names (dotted below the top level) of the fields of ``record`` (its non-finite values restored)
+    that :func:`records_frame` and the report cannot read: missing or of another type than fwbench writes."""
+    wrong = [name for name, kind in RUN_RECORD_FIELDS.items() if not _is(record.get(name), kind)]
+    if wrong:
+        return wrong
+    if not isinstance(record["variant"].get("spec"), str):
+        wrong.append("variant.spec")
+    if record["variant"].get("d_dot") is not None and not _is(record["variant"]["d_dot"], int):
+        wrong.append("variant.d_dot")
+    wrong += [name for name, kind in OPTIONAL_RECORD_FIELDS.items()
+              if record.get(name) is not None and not _is(record[name], kind)]
+    if record["status"] == "diverged" and not _is(record.get("diverged_at"), int) and "diverged_at" not in wrong:
+        wrong.append("diverged_at")  # the report names the step of every divergence (build_record writes it)
+    curve = record.get("curve")
+    if isinstance(curve, list) and not all(isinstance(point, dict) and _is(point.get("step"), int) and all(
+            value is None or _is(value, NUMBER) for value in point.values()) for point in curve):
+        wrong.append("curve")  # points {step, train_loss, eval_loss, ...}, drawn by the LM figure
+    if isinstance(record.get("final_evaluation"), dict):
+        wrong += _final_evaluation_problems(record["final_evaluation"])
+    environment = record.get("environment")
+    if isinstance(environment, dict):
+        wrong += [f"environment.{name}" for name, kind in ENVIRONMENT_FIELDS.items()
+                  if environment.get(name) is not None and not _is(environment[name], kind)]
+    # metrics: numbers (null where never measured); a string or a list made the report raise
+    wrong += [f"metrics.{name}" for name, value in record["metrics"].items()
+              if name in FRAME_COLUMNS or not (value is None or _is(value, (int, float)))]
+    config, types = record["config"], _config_field_types().get(record["task"])
+    if types is None:  # a task fwbench does not know: no table reads it; scalars that shadow no column
+        wrong += [f"config.{name}" for name, value in config.items()
+                  if name in FRAME_COLUMNS or not (value is None or _is(value, (str, int, float, bool)))]
+        return wrong
+    # a task's config: each field of its dataclass that the record holds, of its type (an S of "3" or null
+    # made the report raise); a field it lacks is the dataclass's default, as the run's own config is
+    # (``RunSpec.task_config``: config_class(**config)), and :func:`records_frame` reads it so; another key
+    # is read as a column too, so it must be a scalar that overwrites none of the record's own (a
+    # ``status`` there replaced the run's status)
+    for name, value in config.items():
+        if name not in types:
+            if name in FRAME_COLUMNS or not (value is None or _is(value, (str, int, float, bool))):
+                wrong.append(f"config.{name}")
+            continue
+        kind, nullable = types[name]
+        if not (_is(value, kind) or (nullable and value is None)):
+            wrong.append(f"config.{name}")
+    return wrong
+
 
 def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:
     """(the records :func:`records_frame` can read, a ``SOURCE: record 'ID' skipped: ...`` problem for each
-    other one). A record of ``source`` (runs.jsonl) missing a field of :data:`RUN_RECORD_FIELDS`, or holding
-    it as another type (a hand-edited line, another tool's JSON), made ``fwbench report`` a traceback
-    (KeyError: 'task'); it is skipped and counted as the store skips a line that is not a record."""
+    other one). A record of ``source`` (runs.jsonl) missing a field that :func:`records_frame` or the report
+    reads, or holding it as another type (a hand-edited line, another tool's JSON), made ``fwbench report``
+    a traceback (KeyError: 'task'; below the top level: a metric or ``config.S`` that is a string, a
+    ``config.d_model`` missing, an ``environment`` that is null, a ``wall_s`` of 400 digits); it is skipped
+    and counted as the store skips a line that is not a record. Checked: :data:`RUN_RECORD_FIELDS`,
+    :data:`OPTIONAL_RECORD_FIELDS`, :data:`ENVIRONMENT_FIELDS`, every metric a number or null, and the
+    config of a known task exactly the fields of its config dataclass, each of its type."""
     readable, problems = [], []
     for record in records:
         restored = restore_non_finite(record)  # a field written as null for being NaN is the float it was
-        wrong = [name for name, kind in RUN_RECORD_FIELDS.items()
-                 if isinstance(restored.get(name), bool) or not isinstance(restored.get(name), kind)]
-        if not wrong and not isinstance(record["variant"].get("spec"), str):
-            wrong = ["variant.spec"]
+        wrong = _mistyped_fields(restored)
         if wrong:
             problems.append(f"{source}: record {record['run_id']!r} skipped: no run record "
                             f"(missing or mistyped: {', '.join(wrong)})")
@@ -79,24 +228,24 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     (:func:`~fwbench.run.strict_json.restore_non_finite`): an overflowed perplexity is inf, not missing."""
     rows = []
     for r in map(restore_non_finite, records):  # values written as null because they were inf or NaN
+        environment = r.get("environment") or {}  # null is no environment (readable_run_records allows it)
         row = {
             "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
             "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],
             # the report names the step of every divergence (it crashed on a diverged run without them)
             "diverged_at": r.get("diverged_at"), "diverged_reason": r.get("diverged_reason"),
             "steps": r["steps"], "wall_s": r["wall_s"], "steps_per_s": r.get("steps_per_s"),
-            "device": r.get("environment", {}).get("device"),
-            "torch": r.get("environment", {}).get("torch"),
-            "threads": r.get("environment", {}).get("threads"),
-            "machine": r.get("environment", {}).get("device_name"),
-            "python": r.get("environment", {}).get("python"),
-            "commit": r.get("environment", {}).get("git_commit"),
+            "device": environment.get("device"), "torch": environment.get("torch"),
+            "threads": environment.get("threads"), "machine": environment.get("device_name"),
+            "python": environment.get("python"), "commit": environment.get("git_commit"),
             "started_at": r.get("started_at"), "ended_at": r.get("ended_at"),
             "tokens_per_s": r.get("tokens_per_s"),
             "curve": r.get("curve"),
             "final_evaluation": r.get("final_evaluation"),
         }
-        row.update(r["config"])
+        # a config field the record lacks (a store older than the field, a hand-made record) is its default,
+        # as for the run itself: a missing MQAR d_model was NaN in a column the table casts to int
+        row.update({**_config_defaults().get(r["task"], {}), **r["config"]})
         row.update(r["metrics"])
         if r["status"] == "diverged" and row.get("best_eval_loss") is None:
             # diverged before its first evaluation: never measured (null in the record); a number here

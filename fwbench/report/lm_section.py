@@ -57,7 +57,8 @@ def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
             "bits below unigram": _number(row.get("unigram_bpc", math.nan) - row.get("val_bpc", math.nan), 2),
             "carried ÷ per-segment ppl": _number(
                 row.get("stream_ppl", math.nan) / row.get("stream_reset_ppl", math.nan), 3),
-            "tokens/s": _number(row.get("tokens_per_s"), 0), "parameters": f"{int(row['parameters']):,}",
+            # a failed run (failed_record: metrics {}) counted no parameters: '—', as its other numbers
+            "tokens/s": _number(row.get("tokens_per_s"), 0), "parameters": _number(row.get("parameters"), 0),
             "steps": int(row["steps"]), "status": row["status"], "wall (s)": _number(row["wall_s"], 0),
         })
     return pd.DataFrame(table)

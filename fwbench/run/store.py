@@ -133,7 +133,7 @@ class ResultsStore:
         problems = []
         with open(self.path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
-                text = raw.decode("utf-8", errors="replace").strip()
+                text = _line_text(raw, first=number == 1)
                 if not text:
                     continue
                 try:
@@ -214,7 +214,7 @@ class ResultsStore:
                 start -= block
             handle.seek(start)
             fragment = handle.read()
-            if _is_record(fragment):  # complete but for its newline: keep it
+            if _is_record(fragment, first=start == 0):  # complete but for its newline: keep it
                 handle.write(b"\n")
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -259,10 +259,21 @@ class ResultsStore:
             self._claims_fd = None
 
 
-def _is_record(raw: bytes) -> bool:
-    """Whether ``raw`` is one whole record: a JSON object with a string ``run_id``."""
+def _line_text(raw: bytes, first: bool) -> str:
+    """One line of the records file as text, without surrounding whitespace (CRLF included) and, on the
+    file's first line, without a UTF-8 byte order mark: an editor that saves UTF-8 with one (Windows
+    Notepad did) left the first record unreadable to json ("Unexpected UTF-8 BOM"), so it was skipped as
+    corrupt and its run trained again (RFC 8259 8.1: a parser may ignore the mark)."""
+    text = raw.decode("utf-8", errors="replace")
+    return (text.removeprefix("\ufeff") if first else text).strip()
+
+
+def _is_record(raw: bytes, first: bool = False) -> bool:
+    """Whether ``raw`` is one whole record: a JSON object with a string ``run_id`` (``first``: the file's
+    first line, whose byte order mark :func:`_line_text` ignores)."""
     try:
-        record = json.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        record = json.loads(text.removeprefix("\ufeff") if first else text)
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors; see _load_unlocked
         return False
     return isinstance(record, dict) and isinstance(record.get("run_id"), str)

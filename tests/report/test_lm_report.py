@@ -55,3 +55,30 @@ def test_with_an_lr_sweep_every_legend_entry_and_row_names_its_lr(monkeypatch, t
 def test_one_learning_rate_keeps_the_labels_short(monkeypatch):
     labels = legend_texts(monkeypatch, lm_figures.learning_curves_figure, sweep(rates=(6e-3,)))
     assert labels[0] == "linear (seed 1)" and not any("lr" in t for t in labels)
+
+
+def test_the_report_of_a_language_model_grid_with_a_failed_run(tmp_path):
+    """A run of the LM grid that raised is stored by ``failed_record`` (metrics {}: no parameter count);
+    the per-run table read ``int(row['parameters'])``: ``fwbench report`` raised KeyError: 'parameters'
+    where every LM run failed and ValueError: cannot convert float NaN to integer beside a finished one
+    (0a3aabb's kind, a store whose runs failed, in the LM section). Now the failed run's row reads
+    '—' for its parameters, as for its perplexities, and the finished run's count is as before."""
+    import json
+
+    from fwbench.cli import main
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.launchers import failed_record
+
+    failing, finished = expand(load_grid("shakespeare"), "smoke")[:2]
+    record = failed_record(failing, "RuntimeError: boom")
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    table = (out / "REPORT.md").read_text().split("| variant | rule |")[1].split("\n\n")[0]
+    assert f"| {failing.variant} |" in table and "| — | 0 | failed |" in table
+    row = {**lm_run(finished.variant, 6e-3, 1), "parameters": 11650}
+    frame = pd.concat([pd.DataFrame([row]), pd.DataFrame([{**lm_run(failing.variant, 6e-3, 1), "status": "failed",
+                                                            "parameters": float("nan"), "steps": 0}])])
+    table = variant_table(frame)  # rows by variant: linear, then softmax
+    assert (table["variant"].tolist(), table["parameters"].tolist()) == (["linear", "softmax"], ["11,650", "—"])

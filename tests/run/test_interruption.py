@@ -228,3 +228,24 @@ def test_claim_is_exclusive_between_processes_and_released_when_the_holder_dies(
     with store.claim("abc123", wait=False) as claimed:  # the kernel released the dead holder's claim
         assert claimed
     store.close()
+
+
+@pytest.mark.parametrize("terminated", [True, False], ids=["with newline", "torn tail"])
+def test_a_byte_order_mark_before_the_first_record_is_ignored(tmp_path, terminated):
+    """A store saved by an editor that writes UTF-8 with a byte order mark (b'\\xef\\xbb\\xbf' before the
+    first record): json refuses it ("Unexpected UTF-8 BOM"), so the first record was skipped as corrupt
+    ('runs.jsonl:1: corrupt or truncated record skipped'), its run trained again and stored a second
+    time; as the only, unterminated line it was set aside to runs.jsonl.torn by the next append. Now it
+    is read (RFC 8259 8.1 lets a parser ignore the mark), and kept whole by the append."""
+    store = ResultsStore(tmp_path)
+    first = json.dumps({"run_id": "a", "status": "converged"}).encode()
+    store.path.write_bytes(b"\xef\xbb\xbf" + first + (b"\n" if terminated else b""))
+    loaded = store.load()
+    assert loaded.problems == [] and [r["run_id"] for r in loaded.records] == ["a"]
+    assert store.finished_ids() == {"a"}
+    assert store.append({"run_id": "b", "status": "converged"})
+    assert not (tmp_path / "runs.jsonl.torn").exists()
+    assert [r["run_id"] for r in store.load().records] == ["a", "b"] and store.load().problems == []
+    # a mark anywhere but the file's start is no mark: that line stays unreadable, and is named
+    store.path.write_bytes(first + b"\n\xef\xbb\xbf" + first.replace(b'"a"', b'"c"') + b"\n")
+    assert store.load().problems == [f"{store.path}:2: corrupt or truncated record skipped"]

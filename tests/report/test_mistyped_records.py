@@ -1,0 +1,153 @@
+"""A run record whose fields below the top level are missing or of another type than fwbench writes
+(a hand-edited runs.jsonl, another tool's JSON) is skipped and named by ``fwbench report``, as a record
+missing a top-level field is (82ebd65); the report read them unchecked and raised a traceback.
+
+Found by a break-it of 82ebd65 / 02f852d: 59 hand-made lines appended to a store of 27 real runs
+(retrieval, MQAR, LM), ``fwbench report`` on each: 21 tracebacks, e.g. ``config.S = "3"`` (TypeError:
+'<' not supported between instances of 'str' and 'int'), ``environment: null`` (AttributeError:
+'NoneType' object has no attribute 'get'), ``wall_s`` written as 400 digits (OverflowError),
+``final_evaluation.long_context`` of 3 buckets and 2 perplexities (ValueError: zip() argument 2 is
+shorter than argument 1), an MQAR record without ``config.d_model`` (IntCastingNaNError)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict
+
+import pytest
+
+from fwbench.analysis.records import readable_run_records, records_frame
+from fwbench.cli import main
+from fwbench.tasks import MQARConfig, RetrievalConfig, ShakespeareConfig
+
+ENVIRONMENT = {"device": "cpu", "torch": "2.13.0+cpu", "threads": 1, "device_name": "CPU", "python": "3.11.7",
+               "git_commit": "0000000"}
+
+
+def run_record(task: str, run_id: str = "r1") -> dict:
+    """A record as ``build_record`` writes it (every config field; the metrics the report reads)."""
+    config = {"retrieval": RetrievalConfig(S=3, d_key=4), "mqar": MQARConfig(d_model=8),
+              "shakespeare": ShakespeareConfig()}[task]
+    metrics = {"best_eval_loss": 0.5, "final_eval_loss": 0.6, "best_step": 5, "parameters": 96}
+    record = {"run_id": run_id, "grid": "g", "task": task, "seed": 1, "status": "max_steps", "steps": 10,
+              "wall_s": 1.5, "steps_per_s": 6.7, "tokens_per_s": 160.0, "started_at": "2026-12-06T06:59:16+00:00",
+              "ended_at": "2026-12-06T06:59:18+00:00", "diverged_at": None, "diverged_reason": None,
+              "variant": {"spec": "linear", "d_dot": 4}, "config": asdict(config), "metrics": metrics,
+              "environment": dict(ENVIRONMENT),
+              "curve": [{"step": 5, "train_loss": 0.4, "eval_loss": 0.5}], "final_evaluation": None}
+    if task != "shakespeare":
+        metrics.update(best_eval_accuracy=0.5, final_eval_accuracy=0.25)
+    else:
+        metrics.update(best_eval_bpc=4.8, best_eval_ppl=28.0, val_loss=3.3, val_bpc=4.8, val_ppl=28.0)
+        record["final_evaluation"] = {
+            "long_context": {"buckets": [[0, 64], [64, 128]], "tokens": 128, "carried_ppl": [20.0, 19.0],
+                             "reset_ppl": [21.0, 20.0], "carried_ppl_all": 19.5, "reset_ppl_all": 20.5},
+            "carried_lengths": {"lengths": [64, 256], "ppl": [20.0, 21.0], "ppl_ratio": [1.0, 1.05], "tokens": 64},
+            "sample": {"text": "It is", "prompt": "It", "temperature": 1.0, "seed": 1, "tokens": 3}}
+    return record
+
+
+def changed(task: str, path: str, value=None, *, drop: bool = False) -> dict:
+    """``run_record(task)`` with the field at the dotted ``path`` set to ``value`` (or removed)."""
+    record = copy.deepcopy(run_record(task, run_id=f"{task}:{path}"))
+    *parents, last = path.split(".")
+    container = record
+    for part in parents:
+        container = container[int(part)] if isinstance(container, list) else container[part]
+    if drop:
+        del container[last]
+    else:
+        container[last] = value
+    return record
+
+
+#: (task, field, value): each made ``fwbench report`` raise; the field each is named by
+MISTYPED = [
+    ("retrieval", "config.S", "3"),                              # TypeError: '<' between str and int
+    ("retrieval", "config.S", None),                             # ValueError: cannot convert float NaN to integer
+    ("retrieval", "config.status", 5),                           # overwrote the run's status: TypeError
+    ("shakespeare", "config.lr", "fast"),                        # ValueError: could not convert string to float
+    ("retrieval", "metrics.best_eval_loss", [0.5]),              # ValueError: setting an array element ...
+    ("mqar", "metrics.best_eval_accuracy", "x"),                 # ValueError: could not convert string to float
+    ("retrieval", "metrics.best_eval_loss", 10**400),            # OverflowError: int too large to convert
+    ("retrieval", "wall_s", 10**400),                            # OverflowError
+    ("retrieval", "variant.d_dot", "eight"),                     # TypeError: float / str
+    ("retrieval", "environment", [1]),                           # AttributeError: 'list' ... 'get'
+    ("retrieval", "started_at", 5),                              # TypeError: agg function failed
+    ("shakespeare", "tokens_per_s", "x"),                        # ValueError: Unknown format code 'f'
+    ("shakespeare", "curve", [1, 2]),                            # TypeError: argument of type 'int' ...
+    ("shakespeare", "final_evaluation.long_context", {}),        # KeyError: 'buckets'
+    ("shakespeare", "final_evaluation.long_context", None),      # TypeError: 'NoneType' not subscriptable
+    ("shakespeare", "final_evaluation.long_context.carried_ppl", [20.0]),  # zip() argument 2 is shorter
+    ("shakespeare", "final_evaluation.carried_lengths.ppl_ratio", []),     # IndexError
+    ("shakespeare", "final_evaluation.sample.text", 5),          # TypeError: 'int' not subscriptable
+]
+
+
+@pytest.mark.parametrize(("task", "path", "value"), MISTYPED, ids=[f"{t}-{p}-{v!r}"[:60] for t, p, v in MISTYPED])
+def test_a_record_mistyped_below_the_top_level_is_skipped_naming_the_field(task, path, value):
+    named = path if path.startswith("config.") else ".".join(path.split(".")[:2])
+    _, problems = readable_run_records([changed(task, path, value)], "runs.jsonl")
+    assert problems == [f"runs.jsonl: record '{task}:{path}' skipped: no run record (missing or mistyped: {named})"]
+
+
+def test_a_diverged_record_without_its_step_is_skipped():
+    """A diverged Setting 2 run whose record has no ``diverged_at`` (null): the report lists every
+    divergence with its step, and raised TypeError: int() argument must be ... not 'NoneType'."""
+    record = {**changed("retrieval", "config.setting", 2), "status": "diverged", "diverged_at": None}
+    _, problems = readable_run_records([record], "runs.jsonl")
+    assert problems == ["runs.jsonl: record 'retrieval:config.setting' skipped: no run record "
+                        "(missing or mistyped: diverged_at)"]
+    assert readable_run_records([{**record, "diverged_at": 3}], "runs.jsonl")[1] == []
+
+
+@pytest.mark.parametrize("task", ["retrieval", "mqar", "shakespeare"])
+def test_records_as_fwbench_writes_them_are_read(task):
+    """No false alarm: the record of each task, also with its optional fields null or absent (a run that
+    failed has no curve; an environment written as null is no environment) and a NaN metric written as
+    null and listed in ``non_finite``."""
+    records = [run_record(task), changed(task, "environment", None), changed(task, "curve", drop=True),
+               {**changed(task, "metrics.best_eval_loss", None), "non_finite": {"metrics.best_eval_loss": "nan"}}]
+    readable, problems = readable_run_records(records, "runs.jsonl")
+    assert problems == [] and len(readable) == 4
+    frame = records_frame(readable)
+    assert frame["device"].isna().tolist() == [False, True, False, False]  # null environment: no device (was a traceback)
+
+
+def test_every_committed_paper_record_is_read():
+    """The published stores (results/paper*: 150 records of retrieval and LM runs) pass the check whole."""
+    from pathlib import Path
+
+    for store in sorted(Path(__file__).parents[2].glob("results/paper*/runs.jsonl")):
+        records = [json.loads(line) for line in store.read_text().splitlines() if line.strip()]
+        readable, problems = readable_run_records(records, store)
+        assert problems == [] and len(readable) == len(records), store
+
+
+def test_the_report_is_written_beside_mistyped_records_and_names_each(tmp_path):
+    """One store: a readable retrieval run and every record of :data:`MISTYPED`; ``fwbench report`` raised on
+    the first it met (here config.S = "3": TypeError); now it is written, each record under Store problems."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    lines = [run_record("retrieval"), *(changed(*case) for case in MISTYPED)]
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    text = (out / "REPORT.md").read_text()
+    for task, path, _ in MISTYPED:
+        assert f"record '{task}:{path}' skipped: no run record" in text, path
+
+
+def test_a_config_field_the_record_lacks_is_read_as_its_default(tmp_path):
+    """An MQAR record without ``config.d_model`` (a store older than a field, a hand-made record): the run's
+    own config is ``MQARConfig(**config)``, so d_model is the default, 64; the report raised
+    IntCastingNaNError (the d_model column NaN, cast to int by the MQAR table)."""
+    record = changed("mqar", "config.d_model", drop=True)
+    readable, problems = readable_run_records([record], "runs.jsonl")
+    assert problems == [] and records_frame(readable)["d_model"].tolist() == [MQARConfig().d_model] == [64]
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    mqar = (out / "REPORT.md").read_text().split("## Multi-query associative recall")[1].split("\n## ")[0]
+    assert "| 64 | 0.500 |" in mqar
