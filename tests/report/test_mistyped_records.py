@@ -151,3 +151,30 @@ def test_a_config_field_the_record_lacks_is_read_as_its_default(tmp_path):
     assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
     mqar = (out / "REPORT.md").read_text().split("## Multi-query associative recall")[1].split("\n## ")[0]
     assert "| 64 | 0.500 |" in mqar
+
+
+def test_a_config_field_of_a_type_the_check_does_not_know_is_read_whatever_it_holds(monkeypatch):
+    """A task whose config has a field typed ``tuple[int, ...]`` (written as a JSON list): the check knows
+    only int, float, str and bool, and must not skip that task's every record."""
+    from dataclasses import asdict, dataclass, field
+
+    from fwbench.analysis import records
+    from fwbench.tasks import TASKS, RetrievalConfig
+
+    @dataclass(frozen=True)
+    class WithLengths(RetrievalConfig):
+        lengths: tuple[int, ...] = field(default=(1, 2))
+
+    monkeypatch.setattr(TASKS["retrieval"], "config_class", WithLengths)
+    records._config_field_types.cache_clear()
+    records._config_defaults.cache_clear()
+    try:
+        config = {**asdict(WithLengths()), "lengths": [4, 8, 16]}
+        record = {"run_id": "x", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1,
+                  "status": "max_steps", "steps": 10, "wall_s": 1.0, "config": config,
+                  "metrics": {"best_eval_loss": 0.5}}
+        assert records._mistyped_fields(record) == []
+        assert records._mistyped_fields({**record, "config": {**config, "S": "3"}}) == ["config.S"]
+    finally:
+        records._config_field_types.cache_clear()
+        records._config_defaults.cache_clear()
