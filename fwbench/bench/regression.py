@@ -47,9 +47,11 @@ import torch
 
 from fwbench.run.strict_json import strict_dumps
 
-#: The committed baselines, one file per CPU model (``environment.device_name``): a ratio is
+#: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
+#: model, torch's instruction set; :func:`~fwbench.run.environment.cpu_identity`): a ratio is
 #: machine-independent only up to the machine's balance of matmul and memory speed (the cases measured
-#: 0.31-0.99x their Intel Xeon ratios on an AMD EPYC), so each CPU is judged against its own baseline.
+#: 0.31-0.99x their Intel Xeon ratios on an AMD EPYC, and 1.05-1.48x the ratios of another "AMD EPYC" on a
+#: family 25 model 17 one), so each CPU is judged against its own baseline.
 BASELINE_DIR = Path(__file__).resolve().parents[2] / "results" / "baselines"
 #: The first baseline (an Intel Xeon), and the one judged against on a CPU that has none.
 BASELINE_PATH = BASELINE_DIR / "perf_baseline.json"
@@ -292,7 +294,8 @@ BASELINE_FORMAT = ('a JSON object {"benchmarks": {CASE: {"ratio": a finite numbe
 def read_baseline(path: Path) -> dict:
     """The contents of the baseline file ``path`` (which must exist), checked: a JSON object whose
     ``benchmarks`` maps each case name to an object with a ``ratio`` (a finite number > 0), and whose
-    ``environment``, where present and not null, is an object with a string (or null) ``device_name``.
+    ``environment``, where present and not null, is an object with a string (or null) ``device_name``
+    and ``cpu_identity``.
 
     An empty file, git conflict markers, a JSON list, a ratio that is null, NaN, negative or a string
     crashed the gate (a pytest INTERNALERROR or a KeyError traceback) or, without a CPU name it could
@@ -337,9 +340,10 @@ def read_baseline(path: Path) -> dict:
     environment = data.get("environment")
     if environment is not None and not isinstance(environment, dict):
         raise bad(f"\"environment\": got {environment!r}")
-    device_name = (environment or {}).get("device_name")
-    if device_name is not None and not isinstance(device_name, str):
-        raise bad(f"environment.device_name: got {device_name!r}")
+    for key in ("device_name", "cpu_identity"):
+        name = (environment or {}).get(key)
+        if name is not None and not isinstance(name, str):
+            raise bad(f"environment.{key}: got {name!r}")
     return data
 
 
@@ -353,8 +357,9 @@ def _finite_positive(number: int | float) -> bool:
 
 
 def baseline_cpu(path: Path) -> str | None:
-    """The CPU model a baseline file was measured on (its ``environment.device_name``); None when
-    the file does not exist or does not say.
+    """The CPU a baseline file was measured on: its ``environment.cpu_identity``
+    (:func:`~fwbench.run.environment.cpu_identity`), or in a file written before it was recorded, the
+    model name ``environment.device_name``; None when the file does not exist or says neither.
 
     Raises:
         ValueError: the file exists but is not a baseline (:func:`read_baseline`).
@@ -362,7 +367,8 @@ def baseline_cpu(path: Path) -> str | None:
     path = Path(path)
     if not path.exists():
         return None
-    return (read_baseline(path).get("environment") or {}).get("device_name")
+    environment = read_baseline(path).get("environment") or {}
+    return environment.get("cpu_identity") or environment.get("device_name")
 
 
 #: The longest CPU part of a baseline file name, in UTF-8 bytes: a file name is at most 255 bytes on
@@ -375,8 +381,9 @@ def _cpu_hash(cpu: str) -> str:
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
-    """The baseline file of CPU model ``cpu`` (which may not exist yet): a file that either does not
-    exist or says it was measured on ``cpu``, never another CPU's (nor one that does not say whose).
+    """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
+    yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
+    (nor one that does not say whose).
 
     The candidates, in order: ``perf_baseline.json``, ``perf_baseline-<cpu, as a file name>.json``
     and that name with 8 hex digits of a hash of ``cpu`` (for two models whose names give one file
@@ -408,13 +415,15 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
                      f"another CPU's or names none; expected one of them measured on {cpu!r} or free")
 
 
-def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str | None]:
+def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None = None) -> tuple[Path, str | None]:
     """(the baseline file to judge this CPU against, a warning or None).
 
-    The file measured on ``cpu`` where there is one; else ``perf_baseline.json``, with a warning that
-    its ratios come from another machine (or one it does not name), so that a slowdown smaller than
-    the machines' difference can pass unnoticed (or an unchanged case fail). A case this CPU's file
-    lacks: :func:`judged_baseline`.
+    The file measured on ``cpu`` (the gate passes :func:`~fwbench.run.environment.cpu_identity`)
+    where there is one; else a file measured on a CPU of the same model name ``model``
+    (:func:`~fwbench.run.environment.cpu_model`; another generation, or a file that does not record
+    which), else ``perf_baseline.json``, each with a warning that its ratios come from another machine
+    (or one it does not name), so that a slowdown smaller than the machines' difference can pass
+    unnoticed (or an unchanged case fail). A case this CPU's file lacks: :func:`judged_baseline`.
 
     Raises:
         ValueError: a candidate file is not a baseline (:func:`read_baseline`, :func:`baseline_path_for`).
@@ -422,6 +431,15 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
+    same_model = _same_model_baseline(model, directory) if model and model != cpu else None
+    if same_model is not None:
+        path, identity = same_model
+        origin = repr(identity) if identity else f"a CPU named {model!r} that records no family, model or instruction set"
+        return path, (f"no performance baseline was measured on this CPU ({cpu!r}): judging against {path.name}, "
+                      f"measured on {origin}; one model name covers CPU generations whose ratios differ (1.05-1.48x "
+                      f"between two 'AMD EPYC's on the same code), so an unchanged case can fail and a slowdown "
+                      f"smaller than that can pass. On a quiet machine, `nox -s bench -- --update-baseline` writes "
+                      f"{own.name} for this CPU")
     default = Path(directory) / BASELINE_PATH.name
     if not default.exists():
         return default, (f"no performance baseline was measured on this CPU ({cpu!r}) and there is no {default.name}: "
@@ -432,6 +450,22 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
                      f"measured on {origin}; ratios differ between machines (0.31-0.99x on an AMD "
                      f"EPYC against an Intel Xeon), so a slowdown smaller than that can pass. On a quiet machine, "
                      f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU")
+
+
+def _same_model_baseline(model: str, directory: Path) -> tuple[Path, str | None] | None:
+    """(a baseline file whose ``environment.device_name`` is ``model``, its ``cpu_identity`` or None);
+    None where there is none. A file that does not record its CPU's identity (it may be this CPU's
+    generation) before one that records another, then by file name.
+
+    Raises:
+        ValueError: a baseline file is not a baseline (:func:`read_baseline`).
+    """
+    found = []
+    for path in Path(directory).glob("perf_baseline*.json"):
+        environment = read_baseline(path).get("environment") or {}
+        if environment.get("device_name") == model:
+            found.append((environment.get("cpu_identity") is not None, path.name, path, environment.get("cpu_identity")))
+    return min(found)[2:] if found else None
 
 
 def load_baseline(path: Path = BASELINE_PATH) -> dict[str, float]:
@@ -461,9 +495,10 @@ class JudgedBaseline:
         return " or ".join(path.name + ("" if path.exists() else " (no such file)") for path in self.files)
 
 
-def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None) -> JudgedBaseline:
-    """The ratios the gate judges CPU ``cpu`` against: those of the file :func:`choose_baseline`
-    picks, with its warning; where that is this CPU's own file and it lacks cases that
+def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None,
+                    model: str | None = None) -> JudgedBaseline:
+    """The ratios the gate judges CPU ``cpu`` (of model name ``model``) against: those of the file
+    :func:`choose_baseline` picks, with its warning; where that is this CPU's own file and it lacks cases that
     ``perf_baseline.json`` has (a partial ``--update-baseline -k ...``), those cases take
     ``perf_baseline.json``'s ratio, with a warning naming them and the CPU that file was measured
     on. They were not judged at all before, with no word, while the other cases were. A file measured
@@ -473,7 +508,7 @@ def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str
     Raises:
         ValueError: a baseline file it reads is not a baseline (:func:`read_baseline`).
     """
-    path, warning = choose_baseline(cpu, directory)
+    path, warning = choose_baseline(cpu, directory, model)
     ratios, files, warnings = load_baseline(path), [path], [warning] if warning else []
     default = Path(directory) / BASELINE_PATH.name
     if path != default and default.exists():
