@@ -343,9 +343,21 @@ def test_baseline_round_trip_keeps_benchmarks_not_measured_now(tmp_path):
     assert load_baseline(tmp_path / "missing.json") == {}
 
 
+#: Cases added after a committed baseline was measured, on a CPU not at hand since: the gate skips them
+#: there, saying `nox -s bench -- --update-baseline -k NAME` adds them (the one-direction cases came
+#: from an AMD EPYC family 25 model 17; the Intel Xeon's file and the older AMD one lack them).
+NOT_YET_MEASURED = {
+    "perf_baseline.json": {"softmax_parallel_train_forward_T1024", "softmax_parallel_backward_T1024",
+                           "fwm_rule_kernel_train_forward_T256", "fwm_rule_kernel_backward_T256",
+                           "delta_write_read_train_forward_T1024", "delta_write_read_backward_T1024"},
+}
+NOT_YET_MEASURED["perf_baseline-amd-epyc.json"] = NOT_YET_MEASURED["perf_baseline.json"]
+
+
 def test_committed_baseline_names_every_tracked_benchmark():
     for path in sorted(BASELINE_DIR.glob("perf_baseline*.json")):
-        assert set(load_baseline(path)) == {case.name for case in PERF_CASES}, path.name
+        expected = {case.name for case in PERF_CASES} - NOT_YET_MEASURED.get(path.name, set())
+        assert set(load_baseline(path)) == expected, path.name
         assert baseline_cpu(path), f"{path.name} does not say which CPU measured it"
         assert baseline_path_for(baseline_cpu(path)) == path  # each file is found again for its CPU
 
@@ -634,3 +646,65 @@ def test_a_baseline_cpu_identity_that_is_not_a_string_is_refused(tmp_path):
     path.write_text(json.dumps({"benchmarks": {"a": {"ratio": 1.0}}, "environment": {"cpu_identity": 3}}))
     with pytest.raises(ValueError, match=r"environment\.cpu_identity: got 3; expected"):
         read_baseline(path)
+
+
+#: Each hand-written autograd Function's direction and the case that times it alone.
+DIRECTION_CASES = [
+    ("softmax", "_FusedAttention", "softmax_parallel_train_forward_T1024", "forward"),
+    ("softmax", "_FusedAttention", "softmax_parallel_backward_T1024", "backward"),
+    ("fwm_rule", "_FlushedScan", "fwm_rule_kernel_train_forward_T256", "forward"),
+    ("fwm_rule", "_FlushedScan", "fwm_rule_kernel_backward_T256", "backward"),
+    ("delta_rule", "_DeltaWriteRead", "delta_write_read_train_forward_T1024", "forward"),
+    ("delta_rule", "_DeltaWriteRead", "delta_write_read_backward_T1024", "backward"),
+]
+
+
+@pytest.mark.parametrize("module_name, function, name, direction", DIRECTION_CASES, ids=[c[2] for c in DIRECTION_CASES])
+def test_each_direction_of_a_hand_written_kernel_has_a_case_that_times_it_alone(module_name, function, name, direction):
+    """Break-it finding (issue 14.11): a kernel twice as slow in one direction only was diluted below the
+    gate's 1.5 by the other direction, timed in the same case: a 2x slower softmax forward made
+    softmax_parallel_fwd_bwd_T1024 1.29x slower, the delta rule's write-then-read backward
+    retrieval_setting2_train_step 1.17x; the gate passed both. Each direction now has a case whose timed
+    call runs it once and the other direction not at all (the backward's forward runs in ``prepare``,
+    untimed), counted through the Function's own code objects."""
+    import importlib
+    import sys
+
+    cls = getattr(importlib.import_module(f"fwbench.variants.kernels.{module_name}"), function)
+    codes = {cls.forward.__code__: "forward", cls.backward.__code__: "backward"}
+    fn = {c.name: c for c in PERF_CASES}[name].build()
+    for _ in range(2):  # the second call: the state a call leaves is one the next can time
+        calls = []
+
+        def count(frame, event, arg, calls=calls):
+            if event == "call" and frame.f_code in codes:
+                calls.append(codes[frame.f_code])
+
+        getattr(fn, "prepare", lambda: None)()
+        sys.setprofile(count)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        assert calls == [direction], calls
+
+
+@pytest.mark.slow
+def test_a_kernel_twice_as_slow_in_its_forward_alone_doubles_its_direction_case(monkeypatch):
+    """The softmax forward planted twice as slow (the fused kernel run twice per forward, its backward
+    untouched): the train_forward case reads about 2x (the gate's 1.5 fails it), where the forward and
+    backward case read 1.29x and passed."""
+    from fwbench.variants.kernels import softmax
+
+    torch.set_num_threads(1)
+    case = {c.name: c for c in PERF_CASES}["softmax_parallel_train_forward_T1024"]
+    before = min(measure_ratio(case, rounds=5)[0] for _ in range(2))
+    graph = softmax._FusedAttention._graph
+
+    def twice(*args):
+        graph(*args)
+        return graph(*args)
+
+    monkeypatch.setattr(softmax._FusedAttention, "_graph", staticmethod(twice))
+    after = min(measure_ratio(case, rounds=5)[0] for _ in range(2))
+    assert after / before > 1.6, (before, after)
