@@ -134,7 +134,8 @@ def bench(session: nox.Session) -> None:
     """Performance regression check: benchmarks/ (pytest-benchmark) against results/baselines/.
 
     `-- --short`: the CI subset (< 3 min), failing only on gross regressions;
-    `-- --update-baseline`: rewrite results/baselines/perf_baseline.json from this machine.
+    `-- --update-baseline`: rewrite this CPU's baseline in results/baselines/ from this machine (the file of
+    its fwbench.run.environment.cpu_identity; perf_baseline.json only where no file exists yet).
     """
     install_project(session)
     session.run(

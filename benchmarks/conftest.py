@@ -2,8 +2,10 @@
 default ``pytest`` run (``testpaths = ["tests"]``).
 
 Options: ``--short`` (the CI subset, failing only on gross regressions), ``--update-baseline``
-(write the measured ratios to this CPU model's baseline in ``results/baselines/`` instead of judging
-them; the gate judges each CPU against its own baseline, see :func:`~fwbench.bench.regression.choose_baseline`),
+(write the measured ratios to this CPU's baseline in ``results/baselines/`` instead of judging
+them; a CPU is its model name, family, model and torch's instruction set,
+:func:`~fwbench.run.environment.cpu_identity`; the gate judges each CPU against its own baseline,
+see :func:`~fwbench.bench.regression.choose_baseline`),
 ``--threshold X`` (override the slowdown factor that fails), ``--plant-slowdown MODULE:FUNCTION``
 (run that kernel twice per call, e.g. ``fwbench.variants.kernels.delta_rule:delta_rule_chunk``: a
 planted 2× slowdown, which the gate must catch).
@@ -23,7 +25,7 @@ from fwbench.bench.regression import (
     judged_baseline,
     write_baseline,
 )
-from fwbench.run.environment import cpu_model, describe_environment
+from fwbench.run.environment import cpu_identity, cpu_model, describe_environment
 
 
 def pytest_addoption(parser):
@@ -57,10 +59,11 @@ def pytest_configure(config):
     # header or an error in every case's fixture
     try:
         if config.getoption("--update-baseline"):
-            config._fwbench_baseline_path = baseline_path_for(cpu_model())
+            config._fwbench_baseline_path = baseline_path_for(cpu_identity())
             config._fwbench_baseline = None
         else:
-            config._fwbench_baseline = judged_baseline(cpu_model())
+            # keyed by more than the model name, which a VM's CPU generations share ('AMD EPYC')
+            config._fwbench_baseline = judged_baseline(cpu_identity(), model=cpu_model())
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     config._fwbench_ratios = {}
@@ -93,7 +96,7 @@ def threshold(pytestconfig) -> float:
 
 def pytest_report_header(config):
     if config.getoption("--update-baseline"):
-        return [f"fwbench baseline: writing {config._fwbench_baseline_path.name} (CPU {cpu_model()!r})"]
+        return [f"fwbench baseline: writing {config._fwbench_baseline_path.name} (CPU {cpu_identity()!r})"]
     judged = config._fwbench_baseline
     return [f"fwbench baseline: {judged.where()}"] + [f"WARNING: {warning}" for warning in judged.warnings]
 
@@ -117,6 +120,7 @@ def measured(pytestconfig):
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
     if config.getoption("--update-baseline") and config._fwbench_ratios:
-        path = write_baseline(config._fwbench_ratios, config._fwbench_seconds,
-                              describe_environment(torch.device("cpu")), config._fwbench_baseline_path)
+        environment = describe_environment(torch.device("cpu")) | {"cpu_identity": cpu_identity()}
+        path = write_baseline(config._fwbench_ratios, config._fwbench_seconds, environment,
+                              config._fwbench_baseline_path)
         print(f"\nbaseline written: {path} ({len(config._fwbench_ratios)} benchmarks)")

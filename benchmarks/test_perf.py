@@ -1,5 +1,6 @@
 """Each benchmark times one kernel call (or one training step) with pytest-benchmark, in rounds
-that each time the calibration matmul right before the case (pytest-benchmark's untimed ``setup``).
+that each time the calibration matmul right before the case (pytest-benchmark's untimed ``setup``;
+a backward case's forward too, :class:`~fwbench.bench.regression.BackwardAlone`).
 Both are also timed in CPU time of this thread (:func:`~fwbench.bench.regression.cpu_seconds`),
 and the figure judged is the median over rounds of case / calibration CPU time
 (:func:`~fwbench.bench.regression.paired_ratio`), stored in ``extra_info``. A ratio past the
@@ -38,8 +39,13 @@ def test_perf(benchmark, case, baseline, threshold, measured, request):
     fn, calibration = case.build(), calibration_workload()
     calibration_times: list[float] = []
     case_times: list[float] = []
-    benchmark.pedantic(lambda: case_times.append(cpu_seconds(fn)),
-                       setup=lambda: calibration_times.append(cpu_seconds(calibration)),
+    prepare = getattr(fn, "prepare", lambda: None)  # a backward case's forward: untimed, out of the wall time too
+
+    def setup():
+        calibration_times.append(cpu_seconds(calibration))
+        prepare()
+
+    benchmark.pedantic(lambda: case_times.append(cpu_seconds(fn)), setup=setup,
                        rounds=PAIRED_RATIO_ROUNDS, warmup_rounds=1, iterations=1)
     if benchmark.stats is None:  # --benchmark-disable: each benchmark ran once, untimed
         pytest.skip("pytest-benchmark is disabled; nothing to compare")

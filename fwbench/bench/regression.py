@@ -47,9 +47,11 @@ import torch
 
 from fwbench.run.strict_json import strict_dumps
 
-#: The committed baselines, one file per CPU model (``environment.device_name``): a ratio is
+#: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
+#: model, torch's instruction set; :func:`~fwbench.run.environment.cpu_identity`): a ratio is
 #: machine-independent only up to the machine's balance of matmul and memory speed (the cases measured
-#: 0.31-0.99x their Intel Xeon ratios on an AMD EPYC), so each CPU is judged against its own baseline.
+#: 0.31-0.99x their Intel Xeon ratios on an AMD EPYC, and 1.05-1.48x the ratios of another "AMD EPYC" on a
+#: family 25 model 17 one), so each CPU is judged against its own baseline.
 BASELINE_DIR = Path(__file__).resolve().parents[2] / "results" / "baselines"
 #: The first baseline (an Intel Xeon), and the one judged against on a CPU that has none.
 BASELINE_PATH = BASELINE_DIR / "perf_baseline.json"
@@ -125,56 +127,127 @@ def paired_ratio(case_times: list[float], calibration_times: list[float]) -> flo
 def cpu_seconds(fn: Callable[[], object]) -> float:
     """CPU time of the calling thread spent in one call of ``fn`` (seconds): its wall time less
     the time it waited for a core. Counts torch's work only with one torch thread (intra-op work
-    then runs inline on this thread), as the benchmarks set."""
+    then runs inline on this thread), as the benchmarks set. A case's ``fn.prepare()``, where it has
+    one (:class:`BackwardAlone`), runs first, untimed."""
+    prepare = getattr(fn, "prepare", None)
+    if prepare is not None:
+        prepare()
     start = time.thread_time()
     fn()
     return time.thread_time() - start
 
 
-def _attention_call(spec: str, form: str, T: int, backward: bool, B: int = 2, H: int = 8, d: int = 64):
+class BackwardAlone:
+    """A timed call of a backward alone: ``prepare()`` runs the forward, untimed (:func:`cpu_seconds`
+    calls it before each timed call; pytest-benchmark's untimed ``setup`` too), and the call runs the
+    backward of its output (a gradient of ones); called without ``prepare``, the call runs it first.
+
+    Why cases of their own for one direction: in a case that times forward and backward together, a
+    kernel twice as slow in one direction only is diluted below the gate's 1.5 (a 2x slower softmax
+    forward made softmax_parallel_fwd_bwd_T1024 1.29x slower, the delta rule's write-then-read
+    backward retrieval_setting2_train_step 1.17x; the gate passed both; alone, each direction of the three
+    kernels planted twice as slow read 1.79-2.09x its baseline).
+
+    Args:
+        forward: builds the graph (grad enabled) and returns the output whose backward is timed.
+        leaves: the tensors whose ``.grad`` is reset before each forward (none accumulates).
+    """
+
+    def __init__(self, forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor]):
+        self._forward, self._leaves = forward, leaves
+        self._output: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        """Run the forward for the next call, unless it has run already (idempotent until the call)."""
+        if self._output is not None:
+            return
+        for x in self._leaves:
+            x.grad = None
+        self._output = self._forward()
+        self._grad = torch.ones_like(self._output)
+
+    def __call__(self) -> None:
+        if self._output is None:
+            self.prepare()
+        output, self._output = self._output, None
+        output.backward(self._grad)
+
+
+#: What an attention or kernel case times: the forward without autograd ("forward"), the forward
+#: that builds the training graph, dropped ("train_forward"), forward and backward ("fwd_bwd"),
+#: or the backward alone ("backward", :class:`BackwardAlone`).
+CASE_PARTS = ("forward", "train_forward", "fwd_bwd", "backward")
+
+
+def _timed_part(part: str, forward: Callable[[], torch.Tensor], leaves: list[torch.Tensor]) -> Callable[[], object]:
+    """The call a case times of ``forward`` (run with grad enabled; ``leaves`` require grad unless
+    ``part`` is "forward"), see :data:`CASE_PARTS`."""
+    if part not in CASE_PARTS:
+        raise ValueError(f"part: got {part!r}; expected one of {', '.join(CASE_PARTS)}")
+    for x in leaves:
+        x.requires_grad_(part != "forward")
+    if part == "backward":
+        return BackwardAlone(forward, leaves)
+
+    def forward_only():
+        with torch.no_grad():
+            return forward()
+
+    def train_forward():
+        forward()  # the graph it builds is let go: what the training forward costs
+
+    def forward_backward():
+        for x in leaves:
+            x.grad = None
+        forward().sum().backward()
+
+    return {"forward": forward_only, "train_forward": train_forward, "fwd_bwd": forward_backward}[part]
+
+
+def _attention_call(spec: str, form: str, T: int, part: str, B: int = 2, H: int = 8, d: int = 64):
+    """One call of an attention layer's ``form`` on fixed q, k, v (B, H, T, d) and β (B, H, T); what
+    of it is timed: ``part`` (:data:`CASE_PARTS`)."""
     from fwbench.variants import build_attention
 
     torch.manual_seed(T)  # FAVOR+'s random features: the same case in every session
     attention = build_attention(spec, d_key=d).eval()
     generator = torch.Generator().manual_seed(T)
-    q, k, v = (torch.randn(B, H, T, d, generator=generator).requires_grad_(backward) for _ in range(3))
-    beta = torch.sigmoid(torch.randn(B, H, T, generator=generator)).requires_grad_(backward)
-    beta = beta if attention.uses_beta else None
-
-    def forward():
-        with torch.no_grad():
-            return attention(q, k, v, beta=beta, form=form)[0]
-
-    def forward_backward():
-        for x in (q, k, v, beta):
-            if x is not None:
-                x.grad = None
-        attention(q, k, v, beta=beta, form=form)[0].sum().backward()
-
-    return forward_backward if backward else forward
+    q, k, v = (torch.randn(B, H, T, d, generator=generator) for _ in range(3))
+    beta = torch.sigmoid(torch.randn(B, H, T, generator=generator)) if attention.uses_beta else None
+    return _timed_part(part, lambda: attention(q, k, v, beta=beta, form=form)[0],
+                       [x for x in (q, k, v, beta) if x is not None])
 
 
-def _kernel_call(rule: str, T: int, B: int = 2, H: int = 8, d_dot: int = 128, d_v: int = 64):
-    """One call of a fast-weight rule's chunk kernel alone, on fixed inputs: sum-normalised q, k
+#: The kernels a kernel case can call (:func:`_kernel_call`).
+KERNEL_RULES = ("delta", "sum", "fwm", "delta_write_read")
+
+
+def _kernel_call(rule: str, T: int, B: int = 2, H: int = 8, d_dot: int = 128, d_v: int = 64, part: str = "forward"):
+    """One call of a fast-weight rule's kernel alone, on fixed inputs: sum-normalised q, k
     (B, H, T, d_dot), as DPFP ν=1 gives them at d_key 64, v (B, H, T, d_v) and β (B, H, T) for the
-    delta rule. In an attention case the feature map and the padding share the time, so a kernel
-    twice as slow makes the case only 1.5-1.8× slower; here it makes this case 2× slower.
+    delta and FWM rules; ``rule`` one of :data:`KERNEL_RULES` ("delta_write_read": the delta rule's
+    read of one query per sequence after the write, as the retrieval tasks read, q (B, H, 1, d_dot)),
+    what of it is timed ``part`` (:data:`CASE_PARTS`). In an attention case the feature map and the
+    padding share the time, so a kernel twice as slow makes the case only 1.5-1.8× slower; here it
+    makes this case 2× slower.
 
     The kernel is looked up in its module at each call, so that ``--plant-slowdown`` reaches it."""
-    from fwbench.variants.kernels import delta_rule, sum_rule
+    from fwbench.variants.kernels import delta_rule, fwm_rule, sum_rule
 
+    if rule not in KERNEL_RULES:
+        raise ValueError(f"rule: got {rule!r}; expected one of {', '.join(KERNEL_RULES)}")
     generator = torch.Generator().manual_seed(T)
     q, k = (x / x.sum(-1, keepdim=True) for x in (torch.rand(B, H, T, d_dot, generator=generator) for _ in range(2)))
+    q = q[:, :, -1:].contiguous() if rule == "delta_write_read" else q
     v = torch.randn(B, H, T, d_v, generator=generator)
     beta = torch.rand(B, H, T, generator=generator)
-
-    def call():
-        with torch.no_grad():
-            if rule == "delta":
-                return delta_rule.delta_rule_chunk(q, k, v, beta)
-            return sum_rule.sum_rule_chunk(q, k, v)
-
-    return call
+    calls = {
+        "delta": lambda: delta_rule.delta_rule_chunk(q, k, v, beta)[0],
+        "sum": lambda: sum_rule.sum_rule_chunk(q, k, v)[0],
+        "fwm": lambda: fwm_rule.fwm_rule_recurrent(q, k, v, beta)[0],
+        "delta_write_read": lambda: delta_rule.delta_rule_write_read(q, k, v, beta),
+    }
+    return _timed_part(part, calls[rule], [q, k, v] + ([] if rule == "sum" else [beta]))
 
 
 def retrieval_step(variant: str = "dpfp-delta:nu=1", setting: int = 2, S: int = 60,
@@ -210,14 +283,17 @@ class PerfCase:
 
 
 PERF_CASES: list[PerfCase] = [
-    PerfCase("dpfp_delta_chunk_forward_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, False), short=True),
-    PerfCase("dpfp_delta_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, True)),
-    PerfCase("dpfp_chunk_forward_T1024", lambda: _attention_call("dpfp", "chunk", 1024, False), short=True),
-    PerfCase("dpfp_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp", "chunk", 1024, True)),
-    PerfCase("linear_chunk_fwd_bwd_T1024", lambda: _attention_call("linear", "chunk", 1024, True)),
-    PerfCase("favor_delta_chunk_forward_T1024", lambda: _attention_call("favor-delta", "chunk", 1024, False)),
-    PerfCase("softmax_parallel_fwd_bwd_T1024", lambda: _attention_call("softmax", "parallel", 1024, True)),
-    PerfCase("dpfp_delta_recurrent_forward_T256", lambda: _attention_call("dpfp-delta", "recurrent", 256, False)),
+    PerfCase("dpfp_delta_chunk_forward_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, "forward"), short=True),
+    PerfCase("dpfp_delta_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp-delta", "chunk", 1024, "fwd_bwd")),
+    PerfCase("dpfp_chunk_forward_T1024", lambda: _attention_call("dpfp", "chunk", 1024, "forward"), short=True),
+    PerfCase("dpfp_chunk_fwd_bwd_T1024", lambda: _attention_call("dpfp", "chunk", 1024, "fwd_bwd")),
+    PerfCase("linear_chunk_fwd_bwd_T1024", lambda: _attention_call("linear", "chunk", 1024, "fwd_bwd")),
+    PerfCase("favor_delta_chunk_forward_T1024", lambda: _attention_call("favor-delta", "chunk", 1024, "forward")),
+    PerfCase("softmax_parallel_fwd_bwd_T1024", lambda: _attention_call("softmax", "parallel", 1024, "fwd_bwd")),
+    # each direction of a kernel with a hand-written autograd Function alone (BackwardAlone says why)
+    PerfCase("softmax_parallel_train_forward_T1024", lambda: _attention_call("softmax", "parallel", 1024, "train_forward")),
+    PerfCase("softmax_parallel_backward_T1024", lambda: _attention_call("softmax", "parallel", 1024, "backward")),
+    PerfCase("dpfp_delta_recurrent_forward_T256", lambda: _attention_call("dpfp-delta", "recurrent", 256, "forward")),
     PerfCase("retrieval_setting2_train_step", retrieval_step, short=True),
     PerfCase("fwm_setting2_train_step_S60", lambda: retrieval_step("dpfp-fwm:nu=1", 2, 60)),
     # Setting 1 at S = 600 (issue 16.4): the read of one query per sequence from the key tables
@@ -225,6 +301,10 @@ PERF_CASES: list[PerfCase] = [
     PerfCase("setting1_train_step_S600_softmax", lambda: retrieval_step("softmax", 1, 600)),
     PerfCase("delta_rule_chunk_kernel_T1024", lambda: _kernel_call("delta", 1024)),
     PerfCase("sum_rule_chunk_kernel_T1024", lambda: _kernel_call("sum", 1024)),
+    PerfCase("fwm_rule_kernel_train_forward_T256", lambda: _kernel_call("fwm", 256, part="train_forward")),
+    PerfCase("fwm_rule_kernel_backward_T256", lambda: _kernel_call("fwm", 256, part="backward")),
+    PerfCase("delta_write_read_train_forward_T1024", lambda: _kernel_call("delta_write_read", 1024, B=16, part="train_forward")),
+    PerfCase("delta_write_read_backward_T1024", lambda: _kernel_call("delta_write_read", 1024, B=16, part="backward")),
 ]
 
 
@@ -233,7 +313,7 @@ def measure_ratio(case: PerfCase, rounds: int = PAIRED_RATIO_ROUNDS) -> tuple[fl
     rounds that time the calibration and the case in turns (after one warm-up call of each), in
     :func:`cpu_seconds`, and the two medians."""
     fn, calibration = case.build(), calibration_workload()
-    fn(), calibration()
+    cpu_seconds(fn), calibration()
     case_times, calibration_times = [], []
     for round_index in range(rounds):
         order = (calibration, fn) if round_index % 2 == 0 else (fn, calibration)
@@ -292,7 +372,8 @@ BASELINE_FORMAT = ('a JSON object {"benchmarks": {CASE: {"ratio": a finite numbe
 def read_baseline(path: Path) -> dict:
     """The contents of the baseline file ``path`` (which must exist), checked: a JSON object whose
     ``benchmarks`` maps each case name to an object with a ``ratio`` (a finite number > 0), and whose
-    ``environment``, where present and not null, is an object with a string (or null) ``device_name``.
+    ``environment``, where present and not null, is an object with a string (or null) ``device_name``
+    and ``cpu_identity``.
 
     An empty file, git conflict markers, a JSON list, a ratio that is null, NaN, negative or a string
     crashed the gate (a pytest INTERNALERROR or a KeyError traceback) or, without a CPU name it could
@@ -337,9 +418,10 @@ def read_baseline(path: Path) -> dict:
     environment = data.get("environment")
     if environment is not None and not isinstance(environment, dict):
         raise bad(f"\"environment\": got {environment!r}")
-    device_name = (environment or {}).get("device_name")
-    if device_name is not None and not isinstance(device_name, str):
-        raise bad(f"environment.device_name: got {device_name!r}")
+    for key in ("device_name", "cpu_identity"):
+        name = (environment or {}).get(key)
+        if name is not None and not isinstance(name, str):
+            raise bad(f"environment.{key}: got {name!r}")
     return data
 
 
@@ -353,8 +435,9 @@ def _finite_positive(number: int | float) -> bool:
 
 
 def baseline_cpu(path: Path) -> str | None:
-    """The CPU model a baseline file was measured on (its ``environment.device_name``); None when
-    the file does not exist or does not say.
+    """The CPU a baseline file was measured on: its ``environment.cpu_identity``
+    (:func:`~fwbench.run.environment.cpu_identity`), or in a file written before it was recorded, the
+    model name ``environment.device_name``; None when the file does not exist or says neither.
 
     Raises:
         ValueError: the file exists but is not a baseline (:func:`read_baseline`).
@@ -362,7 +445,8 @@ def baseline_cpu(path: Path) -> str | None:
     path = Path(path)
     if not path.exists():
         return None
-    return (read_baseline(path).get("environment") or {}).get("device_name")
+    environment = read_baseline(path).get("environment") or {}
+    return environment.get("cpu_identity") or environment.get("device_name")
 
 
 #: The longest CPU part of a baseline file name, in UTF-8 bytes: a file name is at most 255 bytes on
@@ -375,8 +459,9 @@ def _cpu_hash(cpu: str) -> str:
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
-    """The baseline file of CPU model ``cpu`` (which may not exist yet): a file that either does not
-    exist or says it was measured on ``cpu``, never another CPU's (nor one that does not say whose).
+    """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
+    yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
+    (nor one that does not say whose).
 
     The candidates, in order: ``perf_baseline.json``, ``perf_baseline-<cpu, as a file name>.json``
     and that name with 8 hex digits of a hash of ``cpu`` (for two models whose names give one file
@@ -408,13 +493,15 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
                      f"another CPU's or names none; expected one of them measured on {cpu!r} or free")
 
 
-def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str | None]:
+def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None = None) -> tuple[Path, str | None]:
     """(the baseline file to judge this CPU against, a warning or None).
 
-    The file measured on ``cpu`` where there is one; else ``perf_baseline.json``, with a warning that
-    its ratios come from another machine (or one it does not name), so that a slowdown smaller than
-    the machines' difference can pass unnoticed (or an unchanged case fail). A case this CPU's file
-    lacks: :func:`judged_baseline`.
+    The file measured on ``cpu`` (the gate passes :func:`~fwbench.run.environment.cpu_identity`)
+    where there is one; else a file measured on a CPU of the same model name ``model``
+    (:func:`~fwbench.run.environment.cpu_model`; another generation, or a file that does not record
+    which), else ``perf_baseline.json``, each with a warning that its ratios come from another machine
+    (or one it does not name), so that a slowdown smaller than the machines' difference can pass
+    unnoticed (or an unchanged case fail). A case this CPU's file lacks: :func:`judged_baseline`.
 
     Raises:
         ValueError: a candidate file is not a baseline (:func:`read_baseline`, :func:`baseline_path_for`).
@@ -422,6 +509,15 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
+    same_model = _same_model_baseline(model, directory) if model and model != cpu else None
+    if same_model is not None:
+        path, identity = same_model
+        origin = repr(identity) if identity else f"a CPU named {model!r} that records no family, model or instruction set"
+        return path, (f"no performance baseline was measured on this CPU ({cpu!r}): judging against {path.name}, "
+                      f"measured on {origin}; one model name covers CPU generations whose ratios differ (1.05-1.48x "
+                      f"between two 'AMD EPYC's on the same code), so an unchanged case can fail and a slowdown "
+                      f"smaller than that can pass. On a quiet machine, `nox -s bench -- --update-baseline` writes "
+                      f"{own.name} for this CPU")
     default = Path(directory) / BASELINE_PATH.name
     if not default.exists():
         return default, (f"no performance baseline was measured on this CPU ({cpu!r}) and there is no {default.name}: "
@@ -432,6 +528,22 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR) -> tuple[Path, str
                      f"measured on {origin}; ratios differ between machines (0.31-0.99x on an AMD "
                      f"EPYC against an Intel Xeon), so a slowdown smaller than that can pass. On a quiet machine, "
                      f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU")
+
+
+def _same_model_baseline(model: str, directory: Path) -> tuple[Path, str | None] | None:
+    """(a baseline file whose ``environment.device_name`` is ``model``, its ``cpu_identity`` or None);
+    None where there is none. A file that does not record its CPU's identity (it may be this CPU's
+    generation) before one that records another, then by file name.
+
+    Raises:
+        ValueError: a baseline file is not a baseline (:func:`read_baseline`).
+    """
+    found = []
+    for path in Path(directory).glob("perf_baseline*.json"):
+        environment = read_baseline(path).get("environment") or {}
+        if environment.get("device_name") == model:
+            found.append((environment.get("cpu_identity") is not None, path.name, path, environment.get("cpu_identity")))
+    return min(found)[2:] if found else None
 
 
 def load_baseline(path: Path = BASELINE_PATH) -> dict[str, float]:
@@ -461,9 +573,10 @@ class JudgedBaseline:
         return " or ".join(path.name + ("" if path.exists() else " (no such file)") for path in self.files)
 
 
-def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None) -> JudgedBaseline:
-    """The ratios the gate judges CPU ``cpu`` against: those of the file :func:`choose_baseline`
-    picks, with its warning; where that is this CPU's own file and it lacks cases that
+def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None,
+                    model: str | None = None) -> JudgedBaseline:
+    """The ratios the gate judges CPU ``cpu`` (of model name ``model``) against: those of the file
+    :func:`choose_baseline` picks, with its warning; where that is this CPU's own file and it lacks cases that
     ``perf_baseline.json`` has (a partial ``--update-baseline -k ...``), those cases take
     ``perf_baseline.json``'s ratio, with a warning naming them and the CPU that file was measured
     on. They were not judged at all before, with no word, while the other cases were. A file measured
@@ -473,7 +586,7 @@ def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str
     Raises:
         ValueError: a baseline file it reads is not a baseline (:func:`read_baseline`).
     """
-    path, warning = choose_baseline(cpu, directory)
+    path, warning = choose_baseline(cpu, directory, model)
     ratios, files, warnings = load_baseline(path), [path], [warning] if warning else []
     default = Path(directory) / BASELINE_PATH.name
     if path != default and default.exists():

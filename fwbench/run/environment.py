@@ -172,6 +172,46 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+#: The /proc/cpuinfo fields that name a CPU's microarchitecture, in the order shown: x86's family and
+#: model, ARM's implementer, part and variant (ARM has no "model name": every ARM CPU is "aarch64").
+_MICROARCHITECTURE_FIELDS = (("cpu family", "family"), ("model", "model"),
+                             ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"))
+
+
+def cpu_identity(cpuinfo: str | None = None, capability: str | None = None) -> str:
+    """The CPU as the performance gate keys its baselines: :func:`cpu_model` with the microarchitecture
+    /proc/cpuinfo gives (x86: family and model; ARM: implementer, part and variant) and the instruction
+    set torch's kernels dispatch to (``torch.backends.cpu.get_cpu_capability()``), e.g.
+    ``"AMD EPYC [family 25, model 17, AVX512]"``.
+
+    Why not the model name alone: a VM's is generic ("AMD EPYC", "Intel(R) Xeon(R) Processor"), the
+    same for CPU generations whose balance of matmul and memory speed differs, and the gate's ratios
+    move with that balance: on an AMD EPYC of family 25 model 17, the code of the very commit that
+    measured perf_baseline-amd-epyc.json (on another "AMD EPYC") read 1.05-1.48x its ratios, within
+    0.02 of the gate's 1.5 on an unchanged checkout.
+
+    Args:
+        cpuinfo: the text of /proc/cpuinfo (default: read it; '' where it cannot be read).
+        capability: torch's CPU capability (default: the running torch's).
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8") as file:
+                cpuinfo = file.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():  # the first processor's values
+        key, colon, value = line.partition(":")
+        if colon and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    model = fields.get("model name") or platform.processor() or platform.machine()
+    if capability is None:
+        capability = torch.backends.cpu.get_cpu_capability()
+    parts = [f"{shown} {fields[key]}" for key, shown in _MICROARCHITECTURE_FIELDS if fields.get(key)]
+    return f"{model} [{', '.join([*parts, capability])}]"
+
+
 def describe_environment(device: torch.device) -> dict:
     """Library versions, device name and thread count, stored in every record; ``denormals_flushed``:
     whether all of a CPU run's work flushed denormal floats to zero (one torch thread on a CPU that can)."""

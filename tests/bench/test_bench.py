@@ -38,13 +38,14 @@ from fwbench.bench.regression import (
     load_baseline,
     measure_ratio,
     paired_ratio,
+    read_baseline,
     write_baseline,
 )
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
 from fwbench.bench.summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
 from fwbench.cli import main
 from fwbench.report.bench_section import section_bench
-from fwbench.run.environment import cpu_model
+from fwbench.run.environment import cpu_identity, cpu_model
 from fwbench.run.store import ResultsStore
 
 CPU = torch.device("cpu")
@@ -342,9 +343,21 @@ def test_baseline_round_trip_keeps_benchmarks_not_measured_now(tmp_path):
     assert load_baseline(tmp_path / "missing.json") == {}
 
 
+#: Cases added after a committed baseline was measured, on a CPU not at hand since: the gate skips them
+#: there, saying `nox -s bench -- --update-baseline -k NAME` adds them (the one-direction cases came
+#: from an AMD EPYC family 25 model 17; the Intel Xeon's file and the older AMD one lack them).
+NOT_YET_MEASURED = {
+    "perf_baseline.json": {"softmax_parallel_train_forward_T1024", "softmax_parallel_backward_T1024",
+                           "fwm_rule_kernel_train_forward_T256", "fwm_rule_kernel_backward_T256",
+                           "delta_write_read_train_forward_T1024", "delta_write_read_backward_T1024"},
+}
+NOT_YET_MEASURED["perf_baseline-amd-epyc.json"] = NOT_YET_MEASURED["perf_baseline.json"]
+
+
 def test_committed_baseline_names_every_tracked_benchmark():
     for path in sorted(BASELINE_DIR.glob("perf_baseline*.json")):
-        assert set(load_baseline(path)) == {case.name for case in PERF_CASES}, path.name
+        expected = {case.name for case in PERF_CASES} - NOT_YET_MEASURED.get(path.name, set())
+        assert set(load_baseline(path)) == expected, path.name
         assert baseline_cpu(path), f"{path.name} does not say which CPU measured it"
         assert baseline_path_for(baseline_cpu(path)) == path  # each file is found again for its CPU
 
@@ -385,7 +398,7 @@ def test_short_benchmarks_are_within_the_gross_threshold_of_the_baseline():
     """CI's performance check (the short subset of ``nox -s bench``, gross threshold)."""
     torch.set_num_threads(1)
     measured = {case.name: measure_ratio(case, rounds=5)[0] for case in PERF_CASES if case.short}
-    regressions = compare(measured, load_baseline(choose_baseline(cpu_model())[0]), GROSS_THRESHOLD)
+    regressions = compare(measured, load_baseline(choose_baseline(cpu_identity(), model=cpu_model())[0]), GROSS_THRESHOLD)
     assert not regressions, "; ".join(r.message() for r in regressions)
 
 
@@ -581,3 +594,117 @@ def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_pa
     assert other.warnings[0].startswith("perf_baseline.json was measured with torch 2.13.0+cpu, this is torch 2.14.1")
     _baseline_on(tmp_path / "perf_baseline.json", "AMD EPYC", 2.0)  # no torch recorded: nothing to compare
     assert judged_baseline("AMD EPYC", tmp_path, torch_version="2.14.1").warnings == ()
+
+
+ZEN3 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: avx2\n"
+ZEN4 = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\nflags\t\t: avx512f\n"
+#: an ARM /proc/cpuinfo: no "model name" line
+NEOVERSE = ("processor\t: 0\nBogoMIPS\t: 243.75\n"
+            "CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n")
+
+
+def test_a_cpu_is_named_by_its_model_its_microarchitecture_and_torchs_instruction_set():
+    assert cpu_identity(ZEN4 + "processor\t: 1\ncpu family\t: 23\n", "AVX512") == "AMD EPYC [family 25, model 17, AVX512]"
+    assert cpu_identity(ZEN3, "AVX2") == "AMD EPYC [family 25, model 1, AVX2]"
+    # the same CPU with AVX-512 masked (a VM) dispatches torch's kernels to AVX2: another CPU to the gate
+    assert cpu_identity(ZEN4, "AVX2") != cpu_identity(ZEN4, "AVX512")
+    arm = cpu_identity(NEOVERSE, "SVE256")
+    assert arm.endswith("[implementer 0x41, part 0xd40, variant 0x1, SVE256]") and arm != cpu_identity("", "SVE256")
+    assert cpu_identity() == cpu_identity(None, torch.backends.cpu.get_cpu_capability())
+    assert cpu_identity().startswith(cpu_model() + " [")
+
+
+def test_two_cpu_generations_of_one_model_name_keep_their_own_baselines(tmp_path):
+    """Break-it finding (issue 14.11): baselines were keyed by the model name, which a VM's CPU
+    generations share ('AMD EPYC'): on a family 25 model 17 EPYC the code of the commit that measured
+    perf_baseline-amd-epyc.json (on another 'AMD EPYC') read 1.05-1.48x its ratios, the gate's 1.5
+    0.02 away on an unchanged checkout, and it was judged as that CPU's own file with no warning."""
+    zen3, zen4 = cpu_identity(ZEN3, "AVX2"), cpu_identity(ZEN4, "AVX512")
+    _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    legacy = _baseline_on(tmp_path / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)  # no identity recorded
+    # judged against the file of its model name, not as its own: with a warning saying why
+    path, warning = choose_baseline(zen4, tmp_path, model="AMD EPYC")
+    assert path == legacy and warning is not None
+    assert "records no family, model or instruction set" in warning and repr(zen4) in warning
+    own = baseline_path_for(zen4, tmp_path)
+    assert own == tmp_path / "perf_baseline-amd-epyc-family-25-model-17-avx512.json" and own.name in warning
+    write_baseline({"a": 0.7}, {}, {"device_name": "AMD EPYC", "cpu_identity": zen4}, own)
+    assert choose_baseline(zen4, tmp_path, model="AMD EPYC") == (own, None)
+    assert judged_baseline(zen4, tmp_path, model="AMD EPYC").ratios == {"a": 0.7}
+    # the other generation is not judged against it as its own: the file that may be its, with the warning
+    path, warning = choose_baseline(zen3, tmp_path, model="AMD EPYC")
+    assert path == legacy and warning is not None and baseline_path_for(zen3, tmp_path) not in (own, legacy)
+    legacy.unlink()  # only another generation's file left: judged against it, with a warning naming it
+    path, warning = choose_baseline(zen3, tmp_path, model="AMD EPYC")
+    assert path == own and repr(zen4) in warning and repr(zen3) in warning
+    # the model name as the CPU (a caller that passes no identity) finds the files as before
+    assert choose_baseline("Intel(R) Xeon(R) Processor", tmp_path) == (tmp_path / "perf_baseline.json", None)
+
+
+def test_a_baseline_cpu_identity_that_is_not_a_string_is_refused(tmp_path):
+    path = tmp_path / "perf_baseline.json"
+    path.write_text(json.dumps({"benchmarks": {"a": {"ratio": 1.0}}, "environment": {"cpu_identity": 3}}))
+    with pytest.raises(ValueError, match=r"environment\.cpu_identity: got 3; expected"):
+        read_baseline(path)
+
+
+#: Each hand-written autograd Function's direction and the case that times it alone.
+DIRECTION_CASES = [
+    ("softmax", "_FusedAttention", "softmax_parallel_train_forward_T1024", "forward"),
+    ("softmax", "_FusedAttention", "softmax_parallel_backward_T1024", "backward"),
+    ("fwm_rule", "_FlushedScan", "fwm_rule_kernel_train_forward_T256", "forward"),
+    ("fwm_rule", "_FlushedScan", "fwm_rule_kernel_backward_T256", "backward"),
+    ("delta_rule", "_DeltaWriteRead", "delta_write_read_train_forward_T1024", "forward"),
+    ("delta_rule", "_DeltaWriteRead", "delta_write_read_backward_T1024", "backward"),
+]
+
+
+@pytest.mark.parametrize("module_name, function, name, direction", DIRECTION_CASES, ids=[c[2] for c in DIRECTION_CASES])
+def test_each_direction_of_a_hand_written_kernel_has_a_case_that_times_it_alone(module_name, function, name, direction):
+    """Break-it finding (issue 14.11): a kernel twice as slow in one direction only was diluted below the
+    gate's 1.5 by the other direction, timed in the same case: a 2x slower softmax forward made
+    softmax_parallel_fwd_bwd_T1024 1.29x slower, the delta rule's write-then-read backward
+    retrieval_setting2_train_step 1.17x; the gate passed both. Each direction now has a case whose timed
+    call runs it once and the other direction not at all (the backward's forward runs in ``prepare``,
+    untimed), counted through the Function's own code objects."""
+    import importlib
+    import sys
+
+    cls = getattr(importlib.import_module(f"fwbench.variants.kernels.{module_name}"), function)
+    codes = {cls.forward.__code__: "forward", cls.backward.__code__: "backward"}
+    fn = {c.name: c for c in PERF_CASES}[name].build()
+    for _ in range(2):  # the second call: the state a call leaves is one the next can time
+        calls = []
+
+        def count(frame, event, arg, calls=calls):
+            if event == "call" and frame.f_code in codes:
+                calls.append(codes[frame.f_code])
+
+        getattr(fn, "prepare", lambda: None)()
+        sys.setprofile(count)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+        assert calls == [direction], calls
+
+
+@pytest.mark.slow
+def test_a_kernel_twice_as_slow_in_its_forward_alone_doubles_its_direction_case(monkeypatch):
+    """The softmax forward planted twice as slow (the fused kernel run twice per forward, its backward
+    untouched): the train_forward case reads about 2x (the gate's 1.5 fails it), where the forward and
+    backward case read 1.29x and passed."""
+    from fwbench.variants.kernels import softmax
+
+    torch.set_num_threads(1)
+    case = {c.name: c for c in PERF_CASES}["softmax_parallel_train_forward_T1024"]
+    before = min(measure_ratio(case, rounds=5)[0] for _ in range(2))
+    graph = softmax._FusedAttention._graph
+
+    def twice(*args):
+        graph(*args)
+        return graph(*args)
+
+    monkeypatch.setattr(softmax._FusedAttention, "_graph", staticmethod(twice))
+    after = min(measure_ratio(case, rounds=5)[0] for _ in range(2))
+    assert after / before > 1.6, (before, after)
