@@ -51,7 +51,8 @@ class DecoderConfig:
         d_model: residual stream width; n_heads: attention heads (d_key = d_model / n_heads).
         n_layers: number of blocks; d_ff: hidden size of each block's feed-forward network.
         context: training segment length in tokens (also softmax's key window).
-        dropout: dropout on the embedding and on each residual branch (training only).
+        dropout: dropout on the embedding and on each residual branch (training only); any real number
+            in [0, 1) (a numpy float, a ``Fraction``), kept as a ``float``.
         tied_output: output layer shares the token embedding matrix (Press & Wolf 2017).
         positional: ``"none"`` or ``"learned"`` (an embedding of the position inside the segment).
         form, chunk_size: the attention form and longest chunk of every layer (``auto`` / unset:
@@ -88,6 +89,10 @@ class DecoderConfig:
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, numbers.Real) \
                 or not 0.0 <= self.dropout < 1.0:
             raise bad_value("dropout", self.dropout, "a probability in [0, 1)")
+        # any real number the check accepts is kept as the float torch reads: a Fraction(1, 2) passed
+        # the check and then raised torch's bare TypeError (dropout(): argument 'p' must be float) at
+        # the first training forward
+        object.__setattr__(self, "dropout", float(self.dropout))
         if not isinstance(self.tied_output, bool):
             raise bad_value("tied_output", self.tied_output, "True or False")
         if self.positional not in POSITIONAL:

@@ -53,6 +53,7 @@ import torch
 
 from fwbench.analysis.reference import official_records
 from fwbench.bench.schedule import makespan
+from fwbench.bench.summary import markdown_cell
 from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
@@ -328,11 +329,13 @@ def format_estimate(cells: list[CellEstimate], title: str, jobs: int = 2, wall_s
         shown = {k: v for k, v in cell.config.items() if k in ("setting", "S", "d_model", "n_layers", "context")}
         where = ", ".join(f"{k}={v}" for k, v in shown.items())
         if cell.error is not None:
-            timed = f"failed: {cell.error} | | "
+            timed = f"failed: {markdown_cell(cell.error)} | | "
         else:
             final = f" + final {cell.final_eval_s:.2f}" if cell.final_eval_s else ""
             timed = f"{cell.step_s:.4f} | {cell.evaluations} | {cell.eval_s:.4f}{final}"
-        lines.append(f"| {cell.variant} | {where} | {cell.runs} | {cell.steps} | {cell.source} | {timed} | "
+        # a registered variant's name may hold a '|' (my|map), which split the row
+        lines.append(f"| {markdown_cell(cell.variant)} | {markdown_cell(where)} | {cell.runs} | {cell.steps} | "
+                     f"{cell.source} | {timed} | "
                      f"{cell.core_hours:.3f} |")
     total = sum(cell.core_hours for cell in cells)
     runs = sum(cell.runs for cell in cells)

@@ -25,6 +25,7 @@ from datetime import datetime
 
 from fwbench.bench.estimate import CellEstimate, cell_key, cell_key_of, run_seconds
 from fwbench.bench.schedule import makespan
+from fwbench.bench.summary import markdown_cell
 from fwbench.run.grid import RunSpec
 
 
@@ -141,7 +142,7 @@ def format_comparison(parts: list[Comparison], whole: Comparison, jobs: int, res
              f"predicted wall (--jobs {jobs}) | measured wall (first start → last end) | ratio |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for part in [*(part for part in parts if part.runs), whole]:  # a grid whose runs all belong to an earlier one: left out
-        lines.append(f"| {part.name} | {part.measured_runs} of {part.runs} | {part.predicted_core_s / 3600:.2f} | "
+        lines.append(f"| {markdown_cell(part.name)} | {part.measured_runs} of {part.runs} | {part.predicted_core_s / 3600:.2f} | "
                      f"{part.measured_core_s / 3600:.2f} | {part.core_ratio:.2f} | {part.steps_ratio:.2f} | "
                      f"{part.step_time_ratio:.2f} | {part.train_step_ratio:.2f} | {part.outside_training()} | "
                      f"{part.predicted_wall_s / 60:.1f} min | "
@@ -165,7 +166,9 @@ def format_cells(grid_specs: list[tuple[str, list[RunSpec]]], cells: list[CellEs
             steps = sum(r["steps"] for r in found)
             wall = sum(r["wall_s"] for r in found)
             shown = ", ".join(f"{k}={v}" for k, v in cell.config.items() if k in ("setting", "S", "lr", "d_model"))
-            lines.append(f"| {name} | {cell.variant} | {shown} | {len(found)} | {cell.steps} | {steps / len(found):.0f} | "
+            # a grid or registered variant named with a '|' (my|map) split the row
+            lines.append(f"| {markdown_cell(name)} | {markdown_cell(cell.variant)} | {markdown_cell(shown)} | "
+                         f"{len(found)} | {cell.steps} | {steps / len(found):.0f} | "
                          f"{cell.run_s / max(cell.steps, 1):.4f} | {wall / max(steps, 1):.4f} | {cell.run_s:.0f} | "
                          f"{wall / len(found):.0f} | {_ratio(wall / len(found), cell.run_s):.2f} |")
     return "\n".join(lines)

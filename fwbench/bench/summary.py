@@ -71,6 +71,14 @@ def _at(T: int | None, target: int) -> str:
     return f"T={T}" if T == target else f"T={T} (the profile's longest; the target is stated at T={target})"
 
 
+def markdown_cell(value: object) -> str:
+    """``value`` as one cell of a GitHub-flavoured Markdown table row: ``\\`` and ``|`` escaped, line
+    breaks written ``<br>``. A ``|`` left as it was (a registered variant named ``my|map``, a grid named
+    ``a|b``) split the cell in two and shifted every cell after it; a line break ended the row. Here, not
+    in :mod:`fwbench.report.markdown`, because the estimate's tables (this room) need it too."""
+    return str(value).replace("\\", "\\\\").replace("|", "\\|").replace("\r\n", "<br>").replace("\n", "<br>")
+
+
 def time_table(frame: pd.DataFrame, mode: str, lengths: list[int] | None = None) -> pd.DataFrame:
     """Rows (variant, form), columns T: "median ms [peak MiB]" for one mode."""
     rows = main_rows(frame)

@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
 from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, time_table  # noqa: E402
 from fwbench.report.figure_style import save  # noqa: E402
+from fwbench.report.markdown import markdown_table  # noqa: E402
 from fwbench.run.store import ResultsStore  # noqa: E402
 
 _LINESTYLES = {"chunk": "-", "parallel": "--", "recurrent": ":", "anchor": "-."}
@@ -64,13 +65,6 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     return save(fig, path, rect=(0, 0, 0.8, 0.96))
 
 
-def _markdown(frame: pd.DataFrame) -> str:
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
-    rule = "| " + " | ".join("---" for _ in frame.columns) + " |"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in frame.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
-
-
 def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     """Speed and memory: the latest ``fwbench bench`` session per device (figures, table, ratios)."""
     results_dir = frame.attrs.get("results_dir")
@@ -94,12 +88,12 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
         for mode in (FORWARD, FORWARD_BACKWARD):
             table = time_table(rows, mode)
             if not table.empty:
-                lines += [f"{mode}: median ms [peak MiB]", "", _markdown(table), ""]
+                lines += [f"{mode}: median ms [peak MiB]", "", markdown_table(table), ""]
         summary = summaries.get(session)
         if summary:
             ratio_table = pd.DataFrame([{
                 "figure": r["name"], "measured": "n/a" if r["value"] is None else f"{r['value']:.3g}",
                 "target": r["target"], "verdict": f"**{r['verdict']}**", "detail": r["detail"],
             } for r in summary["ratios"]])
-            lines += ["Acceptance ratios, measured in this session:", "", _markdown(ratio_table), ""]
+            lines += ["Acceptance ratios, measured in this session:", "", markdown_table(ratio_table), ""]
     return "\n".join(lines)

@@ -353,3 +353,21 @@ def test_sampling_at_a_tiny_temperature_is_greedy_and_finite():
 def test_sampling_from_non_finite_logits_names_them():
     with pytest.raises(VariantError, match="logits: got non-finite values"):
         sample_next(torch.tensor([[0.0, float("nan")]]), 0.8, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("dropout", [Fraction(1, 2), np.float32(0.5), np.float64(0.5), 0.5],
+                         ids=["Fraction", "numpy float32", "numpy float64", "float"])
+def test_a_real_dropout_the_config_accepts_trains_as_its_float(dropout):
+    """numbers.Real passed the dropout check, but DecoderConfig(dropout=Fraction(1, 2)) then raised torch's
+    bare TypeError at the first training forward (dropout(): argument 'p' (position 2) must be float, not
+    Fraction). Every accepted real is kept as the float torch reads: the model drops as at 0.5."""
+    config = DecoderConfig(vocab_size=VOCAB, d_model=8, n_heads=2, n_layers=1, d_ff=16, dropout=dropout)
+    assert type(config.dropout) is float and config.dropout == 0.5
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(0))
+    logits = []
+    for _ in range(2):  # the same weights and the same dropout stream: the same logits as at 0.5
+        torch.manual_seed(0)
+        model = DecoderLM("linear", dataclasses.replace(config, dropout=0.5) if logits else config).train()
+        torch.manual_seed(1)
+        logits.append(model(tokens)[0])
+    assert torch.equal(logits[0], logits[1])
