@@ -1617,6 +1617,20 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C179")
+def _(ctx):
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--device", "cpu", "--gpus-per-run", "1",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C180")
+def _(ctx):
+    ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C178")
 def _(ctx):  # a run record but for one field below the top level (config.S a string)
     from dataclasses import asdict

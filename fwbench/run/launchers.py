@@ -196,6 +196,10 @@ def check_ray_resources(options: LaunchOptions) -> None:
     GPUs it reserved, which the worker numbers from ``cuda:0``, so ``--device cuda:1 --gpus-per-run 1``
     on a 2-GPU machine (GPU 1 with the local launcher) failed every run ("expected cuda:N with N < 1").
     Without GPUs per run Ray sets nothing: ``cuda:N`` is then GPU N of the worker's node, as asked.
+    Also GPUs per run for runs on the CPU (``--device cpu --gpus-per-run 1``: each run held a GPU it never
+    used, and runs waited for GPUs no one used), and a ``$`` in the driver's ``PYTHONPATH``, which the
+    workers are given (:func:`ray_worker_env`): Ray expands ``$NAME`` and ``${NAME}`` in a runtime
+    environment's variables, with no escape, so a worker would import from another directory.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -232,6 +236,14 @@ def check_ray_resources(options: LaunchOptions) -> None:
                            f"expected cuda{' or cuda:0' if visible == 1 else f' or cuda:N with N < {visible}'} (Ray "
                            f"gives each run {visible} GPU{'s' if visible > 1 else ''} of its own, numbered from cuda:0 "
                            "in its worker, whatever their number on the machine)")
+    if options.gpus_per_run > 0 and options.device.partition(":")[0] == "cpu":
+        raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g} with --device {options.device}; expected 0 "
+                           "(a run on the CPU uses no GPU; --device cuda or auto runs on the GPUs it reserves)")
+    python_path = os.environ.get("PYTHONPATH", "")
+    if "$" in python_path:
+        raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray; expected directories without '$' "
+                           "(Ray expands $NAME in its workers' environment, so they would import from elsewhere; "
+                           "rename the directory or reach it through a link)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
