@@ -56,9 +56,34 @@ def integer_ticks(ax, axis: str = "x") -> None:
     (ax.xaxis if axis == "x" else ax.yaxis).set_major_locator(ticker.MaxNLocator(integer=True))
 
 
+def texts_as_written(fig) -> None:
+    """Draw every text of ``fig`` that may hold a name from the store or the command line (legend entries
+    and titles, axes titles and labels, annotations, figure titles and texts) as written, never as
+    mathtext: a registered variant or a grid may be named with ``$`` (``my$map$``), which matplotlib read
+    as math, drawing "my" and an italic "map", and ``a$\\frac$`` raised a ValueError from the mathtext
+    parser, so ``fwbench report`` ended in a traceback. Tick labels are left alone: matplotlib's own
+    formatters write them in mathtext (``$\\mathdefault{2^{5}}$`` on a log axis). No other text of
+    fwbench's figures is mathtext. Call it before anything measures or draws the texts (:func:`save`
+    does; a figure drawn earlier, to place labels in pixels, calls it before that)."""
+    texts = [*fig.texts, getattr(fig, "_suptitle", None)]
+    legends = list(fig.legends)
+    for ax in fig.axes:
+        texts += [ax.title, getattr(ax, "_left_title", None), getattr(ax, "_right_title", None),
+                  ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        legends.append(ax.get_legend())
+    for legend in legends:
+        if legend is not None:
+            texts += [legend.get_title(), *legend.get_texts()]
+    for text in texts:
+        if text is not None:
+            text.set_parse_math(False)
+
+
 def save(fig, path: Path, rect: tuple[float, float, float, float] | None = None) -> Path:
     """Write ``fig`` as PNG with a tight bounding box (keeps a legend placed outside the axes), close it.
-    ``rect``: the part of the figure the axes are laid out in (room for a figure-level legend)."""
+    ``rect``: the part of the figure the axes are laid out in (room for a figure-level legend). Every text
+    but the tick labels is drawn as written (:func:`texts_as_written`)."""
+    texts_as_written(fig)
     fig.tight_layout(rect=rect)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")

@@ -19,7 +19,7 @@ from fwbench.analysis.capacity import capacity_intervals, measured_loss, retriev
 from fwbench.analysis.records import CAPACITY_THRESHOLD  # noqa: E402
 from fwbench.analysis.reference import official_records, official_synthetic  # noqa: E402
 from fwbench.analysis.statistics import log_mean_ci, mean_ci  # noqa: E402
-from fwbench.report.figure_style import legend_below, legend_beside, plain_ticks, save  # noqa: E402
+from fwbench.report.figure_style import legend_below, legend_beside, plain_ticks, save, texts_as_written  # noqa: E402
 from fwbench.report.point_labels import line_boxes, marker_box, place_labels  # noqa: E402
 
 
@@ -147,6 +147,7 @@ def capacity_vs_d_dot_figure(table: pd.DataFrame, path: Path, official: pd.DataF
     plain_ticks(ax, "x")
     plain_ticks(ax, "y")
     ax.grid(True, which="both", alpha=0.3)
+    texts_as_written(fig)  # before the draw below: a variant named a$\frac$ raised there
     fig.tight_layout()  # the final layout first: labels are placed in pixels
     fig.canvas.draw()
     avoid = [marker_box(ax, x, y, 7.0, lo, hi) for x, y, lo, hi in ours]

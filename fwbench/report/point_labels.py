@@ -35,6 +35,7 @@ def place_labels(ax, points: list[tuple[float, float, str]], avoid: list[Bbox] =
     frame = ax.get_window_extent(renderer)
     taken = list(avoid)
     placed = []
+    text_kwargs.setdefault("parse_math", False)  # a name as written: '$' is no mathtext (figure_style.texts_as_written)
     for x, y, text in points:
         best = None
         for offset, align in OFFSETS:

@@ -59,3 +59,18 @@ def test_the_capacity_table_keeps_a_bound_on_the_ratio(tmp_path):
             section_capacity_vs_d_dot(cut, tmp_path).splitlines() if line.startswith("| dpfp")}
     assert rows["dpfp:nu=2"][3:5] == ["≥ 160 (3 seeds)", "≥ 0.62"]
     assert rows["dpfp:nu=1"][4] == "0.95"
+
+
+def test_a_variant_named_with_dollar_signs_is_drawn_as_written(monkeypatch, tmp_path):
+    """The figure is drawn before its save (labels are placed in pixels): a registered map named
+    'a$\\frac$' raised the mathtext parser's ValueError there, in `fwbench report` and `fwbench capacity`."""
+    caught = []
+    monkeypatch.setattr(interval_figures, "_save", lambda fig, path: caught.append(fig) or path)
+    table = quick_table()
+    table.loc[0, "variant"] = "a$\\frac$"
+    table.loc[1, "variant"] = "my$map$"
+    capacity_vs_d_dot_figure(table, tmp_path / "c.png", official_capacities())  # old code: ValueError
+    texts = caught[0].axes[0].get_legend().get_texts()
+    shown = {t.get_text(): t for t in texts}
+    assert "a$\\frac$ (d_key 16)" in shown and "my$map$ (d_key 16)" in shown
+    assert not any(t.get_parse_math() for t in texts)
