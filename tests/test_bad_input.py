@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -1626,6 +1627,27 @@ def _(ctx):
 @row("C180")
 def _(ctx):
     ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
+@row("C181")
+def _(ctx):
+    """C180's '$' reached the workers another way: each PYTHONPATH entry is made absolute against the
+    working directory (ray_worker_env), so '.' or an empty entry run from /home/me/$lib gave them
+    /home/me/$lib, which Ray expanded ($lib unset: /home/me/)."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    where = ctx.tmp_path / "a$lib"
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    ctx.monkeypatch.setenv("PYTHONPATH", f"/abs/lib{os.pathsep}")  # an empty entry: the working directory
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r")).startswith(
+        f"exit 2: fwbench: error: $PYTHONPATH: got '/abs/lib{os.pathsep}' with --launcher ray, whose entry '' is ")
+    ctx.monkeypatch.setenv("PYTHONPATH", "/abs/lib")  # still accepted: absolute entries only
+    check_ray_resources(LaunchOptions(launcher="ray", device="cpu"))
+    ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
     return answer

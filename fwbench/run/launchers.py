@@ -199,7 +199,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     Also GPUs per run for runs on the CPU (``--device cpu --gpus-per-run 1``: each run held a GPU it never
     used, and runs waited for GPUs no one used), and a ``$`` in the driver's ``PYTHONPATH``, which the
     workers are given (:func:`ray_worker_env`): Ray expands ``$NAME`` and ``${NAME}`` in a runtime
-    environment's variables, with no escape, so a worker would import from another directory.
+    environment's variables, with no escape, so a worker would import from another directory; likewise
+    an entry that holds none but is relative (``.``, or empty) to a working directory that holds one.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -244,6 +245,16 @@ def check_ray_resources(options: LaunchOptions) -> None:
         raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray; expected directories without '$' "
                            "(Ray expands $NAME in its workers' environment, so they would import from elsewhere; "
                            "rename the directory or reach it through a link)")
+    # the workers get each entry made absolute against this working directory (ray_worker_env): '.', a
+    # relative entry or an empty one run from /home/me/$lib reached them as /home/me/$lib, which Ray expanded
+    if python_path:
+        given = ray_worker_env(options.threads)["PYTHONPATH"].split(os.pathsep)[:-1]  # last: the cluster's own
+        for entry, absolute in zip(python_path.split(os.pathsep), given, strict=True):
+            if "$" in absolute:
+                raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
+                                   f"{absolute!r} from this working directory; expected directories without '$' (Ray "
+                                   "expands $NAME in its workers' environment, so they would import from elsewhere; run "
+                                   "from a directory without '$', or reach it through a link)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
