@@ -1653,6 +1653,26 @@ def _(ctx):
     return answer
 
 
+@row("C182")
+def _(ctx):
+    """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote
+    them beside --out, '/tmp/x' to /tmp, '' as hidden files (.csv, .png.png), a NUL raised after training."""
+    grid = (Path(__file__).parent.parent / "fwbench" / "grids" / "capacity.toml").read_text()
+    out = ctx.tmp_path / "out"
+    for name in ("/tmp/x", "", "..", "a\\\\b", "a\\bb", "a\\u0000b", "a\\nb"):
+        (ctx.tmp_path / "bad.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert "name: got " in cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "bad.toml"), "--out", str(out),
+                                   "--results-dir", str(ctx.tmp_path / "r")), name
+    for name in ("my grid", "ν-sweep", "a|b", "a$b"):  # file names: still accepted
+        (ctx.tmp_path / "ok.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert load_grid(ctx.tmp_path / "ok.toml").name == name
+    (ctx.tmp_path / "g.toml").write_text(grid.replace('name = "capacity"', 'name = "../up"', 1))
+    answer = cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "g.toml"), "--out", str(out),
+                 "--results-dir", str(ctx.tmp_path / "r"))
+    assert not out.exists() and not (ctx.tmp_path / "r").exists() and not (ctx.tmp_path / "up.csv").exists()
+    return answer
+
+
 @row("C178")
 def _(ctx):  # a run record but for one field below the top level (config.S a string)
     from dataclasses import asdict

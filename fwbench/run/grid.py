@@ -172,8 +172,8 @@ def load_grid(name_or_path: str | Path) -> Grid:
 
     Raises:
         FwbenchError: unreadable or malformed TOML (with its line), unknown task, typo'd key
-            (listing the allowed keys), a value of the wrong type, a bad variant spec, or a
-            profile without runs.
+            (listing the allowed keys), a value of the wrong type, a name that is no file name (it
+            names ``fwbench capacity``'s files), a bad variant spec, or a profile without runs.
     """
     path = grid_path(name_or_path)
     try:
@@ -206,6 +206,13 @@ def load_grid(name_or_path: str | Path) -> Grid:
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
             raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
+    name = data.get("name", path.stem)
+    # the name names files: `fwbench capacity` writes OUT/NAME.csv and OUT/NAME.png, so "/tmp/x" or "../x"
+    # wrote outside --out, "" wrote the hidden files .csv and .png.png, a NUL raised a traceback
+    if name in ("", ".", "..") or any(c in name for c in "/\\") or not name.isprintable():
+        raise FwbenchError(f"grid {path}: name: got {name!r}; expected a name that is a file name: not empty, not '.' "
+                           "or '..', without '/', '\\' or control characters (fwbench capacity writes NAME.csv and "
+                           "NAME.png into --out)")
     modules = data.get("variant_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         raise FwbenchError(f"grid {path}: variant_modules: got {modules!r}; expected a list of strings "
@@ -214,7 +221,7 @@ def load_grid(name_or_path: str | Path) -> Grid:
         modules = import_variant_modules(modules, relative_to=path.resolve().parent)
     except VariantError as exc:
         raise FwbenchError(f"grid {path}: {exc}") from None
-    grid = Grid(data.get("name", path.stem), task, data.get("description", ""), defaults, profiles, path, modules)
+    grid = Grid(name, task, data.get("description", ""), defaults, profiles, path, modules)
     notes = []
     for profile in profiles:
         specs = expand(grid, profile)  # validates every profile up front
