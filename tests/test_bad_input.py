@@ -401,6 +401,9 @@ def _(ctx):
 
 @row("L63")
 def _(ctx):
+    for name in "my\nmap", "my\tmap", "my\x00map", "my\u2028map":  # a line break, tab, NUL, Unicode line separator
+        assert raised(VariantError, variants.register_feature_map, name, variants.Tanh).startswith("VariantError: name:")
+        assert not any(name in info.name for info in variants.list_variants())
     return raised(VariantError, variants.register_feature_map, "my:map", variants.Tanh)
 
 

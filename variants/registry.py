@@ -92,8 +92,12 @@ def _compose(feature_map: FeatureMapInfo, rule: UpdateRule) -> None:
 
 
 def _check_name(argument: str, name: object) -> str:
-    if not isinstance(name, str) or not name or any(c in name for c in ":,= ") or name != name.strip("-"):
-        raise bad_value(argument, name, "a non-empty name without ':', ',', '=', spaces or an outer '-'")
+    # whitespace and control characters too, not only the space: a name holding a line break or a tab
+    # broke the report's lines (the diverged-runs list, the samples' headings) and no spec could name it
+    if not isinstance(name, str) or not name or any(c in ":,=" or c.isspace() or not c.isprintable() for c in name) \
+            or name != name.strip("-"):
+        raise bad_value(argument, name, "a non-empty name without ':', ',', '=', whitespace, control characters "
+                                        "or an outer '-'")
     return name
 
 
