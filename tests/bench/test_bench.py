@@ -582,6 +582,29 @@ def test_cases_a_partial_own_baseline_lacks_are_judged_against_the_default(tmp_p
     assert full.ratios == {"a": 2.0, "b": 3.0} and full.warnings == ()
 
 
+@pytest.mark.parametrize("corrupt", ["{not json", "<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", ""],
+                         ids=["syntax", "conflict", "empty"])
+def test_a_corrupt_baseline_of_another_cpu_does_not_stop_a_cpu_with_its_own(tmp_path, corrupt):
+    """Break-it finding: a corrupt perf_baseline.json (the Intel Xeon's file; a merge conflict in it)
+    stopped the gate of an AMD EPYC with a good file of its own, "baseline .../perf_baseline.json: not
+    JSON", and --update-baseline there too; now that CPU is judged against its own file (the cases it
+    lacks against nothing, with a warning), and its file is the one rewritten."""
+    zen4 = cpu_identity(ZEN4, "AVX512")
+    own = tmp_path / "perf_baseline-amd-epyc-family-25-model-17-avx512.json"
+    write_baseline({"a": 0.7, "b": 0.9}, {}, {"device_name": "AMD EPYC", "cpu_identity": zen4}, own)
+    (tmp_path / "perf_baseline.json").write_text(corrupt)
+    assert baseline_path_for(zen4, tmp_path) == own
+    assert choose_baseline(zen4, tmp_path, model="AMD EPYC") == (own, None)
+    judged = judged_baseline(zen4, tmp_path, model="AMD EPYC")
+    assert judged.ratios == {"a": 0.7, "b": 0.9} and judged.files == (own,)
+    assert len(judged.warnings) == 1 and judged.warnings[0].startswith("perf_baseline.json is not read (baseline ")
+    assert "\n" not in judged.warnings[0]
+    # a CPU none of whose candidates is its own still stops: the corrupt file may be its
+    for cpu in ("Intel(R) Xeon(R) Processor", cpu_identity(ZEN3, "AVX2")):
+        with pytest.raises(ValueError, match=r"perf_baseline\.json: "):
+            judged_baseline(cpu, tmp_path, model="AMD EPYC")
+
+
 def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_path):
     """A baseline records the torch it was measured with, and every ratio moves with torch's kernels;
     the gate judged an upgraded torch against it with no word (a read-only probe found it). Now it
