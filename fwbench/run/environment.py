@@ -184,17 +184,28 @@ def _read_cpuinfo() -> str:
         return ""
 
 
+#: The ARM fields that differ between the cores of one big.LITTLE CPU (a Cortex-A55 beside an A76): each
+#: value of every processor is kept, "0xd05/0xd0b"; the first processor's alone named two SoCs with the
+#: same little cores and other big ones alike.
+_PER_CORE_FIELDS = ("CPU implementer", "CPU part", "CPU variant")
+
+
 def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
-    """Field → value of the first processor that has the field (the first value of each name)."""
+    """Field → value of the first processor that has the field (the first value of each name); the
+    :data:`_PER_CORE_FIELDS` → each distinct value, in the order the processors give them, joined by "/"."""
     fields: dict[str, str] = {}
+    per_core: dict[str, list[str]] = {}
     for line in cpuinfo.splitlines():
         key, colon, value = line.partition(":")
+        if colon and key.strip() in _PER_CORE_FIELDS and value.strip():
+            seen = per_core.setdefault(key.strip(), [])
+            seen += [value.strip()] if value.strip() not in seen else []
         if colon and key.strip() not in fields:
             fields[key.strip()] = value.strip()
         machine = re.search(r"\bmachine\s*=\s*(\w+)", value) if key.startswith("processor ") else None
         if machine and "machine type" not in fields:  # IBM Z: "processor 0: version = FF, ..., machine = 8561"
             fields["machine type"] = machine.group(1)
-    return fields
+    return fields | {key: "/".join(values) for key, values in per_core.items()}
 
 
 def _platform_model() -> str:
@@ -226,7 +237,7 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 def cpu_identity(cpuinfo: str | None = None, capability: str | None = None) -> str:
     """The CPU as the performance gate keys its baselines: :func:`cpu_model` with the microarchitecture
-    /proc/cpuinfo gives (x86: family and model; ARM: implementer, part and variant; RISC-V: its ids;
+    /proc/cpuinfo gives (x86: family and model; ARM: implementer, part and variant of each kind of core; RISC-V: its ids;
     IBM Z: the machine type) and the instruction set torch's kernels dispatch to
     (``torch.backends.cpu.get_cpu_capability()``, which follows ``ATEN_CPU_CAPABILITY``), e.g.
     ``"AMD EPYC [family 25, model 17, AVX512]"``.

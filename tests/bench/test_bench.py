@@ -686,6 +686,25 @@ def test_a_cpu_without_a_model_name_line_is_named_by_what_its_platform_says(monk
     assert cpu_identity("", "DEFAULT") == "arm [DEFAULT]"
 
 
+def _arm_core(index: int, part: str, variant: str) -> str:
+    return (f"processor\t: {index}\nBogoMIPS\t: 38.40\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+            f"CPU variant\t: {variant}\nCPU part\t: {part}\nCPU revision\t: 0\n\n")
+
+
+def test_a_big_little_arm_cpu_is_named_by_every_kind_of_core():
+    """Break-it finding: an ARM big.LITTLE CPU was named by its first core alone, the little one: four
+    Cortex-A55 (0xd05) with four A76 (0xd0b) and with four A78 (0xd41) were both 'aarch64 [implementer
+    0x41, part 0xd05, variant 0x2, NEON]', one baseline for SoCs whose big cores differ."""
+    little = "".join(_arm_core(i, "0xd05", "0x2") for i in range(4))
+    a76 = little + "".join(_arm_core(i, "0xd0b", "0x4") for i in range(4, 8))
+    a78 = little + "".join(_arm_core(i, "0xd41", "0x1") for i in range(4, 8))
+    assert cpu_identity(a76, "NEON").endswith("[implementer 0x41, part 0xd05/0xd0b, variant 0x2/0x4, NEON]")
+    assert cpu_identity(a76, "NEON") != cpu_identity(a78, "NEON")
+    # one kind of core: as before
+    assert cpu_identity(little, "NEON").endswith("[implementer 0x41, part 0xd05, variant 0x2, NEON]")
+    assert cpu_identity(NEOVERSE * 2, "SVE256") == cpu_identity(NEOVERSE, "SVE256")
+
+
 def test_a_cpuinfo_that_is_not_utf8_names_the_cpu(tmp_path, monkeypatch):
     """Break-it finding: /proc/cpuinfo was read as strict UTF-8, and a byte that is not (b'\\xe9' in a
     model name) raised UnicodeDecodeError out of cpu_model, cpu_identity and so every run record's
