@@ -471,8 +471,10 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     (a name of hundreds of characters raised "File name too long"), and then always carries the hash.
 
     Raises:
-        ValueError: a candidate file is not a baseline (:func:`read_baseline`), or every candidate is
-        another CPU's.
+        ValueError: no candidate is a baseline file measured on ``cpu`` and one is not a baseline
+        (:func:`read_baseline`: it may be this CPU's), or every candidate is another CPU's. A candidate
+        that is not a baseline beside one measured on ``cpu`` is no error: a corrupt ``perf_baseline.json``
+        (an Intel Xeon's) stopped the gate, and ``--update-baseline``, on a CPU with a good file of its own.
     """
     directory = Path(directory)
     slug = "".join(c if c.isalnum() else "-" for c in cpu.lower())
@@ -483,9 +485,17 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         candidates.append(directory / f"perf_baseline-{cut}-{_cpu_hash(cpu)}.json")
     else:
         candidates += [directory / f"perf_baseline-{slug}.json", directory / f"perf_baseline-{slug}-{_cpu_hash(cpu)}.json"]
+    unreadable = []
     for path in candidates:
-        if path.exists() and baseline_cpu(path) == cpu:
-            return path
+        try:
+            if path.exists() and baseline_cpu(path) == cpu:
+                return path
+        except ValueError as exc:  # judged below: it may be this CPU's, or another's (perf_baseline.json)
+            unreadable.append(exc)
+    if unreadable:
+        # no readable candidate is this CPU's, and an unreadable one may be: neither judged against
+        # another's file nor written beside its own
+        raise unreadable[0]
     for path in candidates:
         if not path.exists():
             return path
@@ -583,14 +593,25 @@ def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str
     under another torch than ``torch_version`` (default: the one installed) gets a warning too: every
     ratio moves with torch's kernels, the calibration matmul's included, and the gate never said so.
 
+    ``perf_baseline.json`` not a baseline file, beside this CPU's own, is no error: a warning says the
+    cases this CPU's file lacks are judged against nothing.
+
     Raises:
-        ValueError: a baseline file it reads is not a baseline (:func:`read_baseline`).
+        ValueError: a baseline file it judges against (or one that may be this CPU's) is not a baseline
+        (:func:`read_baseline`).
     """
     path, warning = choose_baseline(cpu, directory, model)
     ratios, files, warnings = load_baseline(path), [path], [warning] if warning else []
     default = Path(directory) / BASELINE_PATH.name
     if path != default and default.exists():
-        fallback = {name: ratio for name, ratio in load_baseline(default).items() if name not in ratios}
+        try:
+            fallback = {name: ratio for name, ratio in load_baseline(default).items() if name not in ratios}
+        except ValueError as exc:
+            # another CPU's file, needed only for cases this CPU's file lacks: a corrupt one (a merge
+            # conflict in the Intel Xeon's file) stopped every CPU's gate; those cases go unjudged, said
+            fallback = {}
+            warnings.append(f"{default.name} is not read ({exc}): a case {path.name} has no ratio for is judged "
+                            f"against nothing (skipped)")
         if fallback:
             measured_on = baseline_cpu(default)
             origin = repr(measured_on) if measured_on else "a CPU it does not name"

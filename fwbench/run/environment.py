@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,57 +160,106 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def cpu_model() -> str:
-    """The CPU's model name ("Intel(R) Xeon(R) Processor"; Linux's /proc/cpuinfo), else what
-    :mod:`platform` knows ("x86_64")."""
+#: Linux's description of the CPUs (absent on macOS and Windows).
+CPUINFO_PATH = Path("/proc/cpuinfo")
+#: The /proc/cpuinfo fields that name a CPU model, the first present: x86's and 32-bit ARM's "model name",
+#: MIPS's "cpu model", POWER's "cpu" ("POWER9 (architected), altivec supported"), RISC-V's "uarch".
+_MODEL_FIELDS = ("model name", "cpu model", "cpu", "uarch")
+#: The /proc/cpuinfo fields that name a CPU's microarchitecture, in the order shown: x86's family and
+#: model, ARM's implementer, part and variant (ARM has no "model name": every ARM CPU is "aarch64"),
+#: RISC-V's vendor, architecture and implementation ids, IBM Z's machine type (from its
+#: "processor 0: ..., machine = 8561" line).
+_MICROARCHITECTURE_FIELDS = (("cpu family", "family"), ("model", "model"),
+                             ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"),
+                             ("mvendorid", "mvendorid"), ("marchid", "marchid"), ("mimpid", "mimpid"),
+                             ("machine type", "machine"))
+
+
+def _read_cpuinfo() -> str:
+    """The text of :data:`CPUINFO_PATH`; '' where it cannot be read. Bytes that are not UTF-8 are replaced:
+    they raised UnicodeDecodeError (not an OSError) out of every record's :func:`describe_environment`."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+        return CPUINFO_PATH.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        pass
+        return ""
+
+
+#: The ARM fields that differ between the cores of one big.LITTLE CPU (a Cortex-A55 beside an A76): each
+#: value of every processor is kept, "0xd05/0xd0b"; the first processor's alone named two SoCs with the
+#: same little cores and other big ones alike.
+_PER_CORE_FIELDS = ("CPU implementer", "CPU part", "CPU variant")
+
+
+def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
+    """Field → value of the first processor that has the field (the first value of each name); the
+    :data:`_PER_CORE_FIELDS` → each distinct value, in the order the processors give them, joined by "/"."""
+    fields: dict[str, str] = {}
+    per_core: dict[str, list[str]] = {}
+    for line in cpuinfo.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and key.strip() in _PER_CORE_FIELDS and value.strip():
+            seen = per_core.setdefault(key.strip(), [])
+            seen += [value.strip()] if value.strip() not in seen else []
+        if colon and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+        machine = re.search(r"\bmachine\s*=\s*(\w+)", value) if key.startswith("processor ") else None
+        if machine and "machine type" not in fields:  # IBM Z: "processor 0: version = FF, ..., machine = 8561"
+            fields["machine type"] = machine.group(1)
+    return fields | {key: "/".join(values) for key, values in per_core.items()}
+
+
+def _platform_model() -> str:
+    """The CPU's name where /proc/cpuinfo names none: macOS's brand string ("Apple M2 Pro"; what
+    :mod:`platform` says there is "arm" or "i386", the same for every Mac of a kind), else
+    ``platform.processor()`` (Windows: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel"), else
+    ``platform.machine()``."""
+    if platform.system() == "Darwin":
+        try:
+            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                 timeout=5, check=False)
+        except (OSError, subprocess.SubprocessError):
+            out = None
+        if out is not None and out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
     return platform.processor() or platform.machine()
 
 
-#: The /proc/cpuinfo fields that name a CPU's microarchitecture, in the order shown: x86's family and
-#: model, ARM's implementer, part and variant (ARM has no "model name": every ARM CPU is "aarch64").
-_MICROARCHITECTURE_FIELDS = (("cpu family", "family"), ("model", "model"),
-                             ("CPU implementer", "implementer"), ("CPU part", "part"), ("CPU variant", "variant"))
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The CPU's model name ("Intel(R) Xeon(R) Processor"; Linux's /proc/cpuinfo, :data:`_MODEL_FIELDS`),
+    else :func:`_platform_model` ("Apple M2 Pro" on macOS; "aarch64" on Linux ARM).
+
+    Args:
+        cpuinfo: the text of /proc/cpuinfo (default: read it; '' where it cannot be read).
+    """
+    fields = _cpuinfo_fields(_read_cpuinfo() if cpuinfo is None else cpuinfo)
+    return next((fields[key] for key in _MODEL_FIELDS if fields.get(key)), None) or _platform_model()
 
 
 def cpu_identity(cpuinfo: str | None = None, capability: str | None = None) -> str:
     """The CPU as the performance gate keys its baselines: :func:`cpu_model` with the microarchitecture
-    /proc/cpuinfo gives (x86: family and model; ARM: implementer, part and variant) and the instruction
-    set torch's kernels dispatch to (``torch.backends.cpu.get_cpu_capability()``), e.g.
+    /proc/cpuinfo gives (x86: family and model; ARM: implementer, part and variant of each kind of core; RISC-V: its ids;
+    IBM Z: the machine type) and the instruction set torch's kernels dispatch to
+    (``torch.backends.cpu.get_cpu_capability()``, which follows ``ATEN_CPU_CAPABILITY``), e.g.
     ``"AMD EPYC [family 25, model 17, AVX512]"``.
 
     Why not the model name alone: a VM's is generic ("AMD EPYC", "Intel(R) Xeon(R) Processor"), the
     same for CPU generations whose balance of matmul and memory speed differs, and the gate's ratios
     move with that balance: on an AMD EPYC of family 25 model 17, the code of the very commit that
     measured perf_baseline-amd-epyc.json (on another "AMD EPYC") read 1.05-1.48x its ratios, within
-    0.02 of the gate's 1.5 on an unchanged checkout.
+    0.02 of the gate's 1.5 on an unchanged checkout. Where /proc/cpuinfo has no "model name" the name
+    comes from the field the platform has (POWER's "cpu", macOS's brand string): each Mac was "arm",
+    each POWER "ppc64le", so an M1's baseline was judged as an M3's own.
 
     Args:
         cpuinfo: the text of /proc/cpuinfo (default: read it; '' where it cannot be read).
         capability: torch's CPU capability (default: the running torch's).
     """
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8") as file:
-                cpuinfo = file.read()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():  # the first processor's values
-        key, colon, value = line.partition(":")
-        if colon and key.strip() not in fields:
-            fields[key.strip()] = value.strip()
-    model = fields.get("model name") or platform.processor() or platform.machine()
+    cpuinfo = _read_cpuinfo() if cpuinfo is None else cpuinfo
+    fields = _cpuinfo_fields(cpuinfo)
     if capability is None:
         capability = torch.backends.cpu.get_cpu_capability()
     parts = [f"{shown} {fields[key]}" for key, shown in _MICROARCHITECTURE_FIELDS if fields.get(key)]
-    return f"{model} [{', '.join([*parts, capability])}]"
+    return f"{cpu_model(cpuinfo)} [{', '.join([*parts, capability])}]"
 
 
 def describe_environment(device: torch.device) -> dict:

@@ -17,6 +17,7 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import time
 
 import pytest
@@ -582,6 +583,29 @@ def test_cases_a_partial_own_baseline_lacks_are_judged_against_the_default(tmp_p
     assert full.ratios == {"a": 2.0, "b": 3.0} and full.warnings == ()
 
 
+@pytest.mark.parametrize("corrupt", ["{not json", "<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", ""],
+                         ids=["syntax", "conflict", "empty"])
+def test_a_corrupt_baseline_of_another_cpu_does_not_stop_a_cpu_with_its_own(tmp_path, corrupt):
+    """Break-it finding: a corrupt perf_baseline.json (the Intel Xeon's file; a merge conflict in it)
+    stopped the gate of an AMD EPYC with a good file of its own, "baseline .../perf_baseline.json: not
+    JSON", and --update-baseline there too; now that CPU is judged against its own file (the cases it
+    lacks against nothing, with a warning), and its file is the one rewritten."""
+    zen4 = cpu_identity(ZEN4, "AVX512")
+    own = tmp_path / "perf_baseline-amd-epyc-family-25-model-17-avx512.json"
+    write_baseline({"a": 0.7, "b": 0.9}, {}, {"device_name": "AMD EPYC", "cpu_identity": zen4}, own)
+    (tmp_path / "perf_baseline.json").write_text(corrupt)
+    assert baseline_path_for(zen4, tmp_path) == own
+    assert choose_baseline(zen4, tmp_path, model="AMD EPYC") == (own, None)
+    judged = judged_baseline(zen4, tmp_path, model="AMD EPYC")
+    assert judged.ratios == {"a": 0.7, "b": 0.9} and judged.files == (own,)
+    assert len(judged.warnings) == 1 and judged.warnings[0].startswith("perf_baseline.json is not read (baseline ")
+    assert "\n" not in judged.warnings[0]
+    # a CPU none of whose candidates is its own still stops: the corrupt file may be its
+    for cpu in ("Intel(R) Xeon(R) Processor", cpu_identity(ZEN3, "AVX2")):
+        with pytest.raises(ValueError, match=r"perf_baseline\.json: "):
+            judged_baseline(cpu, tmp_path, model="AMD EPYC")
+
+
 def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_path):
     """A baseline records the torch it was measured with, and every ratio moves with torch's kernels;
     the gate judged an upgraded torch against it with no word (a read-only probe found it). Now it
@@ -612,6 +636,89 @@ def test_a_cpu_is_named_by_its_model_its_microarchitecture_and_torchs_instructio
     assert arm.endswith("[implementer 0x41, part 0xd40, variant 0x1, SVE256]") and arm != cpu_identity("", "SVE256")
     assert cpu_identity() == cpu_identity(None, torch.backends.cpu.get_cpu_capability())
     assert cpu_identity().startswith(cpu_model() + " [")
+
+
+#: /proc/cpuinfo of two POWER generations as KVM guests: the same "model" (the machine), no "model name"
+POWER8_GUEST = ("processor\t: 0\ncpu\t\t: POWER8 (architected), altivec supported\nclock\t\t: 3425.000000MHz\n"
+                "revision\t: 2.1 (pvr 004b 0201)\n\ntimebase\t: 512000000\nplatform\t: pSeries\n"
+                "model\t\t: IBM pSeries (emulated by qemu)\nmachine\t\t: CHRP IBM pSeries (emulated by qemu)\n")
+POWER9_GUEST = POWER8_GUEST.replace("POWER8", "POWER9").replace("2.1 (pvr 004b 0201)", "2.2 (pvr 004e 1202)")
+#: IBM Z (a z15, machine type 8561) and RISC-V (a SiFive U74) as Linux describes them
+Z15 = ("vendor_id       : IBM/S390\n# processors    : 2\nbogomips per cpu: 3241.00\nfeatures\t: esan3 zarch vx\n"
+       "processor 0: version = FF,  identification = 0C3247,  machine = 8561\n"
+       "processor 1: version = FF,  identification = 1C3247,  machine = 8561\n\ncpu number      : 0\n")
+U74 = ("processor\t: 0\nhart\t\t: 1\nisa\t\t: rv64imafdc\nmmu\t\t: sv39\nuarch\t\t: sifive,u74-mc\n"
+       "mvendorid\t: 0x489\nmarchid\t\t: 0x8000000000000007\nmimpid\t\t: 0x4210427\n")
+
+
+def test_a_cpu_without_a_model_name_line_is_named_by_what_its_platform_says(monkeypatch):
+    """Break-it finding (issue 14.11): where /proc/cpuinfo has no "model name" the CPU was named by
+    platform.processor(): a POWER8 and a POWER9 guest were both 'ppc64le [model IBM pSeries (emulated by
+    qemu), VSX]', a z14 and a z15 both 's390x [ZVECTOR]', every RISC-V board 'riscv64 [DEFAULT]', and
+    every Mac 'arm [DEFAULT]' (no /proc/cpuinfo): one baseline file, judged as each one's own."""
+    from fwbench.run import environment
+
+    monkeypatch.setattr(environment.platform, "processor", lambda: "ppc64le")
+    assert cpu_identity(POWER9_GUEST, "VSX") == ("POWER9 (architected), altivec supported "
+                                                 "[model IBM pSeries (emulated by qemu), VSX]")
+    assert cpu_model(POWER9_GUEST) == "POWER9 (architected), altivec supported"
+    assert cpu_identity(POWER8_GUEST, "VSX") != cpu_identity(POWER9_GUEST, "VSX")
+    monkeypatch.setattr(environment.platform, "processor", lambda: "s390x")
+    assert cpu_identity(Z15, "ZVECTOR") == "s390x [machine 8561, ZVECTOR]"
+    assert cpu_identity(Z15.replace("8561", "3906"), "ZVECTOR") == "s390x [machine 3906, ZVECTOR]"
+    monkeypatch.setattr(environment.platform, "processor", lambda: "riscv64")
+    assert cpu_identity(U74, "DEFAULT") == ("sifive,u74-mc [mvendorid 0x489, marchid 0x8000000000000007, "
+                                            "mimpid 0x4210427, DEFAULT]")
+    # macOS: no /proc/cpuinfo; the brand string sysctl gives, one per chip
+    monkeypatch.setattr(environment.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(environment.platform, "processor", lambda: "arm")
+    identities = []
+    for chip in ("Apple M1", "Apple M3 Pro"):
+        def sysctl(argv, chip=chip, **kwargs):
+            assert argv == ["sysctl", "-n", "machdep.cpu.brand_string"]
+            return subprocess.CompletedProcess(argv, 0, stdout=chip + "\n", stderr="")
+        monkeypatch.setattr(environment.subprocess, "run", sysctl)
+        identities.append(cpu_identity("", "DEFAULT"))
+        assert cpu_model("") == chip
+    assert identities == ["Apple M1 [DEFAULT]", "Apple M3 Pro [DEFAULT]"]
+    # no sysctl answer: what platform says, as before
+    monkeypatch.setattr(environment.subprocess, "run", lambda argv, **kwargs: subprocess.CompletedProcess(argv, 1, "", ""))
+    assert cpu_identity("", "DEFAULT") == "arm [DEFAULT]"
+
+
+def _arm_core(index: int, part: str, variant: str) -> str:
+    return (f"processor\t: {index}\nBogoMIPS\t: 38.40\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
+            f"CPU variant\t: {variant}\nCPU part\t: {part}\nCPU revision\t: 0\n\n")
+
+
+def test_a_big_little_arm_cpu_is_named_by_every_kind_of_core():
+    """Break-it finding: an ARM big.LITTLE CPU was named by its first core alone, the little one: four
+    Cortex-A55 (0xd05) with four A76 (0xd0b) and with four A78 (0xd41) were both 'aarch64 [implementer
+    0x41, part 0xd05, variant 0x2, NEON]', one baseline for SoCs whose big cores differ."""
+    little = "".join(_arm_core(i, "0xd05", "0x2") for i in range(4))
+    a76 = little + "".join(_arm_core(i, "0xd0b", "0x4") for i in range(4, 8))
+    a78 = little + "".join(_arm_core(i, "0xd41", "0x1") for i in range(4, 8))
+    assert cpu_identity(a76, "NEON").endswith("[implementer 0x41, part 0xd05/0xd0b, variant 0x2/0x4, NEON]")
+    assert cpu_identity(a76, "NEON") != cpu_identity(a78, "NEON")
+    # one kind of core: as before
+    assert cpu_identity(little, "NEON").endswith("[implementer 0x41, part 0xd05, variant 0x2, NEON]")
+    assert cpu_identity(NEOVERSE * 2, "SVE256") == cpu_identity(NEOVERSE, "SVE256")
+
+
+def test_a_cpuinfo_that_is_not_utf8_names_the_cpu(tmp_path, monkeypatch):
+    """Break-it finding: /proc/cpuinfo was read as strict UTF-8, and a byte that is not (b'\\xe9' in a
+    model name) raised UnicodeDecodeError out of cpu_model, cpu_identity and so every run record's
+    describe_environment: neither a run nor the gate started."""
+    from fwbench.run import environment
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_bytes(b"processor\t: 0\ncpu family\t: 6\nmodel\t\t: 85\nmodel name\t: Caf\xe9 CPU\n")
+    monkeypatch.setattr(environment, "CPUINFO_PATH", cpuinfo)
+    assert cpu_model() == "Caf\ufffd CPU"
+    assert cpu_identity(capability="AVX2") == "Caf\ufffd CPU [family 6, model 85, AVX2]"
+    assert environment.describe_environment(torch.device("cpu"))["device_name"] == "Caf\ufffd CPU"
+    monkeypatch.setattr(environment, "CPUINFO_PATH", tmp_path / "missing")  # macOS, Windows: no such file
+    assert cpu_identity(capability="AVX2").endswith(" [AVX2]")
 
 
 def test_two_cpu_generations_of_one_model_name_keep_their_own_baselines(tmp_path):
