@@ -458,6 +458,30 @@ def _cpu_hash(cpu: str) -> str:
     return hashlib.sha256(cpu.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
+def _slug(cpu: str) -> str:
+    """``cpu`` as the CPU part of a baseline file name: lower case, each run of other characters than
+    letters and digits one "-" ("AMD EPYC [family 25, model 17, AVX512]" → "amd-epyc-family-25-model-17-avx512")."""
+    slug = "".join(c if c.isalnum() else "-" for c in cpu.lower())
+    return "-".join(part for part in slug.split("-") if part) or "unknown-cpu"
+
+
+def _cut_slug(slug: str) -> str:
+    """``slug`` cut to :data:`MAX_SLUG_BYTES` UTF-8 bytes (whole characters, no trailing "-")."""
+    return slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
+
+
+def _may_be_of_model(path: Path, model: str) -> bool:
+    """Whether the file name ``path`` may be that of a baseline measured on a CPU of model name ``model``:
+    every name :func:`baseline_path_for` gives such a CPU, by its identity ("perf_baseline-amd-epyc-family-...")
+    or, in code before identities, by its model name ("perf_baseline-amd-epyc.json"), starts with the
+    model's slug; ``perf_baseline.json`` names no CPU, so it may be any's."""
+    if path.name == BASELINE_PATH.name:
+        return True
+    rest, prefix = path.stem.removeprefix("perf_baseline-"), _slug(model)
+    prefix = _cut_slug(prefix) if len(prefix.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES else prefix
+    return rest == prefix or rest.startswith(prefix + "-")
+
+
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
     yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
@@ -477,12 +501,10 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         (an Intel Xeon's) stopped the gate, and ``--update-baseline``, on a CPU with a good file of its own.
     """
     directory = Path(directory)
-    slug = "".join(c if c.isalnum() else "-" for c in cpu.lower())
-    slug = "-".join(part for part in slug.split("-") if part) or "unknown-cpu"
+    slug = _slug(cpu)
     candidates = [directory / BASELINE_PATH.name]
     if len(slug.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:
-        cut = slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
-        candidates.append(directory / f"perf_baseline-{cut}-{_cpu_hash(cpu)}.json")
+        candidates.append(directory / f"perf_baseline-{_cut_slug(slug)}-{_cpu_hash(cpu)}.json")
     else:
         candidates += [directory / f"perf_baseline-{slug}.json", directory / f"perf_baseline-{slug}-{_cpu_hash(cpu)}.json"]
     unreadable = []
@@ -513,13 +535,21 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None 
     (or one it does not name), so that a slowdown smaller than the machines' difference can pass
     unnoticed (or an unchanged case fail). A case this CPU's file lacks: :func:`judged_baseline`.
 
+    A file that is not a baseline and whose name cannot be of this CPU or of its model name (another
+    CPU's: :func:`_same_model_baseline`) is left out, said at the end of the warning.
+
     Raises:
-        ValueError: a candidate file is not a baseline (:func:`read_baseline`, :func:`baseline_path_for`).
+        ValueError: a candidate file (:func:`baseline_path_for`), or a file whose name may be of a CPU named
+        ``model``, is not a baseline (:func:`read_baseline`).
     """
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
-    same_model = _same_model_baseline(model, directory) if model and model != cpu else None
+    same_model, skipped = _same_model_baseline(model, directory) if model and model != cpu else (None, [])
+    # a corrupt file that cannot be of this model (an AMD EPYC's, on an Intel Xeon) stopped this CPU's gate
+    # and named that file; it is left out, said at the end of the warning
+    not_read = "".join(f"; {name} is left out, its name not that of a CPU named {model!r}: {exc}"
+                       for name, exc in skipped)
     if same_model is not None:
         path, identity = same_model
         origin = repr(identity) if identity else f"a CPU named {model!r} that records no family, model or instruction set"
@@ -527,33 +557,45 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None 
                       f"measured on {origin}; one model name covers CPU generations whose ratios differ (1.05-1.48x "
                       f"between two 'AMD EPYC's on the same code), so an unchanged case can fail and a slowdown "
                       f"smaller than that can pass. On a quiet machine, `nox -s bench -- --update-baseline` writes "
-                      f"{own.name} for this CPU")
+                      f"{own.name} for this CPU{not_read}")
     default = Path(directory) / BASELINE_PATH.name
     if not default.exists():
         return default, (f"no performance baseline was measured on this CPU ({cpu!r}) and there is no {default.name}: "
-                         f"nothing is judged. On a quiet machine, `nox -s bench -- --update-baseline` writes {own.name}")
+                         f"nothing is judged. On a quiet machine, `nox -s bench -- --update-baseline` writes "
+                         f"{own.name}{not_read}")
     measured_on = baseline_cpu(default)
     origin = repr(measured_on) if measured_on else "a CPU it does not name (no environment.device_name)"
     return default, (f"no performance baseline was measured on this CPU ({cpu!r}): judging against {default.name}, "
                      f"measured on {origin}; ratios differ between machines (0.31-0.99x on an AMD "
                      f"EPYC against an Intel Xeon), so a slowdown smaller than that can pass. On a quiet machine, "
-                     f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU")
+                     f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU{not_read}")
 
 
-def _same_model_baseline(model: str, directory: Path) -> tuple[Path, str | None] | None:
-    """(a baseline file whose ``environment.device_name`` is ``model``, its ``cpu_identity`` or None);
-    None where there is none. A file that does not record its CPU's identity (it may be this CPU's
-    generation) before one that records another, then by file name.
+def _same_model_baseline(model: str, directory: Path) -> tuple[tuple[Path, str | None] | None, list[tuple[str, ValueError]]]:
+    """((a baseline file whose ``environment.device_name`` is ``model``, its ``cpu_identity`` or None), or None
+    where there is none; (file name, why) of each file left out). A file that does not record its CPU's identity
+    (it may be this CPU's generation) before one that records another, then by file name.
+
+    A file that is not a baseline is left out where its name cannot be that of a CPU named ``model``
+    (:func:`_may_be_of_model`): a corrupt ``perf_baseline-amd-epyc.json`` stopped the gate of an Intel Xeon
+    with no file of its own, which is judged against ``perf_baseline.json``.
 
     Raises:
-        ValueError: a baseline file is not a baseline (:func:`read_baseline`).
+        ValueError: a file whose name may be of a CPU named ``model`` is not a baseline (:func:`read_baseline`):
+        it may be the one to judge against.
     """
-    found = []
-    for path in Path(directory).glob("perf_baseline*.json"):
-        environment = read_baseline(path).get("environment") or {}
+    found, skipped = [], []
+    for path in sorted(Path(directory).glob("perf_baseline*.json")):
+        try:
+            environment = read_baseline(path).get("environment") or {}
+        except ValueError as exc:
+            if _may_be_of_model(path, model):
+                raise
+            skipped.append((path.name, exc))
+            continue
         if environment.get("device_name") == model:
             found.append((environment.get("cpu_identity") is not None, path.name, path, environment.get("cpu_identity")))
-    return min(found)[2:] if found else None
+    return (min(found)[2:] if found else None), skipped
 
 
 def load_baseline(path: Path = BASELINE_PATH) -> dict[str, float]:

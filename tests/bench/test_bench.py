@@ -606,6 +606,36 @@ def test_a_corrupt_baseline_of_another_cpu_does_not_stop_a_cpu_with_its_own(tmp_
             judged_baseline(cpu, tmp_path, model="AMD EPYC")
 
 
+@pytest.mark.parametrize("corrupt", ["{not json", "<<<<<<< HEAD\n{}\n=======\n{}\n>>>>>>> other\n", ""],
+                         ids=["syntax", "conflict", "empty"])
+def test_a_corrupt_baseline_of_another_model_does_not_stop_a_cpu_without_its_own(tmp_path, corrupt):
+    """Break-it finding (h-break16r): an Intel Xeon with no file of its own (judged against
+    perf_baseline.json, its model name's) stopped with "baseline .../perf_baseline-amd-epyc.json: not JSON"
+    where the AMD EPYC's file was corrupt: every file was read to find one of its model name. A file whose
+    name is no Intel Xeon's is now left out, with a word; one that may be of its model still stops it."""
+    xeon = cpu_identity(ZEN4.replace("AMD EPYC", "Intel(R) Xeon(R) Processor").replace("25", "6").replace(
+        "17", "106"), "AVX512")
+    intel = _baseline_on(tmp_path / "perf_baseline.json", "Intel(R) Xeon(R) Processor", 2.0)
+    amd = tmp_path / "perf_baseline-amd-epyc.json"
+    amd.write_text(corrupt)
+    path, warning = choose_baseline(xeon, tmp_path, model="Intel(R) Xeon(R) Processor")
+    assert path == intel and "\n" not in warning
+    assert warning.endswith(" (fix the file or delete it)") and "perf_baseline-amd-epyc.json is left out" in warning
+    judged = judged_baseline(xeon, tmp_path, model="Intel(R) Xeon(R) Processor")
+    assert judged.ratios == {"a": 2.0} and judged.files == (intel,)
+    # no same-model file at all: judged against perf_baseline.json, the corrupt file said too
+    path, warning = choose_baseline("Weird CPU [AVX2]", tmp_path, model="Weird CPU")
+    assert path == intel and "perf_baseline-amd-epyc.json is left out" in warning
+    # an AMD EPYC of another generation: the corrupt file may be its model's (as code before identities
+    # named it), the one it should be judged against: it still stops
+    with pytest.raises(ValueError, match=r"perf_baseline-amd-epyc\.json: "):
+        judged_baseline(cpu_identity(ZEN3, "AVX2"), tmp_path, model="AMD EPYC")
+    amd.rename(tmp_path / "perf_baseline-amd-epyc-family-25-model-17-avx512.json")
+    with pytest.raises(ValueError, match=r"perf_baseline-amd-epyc-family-25-model-17-avx512\.json: "):
+        judged_baseline(cpu_identity(ZEN3, "AVX2"), tmp_path, model="AMD EPYC")
+    assert judged_baseline(xeon, tmp_path, model="Intel(R) Xeon(R) Processor").ratios == {"a": 2.0}
+
+
 def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_path):
     """A baseline records the torch it was measured with, and every ratio moves with torch's kernels;
     the gate judged an upgraded torch against it with no word (a read-only probe found it). Now it
