@@ -208,19 +208,26 @@ def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
     return fields | {key: "/".join(values) for key, values in per_core.items()}
 
 
+#: Where macOS keeps sysctl, tried before a ``sysctl`` on ``$PATH``: /usr/sbin is on the PATH of a login
+#: shell, not on that of ``env -i`` (Python then searches /bin:/usr/bin), a pure nix shell or a minimal CI
+#: job, where the same Mac was named "arm": one CPU, two identities, and every Mac's baseline judged as its own.
+MACOS_SYSCTL = "/usr/sbin/sysctl"
+
+
 def _platform_model() -> str:
-    """The CPU's name where /proc/cpuinfo names none: macOS's brand string ("Apple M2 Pro"; what
-    :mod:`platform` says there is "arm" or "i386", the same for every Mac of a kind), else
-    ``platform.processor()`` (Windows: "Intel64 Family 6 Model 85 Stepping 7, GenuineIntel"), else
-    ``platform.machine()``."""
+    """The CPU's name where /proc/cpuinfo names none: macOS's brand string ("Apple M2 Pro", from
+    :data:`MACOS_SYSCTL` else a ``sysctl`` on ``$PATH``; what :mod:`platform` says there is "arm" or "i386",
+    the same for every Mac of a kind), else ``platform.processor()`` (Windows: "Intel64 Family 6 Model 85
+    Stepping 7, GenuineIntel"), else ``platform.machine()``."""
     if platform.system() == "Darwin":
-        try:
-            out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                 timeout=5, check=False)
-        except (OSError, subprocess.SubprocessError):
-            out = None
-        if out is not None and out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+        for sysctl in (MACOS_SYSCTL, "sysctl"):
+            try:
+                out = subprocess.run([sysctl, "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                     timeout=5, check=False)
+            except (OSError, subprocess.SubprocessError):
+                continue
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
     return platform.processor() or platform.machine()
 
 

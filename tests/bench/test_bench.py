@@ -705,7 +705,7 @@ def test_a_cpu_without_a_model_name_line_is_named_by_what_its_platform_says(monk
     identities = []
     for chip in ("Apple M1", "Apple M3 Pro"):
         def sysctl(argv, chip=chip, **kwargs):
-            assert argv == ["sysctl", "-n", "machdep.cpu.brand_string"]
+            assert argv == ["/usr/sbin/sysctl", "-n", "machdep.cpu.brand_string"]
             return subprocess.CompletedProcess(argv, 0, stdout=chip + "\n", stderr="")
         monkeypatch.setattr(environment.subprocess, "run", sysctl)
         identities.append(cpu_identity("", "DEFAULT"))
@@ -714,6 +714,39 @@ def test_a_cpu_without_a_model_name_line_is_named_by_what_its_platform_says(monk
     # no sysctl answer: what platform says, as before
     monkeypatch.setattr(environment.subprocess, "run", lambda argv, **kwargs: subprocess.CompletedProcess(argv, 1, "", ""))
     assert cpu_identity("", "DEFAULT") == "arm [DEFAULT]"
+
+
+@pytest.mark.parametrize("path", ["/usr/bin:/bin:/usr/sbin:/sbin", "/usr/bin:/bin", None],
+                         ids=["login-shell", "no-sbin", "unset"])
+def test_a_mac_is_named_alike_whatever_its_path(monkeypatch, path):
+    """Break-it finding (h-break16r): the brand string came from a bare "sysctl", found on $PATH, and macOS
+    keeps it in /usr/sbin: where PATH lacks it (`env -i`, which leaves Python /bin:/usr/bin, a pure nix shell,
+    a minimal CI job) the same Mac was 'arm [DEFAULT]' instead of 'Apple M3 Pro [DEFAULT]', every Mac's name
+    (the baseline of any Mac judged as its own). sysctl is simulated as macOS runs it: a bare name looked up
+    in PATH (os.defpath where unset), the file at /usr/sbin/sysctl alone."""
+    from fwbench.run import environment
+
+    def run(argv, **kwargs):
+        search = os.environ.get("PATH", os.defpath).split(":")
+        found = argv[0] if "/" in argv[0] else next((f"{d}/{argv[0]}" for d in search if d == "/usr/sbin"), None)
+        if found != "/usr/sbin/sysctl":
+            raise FileNotFoundError(2, "No such file or directory", argv[0])
+        return subprocess.CompletedProcess(argv, 0, stdout="Apple M3 Pro\n", stderr="")
+
+    monkeypatch.setattr(environment.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(environment.platform, "processor", lambda: "arm")
+    monkeypatch.setattr(environment.subprocess, "run", run)
+    if path is None:
+        monkeypatch.delenv("PATH", raising=False)
+    else:
+        monkeypatch.setenv("PATH", path)
+    assert cpu_identity("", "DEFAULT") == "Apple M3 Pro [DEFAULT]"
+    # sysctl missing, timing out or failing: what platform says, as before
+    for failure in (FileNotFoundError(2, "missing"), subprocess.TimeoutExpired("sysctl", 5)):
+        def broken(argv, failure=failure, **kwargs):
+            raise failure
+        monkeypatch.setattr(environment.subprocess, "run", broken)
+        assert cpu_identity("", "DEFAULT") == "arm [DEFAULT]"
 
 
 def _arm_core(index: int, part: str, variant: str) -> str:
