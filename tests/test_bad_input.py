@@ -1676,6 +1676,28 @@ def _(ctx):
     return answer
 
 
+@row("C183")
+def _(ctx):
+    """A grid name longer than a file name may be: `fwbench capacity` trained every run, then raised
+    OSError "File name too long" writing OUT/NAME.csv (a traceback, no CSV, no figure)."""
+    grid = (Path(__file__).parent.parent / "fwbench" / "grids" / "capacity.toml").read_text()
+    out = ctx.tmp_path / "out"
+    for name in ("g" * 252, "ν" * 126, "g" * 300):  # 252 bytes: NAME.csv is 256, one more than a file name holds
+        (ctx.tmp_path / "bad.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert "at most 251 bytes" in cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "bad.toml"), "--out",
+                                          str(out), "--results-dir", str(ctx.tmp_path / "r")), name
+    for name in ("g" * 251, "ν" * 125 + "g"):  # 251 bytes: the longest name whose files can be written
+        (ctx.tmp_path / "ok.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert load_grid(ctx.tmp_path / "ok.toml").name == name
+        (out / f"{name}.png").parent.mkdir(exist_ok=True)
+        (out / f"{name}.png").write_bytes(b"")  # the file system takes it
+    (ctx.tmp_path / "g.toml").write_text(grid.replace('name = "capacity"', f'name = "{"g" * 252}"', 1))
+    answer = cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "g.toml"), "--out", str(ctx.tmp_path / "o2"),
+                 "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before any run trained
+    return answer
+
+
 @row("C178")
 def _(ctx):  # a run record but for one field below the top level (config.S a string)
     from dataclasses import asdict
