@@ -1656,6 +1656,36 @@ def _(ctx):
     return answer
 
 
+@row("C184")
+def _(ctx):
+    """C181's kind with the path separator: a relative or empty PYTHONPATH entry run from /home/me/a:b was
+    given to the workers as /home/me/a:b, two entries (/home/me/a and b); the check raised a ValueError
+    (zip of one entry against two) and the command ended in a traceback."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources, ray_worker_env, worker_python_path
+
+    where = ctx.tmp_path / f"a{os.pathsep}b"
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    for python_path in (f"/abs/lib{os.pathsep}", "./lib", ".."):  # '..' is the tmp folder: still accepted
+        ctx.monkeypatch.setenv("PYTHONPATH", python_path)
+        given = ray_worker_env(1)["PYTHONPATH"].split(os.pathsep)[:-1]
+        sent = [absolute for _, absolute in worker_python_path(os.environ)]
+        if python_path == "..":
+            assert given == sent == [str(ctx.tmp_path)]
+            check_ray_resources(LaunchOptions(launcher="ray", device="cpu"))
+        else:  # the workers would be given more entries than were written: refused
+            assert len(given) > len(python_path.split(os.pathsep))
+            assert f"expected directories without {os.pathsep!r}" in raised(
+                FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu"))
+    ctx.monkeypatch.setenv("PYTHONPATH", ".")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    # the local launcher sends no environment: the same PYTHONPATH and working directory run there
+    assert cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "local"),
+               "--quiet") == "exit 0: "
+    return answer
+
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote
