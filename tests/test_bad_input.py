@@ -407,6 +407,44 @@ def _(ctx):
     return raised(VariantError, variants.register_feature_map, "my:map", variants.Tanh)
 
 
+@row("L103")
+def _(ctx):
+    """L63's check, at the other registration: register_rule took a rule key holding a line break, a tab or
+    a NUL (only ' ' was refused) and named 'linear-my\\nrule' for every map; an int key raised AttributeError."""
+    from dataclasses import replace
+
+    from fwbench.variants.rules import DELTA, RULES
+
+    before = (dict(RULES), set(variants.REGISTRY))
+    for key in "my\nrule", "my\trule", "my\x00rule", "my\u2028rule", "my\u00a0rule", 5:
+        assert raised(VariantError, variants.register_rule, replace(DELTA, key=key)).startswith(
+            "VariantError: rule.key:"), key
+    assert (dict(RULES), set(variants.REGISTRY)) == before  # nothing registered
+    return raised(VariantError, variants.register_rule, replace(DELTA, key="my\nrule"))
+
+
+@row("L104")
+def _(ctx):
+    """A feature map's parameters are written in spec strings too: a key 'a=b' was registered, and the
+    variant's own spec 'pm:a=b=1' (the one in its run records) read as the unknown parameter 'a'; a default
+    of 0 gave 'pm:nu=0', which parse_spec refuses; a default '2' (str) gave 'pm:nu=2', parsed as 2."""
+    for params in ({"a=b": 1}, {"a,b": 1}, {"n u": 1}, {"nu\n": 1}, {"": 1}, {3: 1}, {"nu": 0}, {"nu": -1},
+                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)]):
+        assert raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, params).startswith(
+            "VariantError: params"), params
+        assert "pm" not in variants.REGISTRY
+    registry, maps = dict(variants.REGISTRY), dict(variants.FEATURE_MAPS)
+    try:
+        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}):  # accepted: their specs parse back
+            variants.register_feature_map(name, variants.Tanh, params, non_negative=False)
+            spec = variants.parse_spec(f"{name}-fwm")  # a map that may be negative: the FWM rule only
+            assert variants.parse_spec(str(spec)) == spec and spec.params == params
+    finally:  # the registry is global: leave it as the other rows find it
+        variants.REGISTRY.clear(), variants.REGISTRY.update(registry)
+        variants.FEATURE_MAPS.clear(), variants.FEATURE_MAPS.update(maps)
+    return raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, {"a=b": 1})
+
+
 @row("L64")
 def _(ctx):
     ctx.monkeypatch.setenv(fla_dispatch.FLA_ENV, "maybe")
