@@ -407,6 +407,44 @@ def _(ctx):
     return raised(VariantError, variants.register_feature_map, "my:map", variants.Tanh)
 
 
+@row("L103")
+def _(ctx):
+    """L63's check, at the other registration: register_rule took a rule key holding a line break, a tab or
+    a NUL (only ' ' was refused) and named 'linear-my\\nrule' for every map; an int key raised AttributeError."""
+    from dataclasses import replace
+
+    from fwbench.variants.rules import DELTA, RULES
+
+    before = (dict(RULES), set(variants.REGISTRY))
+    for key in "my\nrule", "my\trule", "my\x00rule", "my\u2028rule", "my\u00a0rule", 5:
+        assert raised(VariantError, variants.register_rule, replace(DELTA, key=key)).startswith(
+            "VariantError: rule.key:"), key
+    assert (dict(RULES), set(variants.REGISTRY)) == before  # nothing registered
+    return raised(VariantError, variants.register_rule, replace(DELTA, key="my\nrule"))
+
+
+@row("L104")
+def _(ctx):
+    """A feature map's parameters are written in spec strings too: a key 'a=b' was registered, and the
+    variant's own spec 'pm:a=b=1' (the one in its run records) read as the unknown parameter 'a'; a default
+    of 0 gave 'pm:nu=0', which parse_spec refuses; a default '2' (str) gave 'pm:nu=2', parsed as 2."""
+    for params in ({"a=b": 1}, {"a,b": 1}, {"n u": 1}, {"nu\n": 1}, {"": 1}, {3: 1}, {"nu": 0}, {"nu": -1},
+                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)]):
+        assert raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, params).startswith(
+            "VariantError: params"), params
+        assert "pm" not in variants.REGISTRY
+    registry, maps = dict(variants.REGISTRY), dict(variants.FEATURE_MAPS)
+    try:
+        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}):  # accepted: their specs parse back
+            variants.register_feature_map(name, variants.Tanh, params, non_negative=False)
+            spec = variants.parse_spec(f"{name}-fwm")  # a map that may be negative: the FWM rule only
+            assert variants.parse_spec(str(spec)) == spec and spec.params == params
+    finally:  # the registry is global: leave it as the other rows find it
+        variants.REGISTRY.clear(), variants.REGISTRY.update(registry)
+        variants.FEATURE_MAPS.clear(), variants.FEATURE_MAPS.update(maps)
+    return raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, {"a=b": 1})
+
+
 @row("L64")
 def _(ctx):
     ctx.monkeypatch.setenv(fla_dispatch.FLA_ENV, "maybe")
@@ -1656,6 +1694,36 @@ def _(ctx):
     return answer
 
 
+@row("C184")
+def _(ctx):
+    """C181's kind with the path separator: a relative or empty PYTHONPATH entry run from /home/me/a:b was
+    given to the workers as /home/me/a:b, two entries (/home/me/a and b); the check raised a ValueError
+    (zip of one entry against two) and the command ended in a traceback."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources, ray_worker_env, worker_python_path
+
+    where = ctx.tmp_path / f"a{os.pathsep}b"
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    for python_path in (f"/abs/lib{os.pathsep}", "./lib", ".."):  # '..' is the tmp folder: still accepted
+        ctx.monkeypatch.setenv("PYTHONPATH", python_path)
+        given = ray_worker_env(1)["PYTHONPATH"].split(os.pathsep)[:-1]
+        sent = [absolute for _, absolute in worker_python_path(os.environ)]
+        if python_path == "..":
+            assert given == sent == [str(ctx.tmp_path)]
+            check_ray_resources(LaunchOptions(launcher="ray", device="cpu"))
+        else:  # the workers would be given more entries than were written: refused
+            assert len(given) > len(python_path.split(os.pathsep))
+            assert f"expected directories without {os.pathsep!r}" in raised(
+                FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu"))
+    ctx.monkeypatch.setenv("PYTHONPATH", ".")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    # the local launcher sends no environment: the same PYTHONPATH and working directory run there
+    assert cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / "local"),
+               "--quiet") == "exit 0: "
+    return answer
+
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote
@@ -1673,6 +1741,28 @@ def _(ctx):
     answer = cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "g.toml"), "--out", str(out),
                  "--results-dir", str(ctx.tmp_path / "r"))
     assert not out.exists() and not (ctx.tmp_path / "r").exists() and not (ctx.tmp_path / "up.csv").exists()
+    return answer
+
+
+@row("C183")
+def _(ctx):
+    """A grid name longer than a file name may be: `fwbench capacity` trained every run, then raised
+    OSError "File name too long" writing OUT/NAME.csv (a traceback, no CSV, no figure)."""
+    grid = (Path(__file__).parent.parent / "fwbench" / "grids" / "capacity.toml").read_text()
+    out = ctx.tmp_path / "out"
+    for name in ("g" * 252, "ν" * 126, "g" * 300):  # 252 bytes: NAME.csv is 256, one more than a file name holds
+        (ctx.tmp_path / "bad.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert "at most 251 bytes" in cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "bad.toml"), "--out",
+                                          str(out), "--results-dir", str(ctx.tmp_path / "r")), name
+    for name in ("g" * 251, "ν" * 125 + "g"):  # 251 bytes: the longest name whose files can be written
+        (ctx.tmp_path / "ok.toml").write_text(grid.replace('name = "capacity"', f'name = "{name}"', 1))
+        assert load_grid(ctx.tmp_path / "ok.toml").name == name
+        (out / f"{name}.png").parent.mkdir(exist_ok=True)
+        (out / f"{name}.png").write_bytes(b"")  # the file system takes it
+    (ctx.tmp_path / "g.toml").write_text(grid.replace('name = "capacity"', f'name = "{"g" * 252}"', 1))
+    answer = cli(ctx, "capacity", "--grid", str(ctx.tmp_path / "g.toml"), "--out", str(ctx.tmp_path / "o2"),
+                 "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()  # refused before any run trained
     return answer
 
 

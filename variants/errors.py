@@ -20,6 +20,24 @@ def bad_value(argument: str, received: object, allowed: str) -> VariantError:
     return VariantError(f"{argument}: got {received!r}; expected {allowed}")
 
 
+def check_name(argument: str, name: object) -> str:
+    """``name`` if it can be written in a spec string and a report's lines: a non-empty ``str`` without
+    ``:``, ``,``, ``=`` (the spec syntax), whitespace or non-printable characters, and without an outer
+    ``-`` (rule suffixes join with one). Used for every registered name: feature maps, their parameters
+    and update rules' keys.
+
+    Raises:
+        VariantError: naming ``argument``, the value and what is allowed.
+    """
+    # whitespace and control characters too, not only the space: a name holding a line break or a tab
+    # broke the report's lines (the diverged-runs list, the samples' headings) and no spec could name it
+    if not isinstance(name, str) or not name or any(c in ":,=" or c.isspace() or not c.isprintable() for c in name) \
+            or name != name.strip("-"):
+        raise bad_value(argument, name, "a non-empty name without ':', ',', '=', whitespace, control characters "
+                                        "or an outer '-'")
+    return name
+
+
 class NonFiniteError(VariantError):
     """A NaN or ±inf in the inputs or carried state of an attention call made with
     ``check_finite=True`` (on in the harness). The training loop records it as a divergence."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import FORMS, Attention, FastWeightAttention, SoftmaxAttention
-from .errors import VariantError, bad_value
+from .errors import VariantError, bad_value, check_name
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh
 from .rules import RULES, UpdateRule, add_rule
 
@@ -91,14 +91,19 @@ def _compose(feature_map: FeatureMapInfo, rule: UpdateRule) -> None:
     )
 
 
-def _check_name(argument: str, name: object) -> str:
-    # whitespace and control characters too, not only the space: a name holding a line break or a tab
-    # broke the report's lines (the diverged-runs list, the samples' headings) and no spec could name it
-    if not isinstance(name, str) or not name or any(c in ":,=" or c.isspace() or not c.isprintable() for c in name) \
-            or name != name.strip("-"):
-        raise bad_value(argument, name, "a non-empty name without ':', ',', '=', whitespace, control characters "
-                                        "or an outer '-'")
-    return name
+def _check_params(params: object) -> None:
+    """Refuse spec parameters that no spec could write back: every variant's canonical spec (the one in
+    its run records, ``NAME:key=value,...``) must parse to the same variant. A key ``'a=b'`` was registered
+    and its default spec ``pm:a=b=1`` read as an unknown parameter ``a``; a default of 0 wrote ``pz:nu=0``,
+    which parse_spec refuses; ``'2'`` wrote ``pz:nu=2``, which parses to another value (2)."""
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise bad_value("params", params, "a dict of parameter name -> default (a positive integer or None)")
+    for key, default in params.items():
+        check_name(f"params key {key!r}", key)
+        if default is not None and (type(default) is not int or default < 1):
+            raise bad_value(f"params[{key!r}]", default, "a positive integer or None (the default a spec omits)")
 
 
 def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: dict[str, int | None] | None = None,
@@ -117,12 +122,15 @@ def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: 
         non_negative: whether φ ≥ 0 everywhere.
 
     Raises:
-        VariantError: a malformed name or a name already registered (re-registering the same factory
-            under the same name is a no-op, so a module imported twice is harmless).
+        VariantError: a malformed name or parameter (a name or key with ':', ',', '=', whitespace or
+            control characters; a default that is not a positive integer or None), or a name already
+            registered (re-registering the same factory under the same name is a no-op, so a module
+            imported twice is harmless).
     """
-    _check_name("name", name)
+    check_name("name", name)
     if not callable(factory):
         raise bad_value("factory", type(factory).__name__, "a callable factory(d_key, **params) -> FeatureMap")
+    _check_params(params)
     known = FEATURE_MAPS.get(name)
     if known is not None:
         if known.factory is factory:

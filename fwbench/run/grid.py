@@ -57,6 +57,9 @@ GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar", "shakespeare"]
 TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
 RUN_KEYS = {"variant", "seed"}
+#: The longest grid name, in UTF-8 bytes: ``fwbench capacity`` writes NAME.csv and NAME.png, and a file
+#: name may hold 255 bytes (NAME_MAX on ext4, XFS, APFS, NTFS), four of them the suffix.
+GRID_NAME_MAX_BYTES = 255 - len(".csv")
 #: Bump when a change to the code makes old records incomparable; it is part of every run id. A task
 #: whose own records alone changed meaning declares ``record_schema`` instead (hashed when set).
 #: 2: LM training windows include the last start; FAVOR+ redraws from their own stream; the model
@@ -167,6 +170,14 @@ def grid_path(name_or_path: str | Path) -> Path:
     return bundled
 
 
+def _shown(name: str) -> str:
+    """``repr(name)``, cut to its first 60 characters with its length in bytes when longer (an error stays
+    a readable line)."""
+    if len(name) <= 60:
+        return repr(name)
+    return f"{name[:60]!r}… ({len(name.encode('utf-8'))} bytes in UTF-8)"
+
+
 def load_grid(name_or_path: str | Path) -> Grid:
     """Parse and validate a grid file.
 
@@ -208,11 +219,14 @@ def load_grid(name_or_path: str | Path) -> Grid:
             raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
     name = data.get("name", path.stem)
     # the name names files: `fwbench capacity` writes OUT/NAME.csv and OUT/NAME.png, so "/tmp/x" or "../x"
-    # wrote outside --out, "" wrote the hidden files .csv and .png.png, a NUL raised a traceback
-    if name in ("", ".", "..") or any(c in name for c in "/\\") or not name.isprintable():
-        raise FwbenchError(f"grid {path}: name: got {name!r}; expected a name that is a file name: not empty, not '.' "
-                           "or '..', without '/', '\\' or control characters (fwbench capacity writes NAME.csv and "
-                           "NAME.png into --out)")
+    # wrote outside --out, "" wrote the hidden files .csv and .png.png, a NUL raised a traceback, and a
+    # name longer than a file name may be (NAME_MAX, 255 bytes on Linux, macOS and Windows file systems,
+    # less the suffix) raised "File name too long" after every run had trained
+    if name in ("", ".", "..") or any(c in name for c in "/\\") or not name.isprintable() \
+            or len(name.encode("utf-8")) > GRID_NAME_MAX_BYTES:
+        raise FwbenchError(f"grid {path}: name: got {_shown(name)}; expected a name that is a file name: not empty, not "
+                           f"'.' or '..', without '/', '\\' or control characters, at most {GRID_NAME_MAX_BYTES} bytes "
+                           "in UTF-8 (fwbench capacity writes NAME.csv and NAME.png into --out)")
     modules = data.get("variant_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
         raise FwbenchError(f"grid {path}: variant_modules: got {modules!r}; expected a list of strings "

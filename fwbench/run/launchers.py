@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,15 +246,16 @@ def check_ray_resources(options: LaunchOptions) -> None:
                            "(Ray expands $NAME in its workers' environment, so they would import from elsewhere; "
                            "rename the directory or reach it through a link)")
     # the workers get each entry made absolute against this working directory (ray_worker_env): '.', a
-    # relative entry or an empty one run from /home/me/$lib reached them as /home/me/$lib, which Ray expanded
-    if python_path:
-        given = ray_worker_env(options.threads)["PYTHONPATH"].split(os.pathsep)[:-1]  # last: the cluster's own
-        for entry, absolute in zip(python_path.split(os.pathsep), given, strict=True):
-            if "$" in absolute:
+    # relative entry or an empty one run from /home/me/$lib reached them as /home/me/$lib, which Ray expanded;
+    # from /home/me/a:b it reached them as two entries, /home/me/a and b (the check itself raised a ValueError)
+    for entry, absolute in worker_python_path(os.environ):
+        for bad, why in (("$", "Ray expands $NAME in its workers' environment, so they would import from elsewhere"),
+                         (os.pathsep, f"a {os.pathsep!r} in an entry splits it in two, so they would import from "
+                                      "elsewhere")):
+            if bad in absolute:
                 raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
-                                   f"{absolute!r} from this working directory; expected directories without '$' (Ray "
-                                   "expands $NAME in its workers' environment, so they would import from elsewhere; run "
-                                   "from a directory without '$', or reach it through a link)")
+                                   f"{absolute!r} from this working directory; expected directories without {bad!r} "
+                                   f"({why}; run from a directory without {bad!r}, or reach it through a link)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
@@ -289,14 +290,23 @@ def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str
     has neither: a grid's ``variant_modules = ["my_pkg.attention"]`` found on the driver's
     ``PYTHONPATH`` failed every run there ("No module named 'my_pkg'").
     """
-    environ = os.environ if environ is None else environ
     variables = {"OMP_NUM_THREADS": str(threads)}
-    if environ.get("PYTHONPATH"):
-        cwd = os.getcwd() if cwd is None else cwd
-        entries = [os.path.normpath(os.path.join(cwd, entry)) if entry else cwd
-                   for entry in environ["PYTHONPATH"].split(os.pathsep)]
-        variables["PYTHONPATH"] = os.pathsep.join([*entries, "${PYTHONPATH}"])
+    entries = worker_python_path(os.environ if environ is None else environ, cwd)
+    if entries:
+        variables["PYTHONPATH"] = os.pathsep.join([*(absolute for _, absolute in entries), "${PYTHONPATH}"])
     return variables
+
+
+def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> list[tuple[str, str]]:
+    """(entry as written, entry as the Ray workers are given it) for each entry of ``environ``'s
+    ``PYTHONPATH``: made absolute against ``cwd`` (default this working directory; an empty entry is the
+    working directory, as for Python). Empty where ``PYTHONPATH`` is unset or empty. The one source of
+    :func:`ray_worker_env` and of the check of what it sends (:func:`check_ray_resources`)."""
+    if not environ.get("PYTHONPATH"):
+        return []
+    cwd = os.getcwd() if cwd is None else cwd
+    return [(entry, os.path.normpath(os.path.join(cwd, entry)) if entry else cwd)
+            for entry in environ["PYTHONPATH"].split(os.pathsep)]
 
 
 def launch_ray(specs: list[RunSpec], options: LaunchOptions,

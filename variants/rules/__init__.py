@@ -10,7 +10,7 @@ file defining an :class:`UpdateRule` and one :func:`register_rule` call (see
 
 from __future__ import annotations
 
-from ..errors import VariantError, bad_value
+from ..errors import VariantError, bad_value, check_name
 from .base import CHUNK_PATHS, Kernel, UpdateRule
 from .delta import DELTA, DELTA_UNNORM, DeltaRule
 from .fwm import FWM, FwmRule
@@ -42,8 +42,7 @@ def add_rule(rule: UpdateRule) -> UpdateRule:
     """
     if not isinstance(rule, UpdateRule):
         raise bad_value("rule", type(rule).__name__, "an UpdateRule (see variants.rules.base)")
-    if not rule.key or rule.key != rule.key.strip("-") or any(c in rule.key for c in ":,= "):
-        raise bad_value("rule.key", rule.key, "a non-empty name without ':', ',', '=', spaces or an outer '-'")
+    check_name("rule.key", rule.key)  # the registry's check: a line break or tab was registered here
     if RULES.get(rule.key, rule) is not rule:
         raise VariantError(f"rule.key: got {rule.key!r}, which another rule already has; expected a new key")
     unknown = [form for form in rule.kernels if form not in ("parallel", "chunk", "recurrent")]
