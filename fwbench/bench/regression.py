@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from fwbench.run.environment import _MICROARCHITECTURE_FIELDS
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -458,11 +459,11 @@ def _cpu_hash(cpu: str) -> str:
     return hashlib.sha256(cpu.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
-def _slug(cpu: str) -> str:
+def _slug(cpu: str, fallback: str = "unknown-cpu") -> str:
     """``cpu`` as the CPU part of a baseline file name: lower case, each run of other characters than
     letters and digits one "-" ("AMD EPYC [family 25, model 17, AVX512]" → "amd-epyc-family-25-model-17-avx512")."""
     slug = "".join(c if c.isalnum() else "-" for c in cpu.lower())
-    return "-".join(part for part in slug.split("-") if part) or "unknown-cpu"
+    return "-".join(part for part in slug.split("-") if part) or fallback
 
 
 def _cut_slug(slug: str) -> str:
@@ -470,16 +471,55 @@ def _cut_slug(slug: str) -> str:
     return slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
 
 
+#: The first word of the bracketed part of a CPU identity's slug (``cpu_identity``'s "[family 25, model 17,
+#: AVX512]" → "family"): a microarchitecture field's name, or else torch's CPU capability ("Z VECTOR" → "z",
+#: "NO AVX" → "no"; the running torch's is added in :func:`_identity_words`, should a later torch name another).
+_IDENTITY_FIRST_WORDS = frozenset({shown for _, shown in _MICROARCHITECTURE_FIELDS}
+                                  | {"default", "vsx", "z", "no", "avx2", "avx512", "sve256"})
+
+
+def _identity_words() -> frozenset[str]:
+    return _IDENTITY_FIRST_WORDS | {_slug(torch.backends.cpu.get_cpu_capability()).split("-")[0]}
+
+
 def _may_be_of_model(path: Path, model: str) -> bool:
     """Whether the file name ``path`` may be that of a baseline measured on a CPU of model name ``model``:
-    every name :func:`baseline_path_for` gives such a CPU, by its identity ("perf_baseline-amd-epyc-family-...")
-    or, in code before identities, by its model name ("perf_baseline-amd-epyc.json"), starts with the
-    model's slug; ``perf_baseline.json`` names no CPU, so it may be any's."""
+    one :func:`baseline_path_for` gives such a CPU, by its identity ("perf_baseline-amd-epyc-family-...",
+    the model's slug, then a microarchitecture field's name or torch's capability: :data:`_IDENTITY_FIRST_WORDS`),
+    cut and hashed where long, or, in code before identities, by its model name ("perf_baseline-amd-epyc.json",
+    "perf_baseline-amd-epyc-<8 hex>.json"); ``perf_baseline.json`` names no CPU, so it may be any's.
+
+    The model's slug alone as a prefix took another model's name for this one's: a CPU named "AMD EPYC"
+    took "perf_baseline-amd-epyc-7b13.json" (an "AMD EPYC 7B13"'s) and an "Intel(R) Xeon(R) Processor"
+    "...-processor-2-2ghz.json" (a "... Processor @ 2.2GHz"'s) as maybe its own, and a corrupt one stopped its gate.
+    """
     if path.name == BASELINE_PATH.name:
         return True
     rest, prefix = path.stem.removeprefix("perf_baseline-"), _slug(model)
-    prefix = _cut_slug(prefix) if len(prefix.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES else prefix
-    return rest == prefix or rest.startswith(prefix + "-")
+    if len(prefix.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:
+        # every such name is the model's first MAX_SLUG_BYTES bytes and a hash: nothing more to tell them apart
+        prefix = _cut_slug(prefix)
+        return rest == prefix or rest.startswith(prefix + "-")
+    own = _slug(model, fallback="")
+    if own:
+        if rest == own:
+            return True
+        if not rest.startswith(own + "-"):
+            return False
+        rest = rest[len(own) + 1:]
+    elif rest == _slug(model):  # a model with no letter or digit: "unknown-cpu", then the bracketed part
+        return True
+    # rest: the bracketed part's slug and/or a hash
+    if re.fullmatch(r"[0-9a-f]{8}", rest):  # the model name alone, hashed: another CPU took its plain name
+        return True
+    words, known = rest.split("-"), _identity_words()
+    if words[0] in known:
+        return True
+    # a name cut to MAX_SLUG_BYTES (less a partial character and a "-") may end inside the first word
+    # ("...-fam-<hash>")
+    body = path.stem.removeprefix("perf_baseline-").encode("utf-8", "surrogatepass")
+    cut = len(words) == 2 and re.fullmatch(r"[0-9a-f]{8}", words[1]) is not None and len(body) - 9 >= MAX_SLUG_BYTES - 4
+    return cut and any(word.startswith(words[0]) for word in known)
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:

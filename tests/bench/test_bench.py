@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import time
@@ -634,6 +635,42 @@ def test_a_corrupt_baseline_of_another_model_does_not_stop_a_cpu_without_its_own
     with pytest.raises(ValueError, match=r"perf_baseline-amd-epyc-family-25-model-17-avx512\.json: "):
         judged_baseline(cpu_identity(ZEN3, "AVX2"), tmp_path, model="AMD EPYC")
     assert judged_baseline(xeon, tmp_path, model="Intel(R) Xeon(R) Processor").ratios == {"a": 2.0}
+
+
+@pytest.mark.parametrize(("model", "other"), [
+    ("AMD EPYC", "perf_baseline-amd-epyc-7b13.json"),
+    ("AMD EPYC", "perf_baseline-amd-epyc-7b13-family-25-model-1-avx2.json"),
+    ("Intel(R) Xeon(R) Processor", "perf_baseline-intel-r-xeon-r-processor-2-2ghz.json"),
+    ("Intel(R) Xeon(R) Processor", "perf_baseline-intel-r-xeon-r-processor-2-2ghz-0123abcd.json"),
+])
+def test_a_corrupt_baseline_of_a_longer_model_name_does_not_stop_a_cpu(tmp_path, model, other):
+    """Break-it finding (h-break16t): a model name whose slug begins another's ("AMD EPYC" and "AMD EPYC
+    7B13", "Intel(R) Xeon(R) Processor" and "... Processor @ 2.2GHz") took that model's file name as maybe its
+    own: a corrupt one raised "baseline .../perf_baseline-amd-epyc-7b13.json: not JSON" where the CPU is
+    judged against perf_baseline.json. Now it is left out, said in the warning; every name baseline_path_for
+    gives a CPU of this model (plain, hashed, cut and hashed; identity or model name) still stops it."""
+    intel = _baseline_on(tmp_path / "perf_baseline.json", "Somewhere Else", 2.0)
+    (tmp_path / other).write_text("{")
+    cpu = cpu_identity(ZEN4.replace("AMD EPYC", model), "AVX512")
+    path, warning = choose_baseline(cpu, tmp_path, model=model)
+    assert path == intel and f"{other} is left out" in warning and "\n" not in warning
+    assert judged_baseline(cpu, tmp_path, model=model).ratios == {"a": 2.0}
+    (tmp_path / other).unlink()
+    # the names of this model's CPUs still stop it where corrupt: each may be the one to judge against
+    # (its identity's, plain or hashed; its model name's as code before identities wrote it; one cut to 64
+    # bytes inside the bracketed part, "...-fam-<hash>")
+    long_model = model + " " + "k" * (60 - len(model))
+    for cpu_of_model, of_model in [*((f"{model} [{inner}]", model) for inner in (
+            "family 25, model 1, AVX2", "DEFAULT", "Z VECTOR", "NO AVX", "machine 3931, VSX",
+            "implementer 0x41, part 0xd0c, SVE256", "family 6, model 106, " + "q" * 80)),
+            (model, model), (f"{long_model} [family 25, model 1, AVX2]", long_model)]:
+        own = baseline_path_for(cpu_of_model, tmp_path)
+        hashed = own.with_name(own.stem + "-0123abcd.json") if not re.search(r"-[0-9a-f]{8}$", own.stem) else own
+        for name in {own.name, hashed.name}:
+            (tmp_path / name).write_text("{")
+            with pytest.raises(ValueError, match=re.escape(name)):
+                choose_baseline(cpu_identity(ZEN4.replace("AMD EPYC", of_model), "AVX512"), tmp_path, model=of_model)
+            (tmp_path / name).unlink()
 
 
 def test_a_baseline_measured_under_another_torch_is_judged_with_a_warning(tmp_path):
