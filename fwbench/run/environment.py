@@ -222,13 +222,23 @@ def _platform_model() -> str:
     if platform.system() == "Darwin":
         for sysctl in (MACOS_SYSCTL, "sysctl"):
             try:
-                out = subprocess.run([sysctl, "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                     timeout=5, check=False)
+                # bytes that are not UTF-8 replaced, as in /proc/cpuinfo: text=True decoded strictly, and a
+                # UnicodeDecodeError (no OSError) came out of every record's describe_environment
+                out = subprocess.run([sysctl, "-n", "machdep.cpu.brand_string"], capture_output=True,
+                                     encoding="utf-8", errors="replace", timeout=5, check=False)
             except (OSError, subprocess.SubprocessError):
                 continue
-            if out.returncode == 0 and out.stdout.strip():
-                return out.stdout.strip()
-    return platform.processor() or platform.machine()
+            if out.returncode == 0 and _one_line(out.stdout):
+                return _one_line(out.stdout)
+    return _one_line(platform.processor()) or platform.machine()
+
+
+def _one_line(name: str) -> str:
+    """``name`` as one printable line, stripped: each character that is not printable (a newline, a tab, an
+    escape) a space; a printable name, its spaces included, as it is. A brand string holding a newline
+    (sysctl prints what it holds) made a CPU identity of two lines, which split the gate's one-line
+    warnings and the report's header."""
+    return "".join(c if c.isprintable() else " " for c in name).strip()
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -239,7 +249,8 @@ def cpu_model(cpuinfo: str | None = None) -> str:
         cpuinfo: the text of /proc/cpuinfo (default: read it; '' where it cannot be read).
     """
     fields = _cpuinfo_fields(_read_cpuinfo() if cpuinfo is None else cpuinfo)
-    return next((fields[key] for key in _MODEL_FIELDS if fields.get(key)), None) or _platform_model()
+    return next((_one_line(fields[key]) for key in _MODEL_FIELDS if _one_line(fields.get(key) or "")), None) \
+        or _platform_model()
 
 
 def cpu_identity(cpuinfo: str | None = None, capability: str | None = None) -> str:

@@ -786,6 +786,33 @@ def test_a_mac_is_named_alike_whatever_its_path(monkeypatch, path):
         assert cpu_identity("", "DEFAULT") == "arm [DEFAULT]"
 
 
+@pytest.mark.parametrize(("printed", "model"), [
+    (b"Apple M3 \xff Pro\n", "Apple M3 \ufffd Pro"),
+    (b"Apple M3\nPro\n", "Apple M3 Pro"),
+    (b"Apple\tM3 Pro\x1b\n", "Apple M3 Pro"),
+    (b"\x1b\x07\n", "arm"),
+    (b"Apple M3  Pro\n", "Apple M3  Pro"),
+], ids=["not-utf8", "newline", "tab-escape", "control-only", "two-spaces-kept"])
+def test_a_mac_brand_string_that_is_not_one_printable_line(monkeypatch, tmp_path, printed, model):
+    """Break-it finding (h-break16t): sysctl's output was decoded strictly (text=True), so a byte that is
+    not UTF-8 raised UnicodeDecodeError out of cpu_identity (and every record's describe_environment), where
+    /proc/cpuinfo's are replaced; a newline or tab in the brand string was kept, 'Apple M3\nPro [DEFAULT]',
+    an identity of two lines. A real program prints the bytes, so the decoding is the one run() does."""
+    from fwbench.run import environment
+
+    sysctl = tmp_path / "sysctl"
+    (tmp_path / "out").write_bytes(printed)
+    sysctl.write_text(f"#!/bin/sh\ncat '{tmp_path / 'out'}'\n")
+    sysctl.chmod(0o755)
+    monkeypatch.setattr(environment, "MACOS_SYSCTL", str(sysctl))
+    monkeypatch.setattr(environment.platform, "system", lambda: "Darwin")
+    monkeypatch.setattr(environment.platform, "processor", lambda: "arm")
+    assert cpu_model("") == model
+    assert cpu_identity("", "DEFAULT") == f"{model} [DEFAULT]"
+    # /proc/cpuinfo's name likewise; a printable one is kept as it is
+    assert cpu_model("model name\t: AMD\x1bEPYC\n") == "AMD EPYC"
+
+
 def _arm_core(index: int, part: str, variant: str) -> str:
     return (f"processor\t: {index}\nBogoMIPS\t: 38.40\nCPU implementer\t: 0x41\nCPU architecture: 8\n"
             f"CPU variant\t: {variant}\nCPU part\t: {part}\nCPU revision\t: 0\n\n")
