@@ -429,13 +429,14 @@ def _(ctx):
     variant's own spec 'pm:a=b=1' (the one in its run records) read as the unknown parameter 'a'; a default
     of 0 gave 'pm:nu=0', which parse_spec refuses; a default '2' (str) gave 'pm:nu=2', parsed as 2."""
     for params in ({"a=b": 1}, {"a,b": 1}, {"n u": 1}, {"nu\n": 1}, {"": 1}, {3: 1}, {"nu": 0}, {"nu": -1},
-                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)]):
+                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)], {"nu": 10 ** 5000}):
         assert raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, params).startswith(
             "VariantError: params"), params
         assert "pm" not in variants.REGISTRY
     registry, maps = dict(variants.REGISTRY), dict(variants.FEATURE_MAPS)
     try:
-        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}):  # accepted: their specs parse back
+        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}), ("pm3", {"nu": 10 ** 4299}):  # accepted:
+            # their specs parse back
             variants.register_feature_map(name, variants.Tanh, params, non_negative=False)
             spec = variants.parse_spec(f"{name}-fwm")  # a map that may be negative: the FWM rule only
             assert variants.parse_spec(str(spec)) == spec and spec.params == params

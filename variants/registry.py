@@ -16,6 +16,7 @@ user's own module (see :mod:`variants.plugins`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -104,6 +105,16 @@ def _check_params(params: object) -> None:
         check_name(f"params key {key!r}", key)
         if default is not None and (type(default) is not int or default < 1):
             raise bad_value(f"params[{key!r}]", default, "a positive integer or None (the default a spec omits)")
+        # an int too long for str() (Python's int_max_str_digits, 4300 by default) was registered, and every
+        # str(spec) of it raised ValueError: `fwbench variants` and each run record, for every variant
+        limit = sys.get_int_max_str_digits()
+        if default is not None and limit and default.bit_length() > limit * 3:  # 3 bits ≤ 1 digit: str() may fail
+            try:
+                str(default)
+            except ValueError:
+                raise VariantError(f"params[{key!r}]: got an integer of {default.bit_length()} bits; expected a "
+                                   f"positive integer of at most {limit} digits or None (Python writes no longer "
+                                   "one in a spec, nor reads one back)") from None
 
 
 def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: dict[str, int | None] | None = None,
