@@ -471,23 +471,26 @@ def _cut_slug(slug: str) -> str:
     return slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
 
 
-#: The first word of the bracketed part of a CPU identity's slug (``cpu_identity``'s "[family 25, model 17,
-#: AVX512]" → "family"): a microarchitecture field's name, or else torch's CPU capability ("Z VECTOR" → "z",
-#: "NO AVX" → "no"; the running torch's is added in :func:`_identity_words`, should a later torch name another).
-_IDENTITY_FIRST_WORDS = frozenset({shown for _, shown in _MICROARCHITECTURE_FIELDS}
-                                  | {"default", "vsx", "z", "no", "avx2", "avx512", "sve256"})
+#: The first word of the bracketed part of a CPU identity's slug where /proc/cpuinfo gives a microarchitecture
+#: (``cpu_identity``'s "[family 25, model 17, AVX512]" → "family"): a microarchitecture field's name.
+_FIELD_WORDS = frozenset(shown for _, shown in _MICROARCHITECTURE_FIELDS)
+#: torch's CPU capabilities as slugs ("Z VECTOR" → "z-vector", "NO AVX" → "no-avx"): the whole bracketed part
+#: where there is no field (macOS, Windows), else its last words; the running torch's is added in
+#: :func:`_capability_slugs`, should a later torch name another.
+_CAPABILITY_SLUGS = frozenset({"default", "vsx", "z-vector", "no-avx", "avx2", "avx512", "sve256"})
 
 
-def _identity_words() -> frozenset[str]:
-    return _IDENTITY_FIRST_WORDS | {_slug(torch.backends.cpu.get_cpu_capability()).split("-")[0]}
+def _capability_slugs() -> frozenset[str]:
+    return _CAPABILITY_SLUGS | {_slug(torch.backends.cpu.get_cpu_capability())}
 
 
 def _may_be_of_model(path: Path, model: str) -> bool:
     """Whether the file name ``path`` may be that of a baseline measured on a CPU of model name ``model``:
     one :func:`baseline_path_for` gives such a CPU, by its identity ("perf_baseline-amd-epyc-family-...",
-    the model's slug, then a microarchitecture field's name or torch's capability: :data:`_IDENTITY_FIRST_WORDS`),
-    cut and hashed where long, or, in code before identities, by its model name ("perf_baseline-amd-epyc.json",
-    "perf_baseline-amd-epyc-<8 hex>.json"); ``perf_baseline.json`` names no CPU, so it may be any's.
+    the model's slug, then a microarchitecture field's name, :data:`_FIELD_WORDS`, or else torch's capability
+    alone, :data:`_CAPABILITY_SLUGS`), cut and hashed where long, or, in code before identities, by its model
+    name ("perf_baseline-amd-epyc.json", "perf_baseline-amd-epyc-<8 hex>.json"); ``perf_baseline.json`` names
+    no CPU, so it may be any's.
 
     The model's slug alone as a prefix took another model's name for this one's: a CPU named "AMD EPYC"
     took "perf_baseline-amd-epyc-7b13.json" (an "AMD EPYC 7B13"'s) and an "Intel(R) Xeon(R) Processor"
@@ -500,26 +503,31 @@ def _may_be_of_model(path: Path, model: str) -> bool:
         # every such name is the model's first MAX_SLUG_BYTES bytes and a hash: nothing more to tell them apart
         prefix = _cut_slug(prefix)
         return rest == prefix or rest.startswith(prefix + "-")
-    own = _slug(model, fallback="")
+    own, hexed = _slug(model, fallback=""), r"[0-9a-f]{8}"
     if own:
-        if rest == own:
-            return True
+        if rest == own or (rest.startswith(own + "-") and re.fullmatch(hexed, rest[len(own) + 1:])):
+            return True  # the model name alone (code before identities), plain or hashed
         if not rest.startswith(own + "-"):
             return False
         rest = rest[len(own) + 1:]
-    elif rest == _slug(model):  # a model with no letter or digit: "unknown-cpu", then the bracketed part
+    elif re.fullmatch(rf"unknown-cpu(-{hexed})?", rest):  # a model with no letter or digit, plain or hashed
         return True
-    # rest: the bracketed part's slug and/or a hash
-    if re.fullmatch(r"[0-9a-f]{8}", rest):  # the model name alone, hashed: another CPU took its plain name
+    # rest: the bracketed part's slug, maybe cut, maybe hashed; an identity's bracketed part is its fields
+    # ("family-25-model-1-avx2"), else torch's capability alone ("no-avx"). A capability's first word before
+    # anything else was no identity's: "Intel Core Processor (Broadwell)" took "...-broadwell-no-tsx-family-6-..."
+    # (QEMU's "Intel Core Processor (Broadwell, no TSX)") as maybe its own, and a corrupt one stopped its gate.
+    hashed = re.fullmatch(rf"(.*)-{hexed}", rest)
+    bracket = hashed.group(1) if hashed else rest
+    first, capabilities = bracket.split("-")[0], _capability_slugs()
+    if first in _FIELD_WORDS or bracket in capabilities:
         return True
-    words, known = rest.split("-"), _identity_words()
-    if words[0] in known:
-        return True
-    # a name cut to MAX_SLUG_BYTES (less a partial character and a "-") may end inside the first word
-    # ("...-fam-<hash>")
+    # a name cut to MAX_SLUG_BYTES (less a partial character and a "-") may end inside the first field's name
+    # ("...-fam-<hash>") or inside the capability ("...-no-<hash>", "...-z-vec-<hash>")
     body = path.stem.removeprefix("perf_baseline-").encode("utf-8", "surrogatepass")
-    cut = len(words) == 2 and re.fullmatch(r"[0-9a-f]{8}", words[1]) is not None and len(body) - 9 >= MAX_SLUG_BYTES - 4
-    return cut and any(word.startswith(words[0]) for word in known)
+    if not hashed or len(body) - 9 < MAX_SLUG_BYTES - 4:
+        return False
+    return (first == bracket and any(word.startswith(first) for word in _FIELD_WORDS)) \
+        or any(capability.startswith(bracket) for capability in capabilities)
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:

@@ -642,13 +642,25 @@ def test_a_corrupt_baseline_of_another_model_does_not_stop_a_cpu_without_its_own
     ("AMD EPYC", "perf_baseline-amd-epyc-7b13-family-25-model-1-avx2.json"),
     ("Intel(R) Xeon(R) Processor", "perf_baseline-intel-r-xeon-r-processor-2-2ghz.json"),
     ("Intel(R) Xeon(R) Processor", "perf_baseline-intel-r-xeon-r-processor-2-2ghz-0123abcd.json"),
+    # QEMU's model names: "... (Broadwell)" and "... (Broadwell, no TSX)" ("no" began "no-avx", a capability)
+    ("Intel Core Processor (Broadwell)", "perf_baseline-intel-core-processor-broadwell-no-tsx-family-6-model-61-avx2.json"),
+    ("Intel Core Processor (Broadwell)", "perf_baseline-intel-core-processor-broadwell-no-tsx.json"),
+    ("Intel Core Processor (Broadwell)", "perf_baseline-intel-core-processor-broadwell-no-tsx-0123abcd.json"),
+    ("AMD EPYC", "perf_baseline-amd-epyc-z-family-25-model-1-avx2.json"),
+    ("AMD EPYC", "perf_baseline-amd-epyc-default-family-25-model-1-avx2-0123abcd.json"),
+    # a model name with no letter or digit ("unknown-cpu" as a file name): its hashed name stops it (loop below)
+    ("!!!", "perf_baseline-no-tsx-family-6-model-61-avx2.json"),
 ])
 def test_a_corrupt_baseline_of_a_longer_model_name_does_not_stop_a_cpu(tmp_path, model, other):
     """Break-it finding (h-break16t): a model name whose slug begins another's ("AMD EPYC" and "AMD EPYC
     7B13", "Intel(R) Xeon(R) Processor" and "... Processor @ 2.2GHz") took that model's file name as maybe its
     own: a corrupt one raised "baseline .../perf_baseline-amd-epyc-7b13.json: not JSON" where the CPU is
     judged against perf_baseline.json. Now it is left out, said in the warning; every name baseline_path_for
-    gives a CPU of this model (plain, hashed, cut and hashed; identity or model name) still stops it."""
+    gives a CPU of this model (plain, hashed, cut and hashed; identity or model name) still stops it.
+    h-break16u: a capability's first word after the model's slug ("no", "z", "default") was taken for an
+    identity's bracketed part, so "Intel Core Processor (Broadwell)" stopped on a corrupt "...-broadwell-no-tsx-..."
+    (QEMU's "(Broadwell, no TSX)"'s); and a model named "!!!" left out "perf_baseline-unknown-cpu-<hash>.json",
+    its own name hashed, and was judged against perf_baseline.json."""
     intel = _baseline_on(tmp_path / "perf_baseline.json", "Somewhere Else", 2.0)
     (tmp_path / other).write_text("{")
     cpu = cpu_identity(ZEN4.replace("AMD EPYC", model), "AVX512")
