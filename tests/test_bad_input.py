@@ -1725,6 +1725,31 @@ def _(ctx):
     return answer
 
 
+@row("C185")
+def _(ctx):
+    """A PYTHONPATH entry whose name is not UTF-8 (os.environ and os.getcwd() give its bytes as lone surrogates,
+    '\udcff') was sent to the Ray workers as it is: Ray's runtime environment is JSON, its C++ side refused the
+    surrogate (nlohmann parse_error) and every worker aborted, each run a WorkerCrashedError (a Ray instance,
+    checked). Refused before Ray starts, whether the entry is written so or made so by the working directory."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    options = LaunchOptions(launcher="ray", device="cpu")
+    ctx.monkeypatch.setenv("PYTHONPATH", os.fsdecode(b"/abs/a\xffb"))
+    assert "whose names are UTF-8" in raised(FwbenchError, check_ray_resources, options)
+    ctx.monkeypatch.setenv("PYTHONPATH", "/abs/\u03bd-lib")  # UTF-8, not ASCII: still accepted
+    check_ray_resources(options)
+    where = Path(os.fsdecode(bytes(ctx.tmp_path) + b"/a\xffb"))
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    for python_path in (".", f"/abs/lib{os.pathsep}"):  # '.' and an empty entry: this working directory
+        ctx.monkeypatch.setenv("PYTHONPATH", python_path)
+        assert "whose names are UTF-8" in raised(FwbenchError, check_ray_resources, options)
+    ctx.monkeypatch.setenv("PYTHONPATH", ".")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote

@@ -200,7 +200,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     used, and runs waited for GPUs no one used), and a ``$`` in the driver's ``PYTHONPATH``, which the
     workers are given (:func:`ray_worker_env`): Ray expands ``$NAME`` and ``${NAME}`` in a runtime
     environment's variables, with no escape, so a worker would import from another directory; likewise
-    an entry that holds none but is relative (``.``, or empty) to a working directory that holds one.
+    an entry that holds none but is relative (``.``, or empty) to a working directory that holds one; and an
+    entry whose name is not UTF-8 (Ray's workers cannot be given it: each one crashed).
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -256,6 +257,16 @@ def check_ray_resources(options: LaunchOptions) -> None:
                 raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
                                    f"{absolute!r} from this working directory; expected directories without {bad!r} "
                                    f"({why}; run from a directory without {bad!r}, or reach it through a link)")
+        # bytes that are not UTF-8 (os.environ and os.getcwd() give them as lone surrogates, '\udcff'): Ray sends
+        # a runtime environment as JSON, which its C++ side refuses, and every worker given one aborted (nlohmann
+        # parse_error "invalid string: surrogate U+DC00..U+DFFF", WorkerCrashedError for each run)
+        try:
+            absolute.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
+                               f"{absolute!r} from this working directory; expected directories whose names are UTF-8 "
+                               "(Ray cannot give its workers other bytes: each worker would crash; rename the "
+                               "directory or reach it through a link)") from None
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
