@@ -332,7 +332,10 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
     address = options.ray_address or os.environ.get("RAY_ADDRESS")
     started_here = not ray.is_initialized()
     if started_here:
-        init_args = {"address": address} if address else {"num_cpus": options.ray_num_cpus}
+        # no address: a new instance for this command ("local"), as the README says; a bare ray.init()
+        # joined any instance `ray start` had left on this machine, refusing --ray-num-cpus there
+        # ("num_cpus ... must not be provided") and otherwise running on that cluster, silently
+        init_args = {"address": address} if address else {"address": "local", "num_cpus": options.ray_num_cpus}
         try:
             ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback

@@ -81,11 +81,14 @@ def stop_cluster(temp_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def started_cluster(tmp_path, settings: dict[str, str] | None = None):
+def started_cluster(tmp_path, settings: dict[str, str] | None = None, temp_parent: str | None = None):
     """A one-CPU Ray head started by ``ray start``, with no fwbench settings in its environment but
-    ``settings``, and an empty corpus cache; yields its address and stops only its own processes."""
+    ``settings``, and an empty corpus cache; yields its address and stops only its own processes.
+    ``temp_parent``: its session lives in ``temp_parent/ray``, where a driver whose ``TMPDIR`` is
+    ``temp_parent`` finds it as Ray finds an instance ``ray start`` left on the machine (/tmp/ray)."""
     port = free_port()
-    temp_dir = tempfile.mkdtemp(prefix="fwray", dir="/tmp")  # short: Ray's socket paths have a length limit
+    # short: Ray's socket paths have a length limit
+    temp_dir = tempfile.mkdtemp(prefix="fwray", dir="/tmp") if temp_parent is None else os.path.join(temp_parent, "ray")
     env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
     env[CACHE_DIR_ENV] = str(tmp_path / "cluster-cache")
     env.update(UNAUTHENTICATED, **(settings or {}))
@@ -245,3 +248,27 @@ def test_a_variant_module_on_the_drivers_python_path_is_found_on_the_workers(tmp
     with started_cluster(tmp_path) as address:
         record = drive(tmp_path, MODULE_GRID, address, {"PYTHONPATH": path})
     assert record["variant"]["spec"] == "halved-relu" and record["steps"] == 2
+
+
+@pytest.mark.slow
+def test_without_an_address_the_command_starts_its_own_instance_beside_a_running_one(tmp_path):
+    """README: without --ray-address or RAY_ADDRESS, a local Ray instance is started for the command.
+    A bare ray.init() joined the instance `ray start` had left on this machine instead: with
+    ``--ray-num-cpus 1`` the command failed ('When connecting to an existing cluster, num_cpus and num_gpus
+    must not be provided', exit 2), and without it the runs went to that cluster."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(RETRIEVAL_GRID)
+    driver_env = {k: v for k, v in os.environ.items() if k not in RUN_SETTINGS_ENV and not k.startswith("RAY_")}
+    temp_parent = tempfile.mkdtemp(prefix="fwtmp", dir="/tmp")
+    driver_env.update(UNAUTHENTICATED, TMPDIR=temp_parent)  # the running instance is this machine's, for Ray
+    with started_cluster(tmp_path, temp_parent=temp_parent):
+        done = subprocess.run(
+            [sys.executable, "-m", "fwbench", "run", str(grid), "--results-dir", "results", "--quiet",
+             "--launcher", "ray", "--ray-num-cpus", "1"],
+            env=driver_env, cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        )
+    shutil.rmtree(temp_parent, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Started a local Ray instance" in done.stderr and "existing Ray cluster" not in done.stderr
+    record, = ResultsStore(tmp_path / "results").records()
+    assert record["status"] == "max_steps", record.get("error")
