@@ -1750,6 +1750,40 @@ def _(ctx):
     return answer
 
 
+@row("C186")
+def _(ctx):
+    """Ray's address 'local' starts a new instance for the command (ray.init's documented meaning), but was taken
+    for a cluster's: --ray-num-cpus was not passed and no run was compared with the instance (a hang)."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    options = LaunchOptions(launcher="ray", device="cpu", cpus_per_run=2.0, ray_num_cpus=1, ray_address="local")
+    assert "expected at most 1, the CPUs of the local Ray instance" in raised(FwbenchError, check_ray_resources, options)
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "local")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "1", "--cpus-per-run", "2",
+                 "--results-dir", str(ctx.tmp_path / "env"))
+    ctx.monkeypatch.delenv("RAY_ADDRESS")
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "local", "--ray-num-cpus", "1",
+               "--cpus-per-run", "2", "--results-dir", str(ctx.tmp_path / "r")) == answer
+    assert not (ctx.tmp_path / "r").exists() and not (ctx.tmp_path / "env").exists()
+    return answer
+
+
+@row("C187")
+def _(ctx):
+    """--ray-num-cpus sizes a Ray instance started here; with a cluster's address Ray is given none: ignored."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert "--ray-num-cpus: got 4 with $RAY_ADDRESS 'auto', where it has no effect" in raised(
+        FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu", ray_num_cpus=4))
+    ctx.monkeypatch.delenv("RAY_ADDRESS")
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "10.0.0.1:6379", "--ray-num-cpus", "4",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote

@@ -270,8 +270,23 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
-    if options.ray_num_cpus is not None and not (options.ray_address or os.environ.get("RAY_ADDRESS")):
+    if options.ray_num_cpus is not None and not starts_local_ray(address):
+        # Ray is given no CPU count for a cluster it joins: the option was silently ignored
+        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus} with {source} {address!r}, where it has no "
+                           "effect; expected it only for a Ray instance started here (no --ray-address or "
+                           "$RAY_ADDRESS, or the address local), or leave it out (a cluster's CPUs are its own)")
+    if options.ray_num_cpus is not None:
         check_fits_local_ray(options, {"CPU": options.ray_num_cpus})  # before Ray starts: its CPUs are known
+
+
+def starts_local_ray(address: str | None) -> bool:
+    """Whether ``ray.init(address=...)`` with the command's address (``--ray-address``, else ``$RAY_ADDRESS``;
+    ``None`` for neither) starts a new Ray instance for this command: no address, or Ray's ``"local"`` ("start a
+    new local Ray instance, even if there is already an existing local Ray instance"). Such an instance is given
+    ``--ray-num-cpus`` and cannot grow, so a run larger than it is refused (:func:`check_fits_local_ray`);
+    ``--ray-address local`` was taken for a cluster's address: the option was silently ignored and
+    ``--cpus-per-run`` above the machine's CPUs waited for ever, printing nothing."""
+    return not address or address == "local"
 
 
 def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) -> None:
@@ -335,17 +350,18 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
         # no address: a new instance for this command ("local"), as the README says; a bare ray.init()
         # joined any instance `ray start` had left on this machine, refusing --ray-num-cpus there
         # ("num_cpus ... must not be provided") and otherwise running on that cluster, silently
-        init_args = {"address": address} if address else {"address": "local", "num_cpus": options.ray_num_cpus}
+        local = starts_local_ray(address)
+        init_args = {"address": "local", "num_cpus": options.ray_num_cpus} if local else {"address": address}
         try:
             ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if not address:  # no address to blame: it said "$RAY_ADDRESS: got None"
+            if local:  # no cluster's address to blame: it said "$RAY_ADDRESS: got None" (or blamed 'local')
                 raise FwbenchError(f"--launcher ray: could not start a local Ray instance (Ray: {reason})") from None
             source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
                                f"of a running cluster (Ray: {reason})") from None
-        if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
+        if local:  # a local instance cannot grow: a run larger than it would wait for ever, silently
             try:
                 totals = ray.cluster_resources()  # no "GPU" entry on a machine without GPUs
                 check_fits_local_ray(options, {key: totals.get(key, 0.0) for key in ("CPU", "GPU")})
