@@ -1784,6 +1784,36 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "10.0.0.1:6379", "--ray-num-cpus", "4",
                "--results-dir", str(ctx.tmp_path / "r"))
 
+@row("C188")
+def _(ctx):
+    """Ray's ray.init puts the driver's working directory in the job's configuration, a protobuf whose strings must
+    be UTF-8 (ray.job_config.JobConfig._serialize raises UnicodeEncodeError on '\\udcff'): from a directory whose
+    name is not UTF-8 it failed once its instance had started, and the error blamed --ray-address ('auto')."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    where = Path(os.fsdecode(bytes(ctx.tmp_path) + b"/a\xffb"))
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:  # what Ray does with it, where Ray is installed: why it is refused
+        from ray.job_config import JobConfig
+    except ImportError:
+        pass
+    else:
+        config = JobConfig()
+        config._py_driver_sys_path.append(os.path.abspath(os.curdir))
+        with pytest.raises(UnicodeEncodeError):
+            config._serialize()
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    for address in (None, "auto", "local"):
+        assert "the working directory: got" in raised(FwbenchError, check_ray_resources,
+                                                      LaunchOptions(launcher="ray", device="cpu", ray_address=address))
+    check_ray_resources(LaunchOptions(launcher="ray", device="cpu", ray_address="ray://head:10001"))  # sends none
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote

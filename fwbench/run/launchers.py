@@ -201,7 +201,9 @@ def check_ray_resources(options: LaunchOptions) -> None:
     workers are given (:func:`ray_worker_env`): Ray expands ``$NAME`` and ``${NAME}`` in a runtime
     environment's variables, with no escape, so a worker would import from another directory; likewise
     an entry that holds none but is relative (``.``, or empty) to a working directory that holds one; and an
-    entry whose name is not UTF-8 (Ray's workers cannot be given it: each one crashed).
+    entry whose name is not UTF-8 (Ray's workers cannot be given it: each one crashed), nor a working directory
+    whose name is not (:func:`ray_driver_directories`, which Ray sends itself), save to a Ray client's ``ray://``;
+    ``--ray-num-cpus`` with the address of a cluster (:func:`starts_local_ray`), to which Ray gives no CPU count.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -267,6 +269,14 @@ def check_ray_resources(options: LaunchOptions) -> None:
                                f"{absolute!r} from this working directory; expected directories whose names are UTF-8 "
                                "(Ray cannot give its workers other bytes: each worker would crash; rename the "
                                "directory or reach it through a link)") from None
+    for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
+        # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
+        # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address
+        # (a Ray client's address, ray://HOST:PORT, sends none: its driver runs on the cluster)
+        if not _is_utf8(directory):
+            raise FwbenchError(f"{what}: got {directory!r} with --launcher ray; expected a directory whose name is UTF-8 "
+                               "(Ray sends it to its workers and cannot send other bytes; run from, or install in, a "
+                               "directory whose name is UTF-8, or reach it through a link)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
@@ -321,6 +331,27 @@ def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str
     if entries:
         variables["PYTHONPATH"] = os.pathsep.join([*(absolute for _, absolute in entries), "${PYTHONPATH}"])
     return variables
+
+
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: a name of bytes that are not (os.environ, os.getcwd()) holds lone
+    surrogates ('\\udcff')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def ray_driver_directories() -> list[tuple[str, str]]:
+    """(what, directory) for each directory Ray 2.60's ``ray.init`` adds to its workers' ``sys.path`` (the job
+    configuration's ``py_driver_sys_path``): the working directory, and the running script's directory where it
+    is on ``sys.path`` (the ``fwbench`` script's: its environment's ``bin``)."""
+    directories = [("the working directory", os.path.abspath(os.curdir))]
+    script = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    if script and script in sys.path:
+        directories.append(("the directory of the running script", script))
+    return directories
 
 
 def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> list[tuple[str, str]]:
