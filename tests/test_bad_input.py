@@ -1750,6 +1750,70 @@ def _(ctx):
     return answer
 
 
+@row("C186")
+def _(ctx):
+    """Ray's address 'local' starts a new instance for the command (ray.init's documented meaning), but was taken
+    for a cluster's: --ray-num-cpus was not passed and no run was compared with the instance (a hang)."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    options = LaunchOptions(launcher="ray", device="cpu", cpus_per_run=2.0, ray_num_cpus=1, ray_address="local")
+    assert "expected at most 1, the CPUs of the local Ray instance" in raised(FwbenchError, check_ray_resources, options)
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "local")
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "1", "--cpus-per-run", "2",
+                 "--results-dir", str(ctx.tmp_path / "env"))
+    ctx.monkeypatch.delenv("RAY_ADDRESS")
+    assert cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "local", "--ray-num-cpus", "1",
+               "--cpus-per-run", "2", "--results-dir", str(ctx.tmp_path / "r")) == answer
+    assert not (ctx.tmp_path / "r").exists() and not (ctx.tmp_path / "env").exists()
+    return answer
+
+
+@row("C187")
+def _(ctx):
+    """--ray-num-cpus sizes a Ray instance started here; with a cluster's address Ray is given none: ignored."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    ctx.monkeypatch.setenv("RAY_ADDRESS", "auto")
+    assert "--ray-num-cpus: got 4 with $RAY_ADDRESS 'auto', where it has no effect" in raised(
+        FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu", ray_num_cpus=4))
+    ctx.monkeypatch.delenv("RAY_ADDRESS")
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "10.0.0.1:6379", "--ray-num-cpus", "4",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+@row("C188")
+def _(ctx):
+    """Ray's ray.init puts the driver's working directory in the job's configuration, a protobuf whose strings must
+    be UTF-8 (ray.job_config.JobConfig._serialize raises UnicodeEncodeError on '\\udcff'): from a directory whose
+    name is not UTF-8 it failed once its instance had started, and the error blamed --ray-address ('auto')."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    where = Path(os.fsdecode(bytes(ctx.tmp_path) + b"/a\xffb"))
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    try:  # what Ray does with it, where Ray is installed: why it is refused
+        from ray.job_config import JobConfig
+    except ImportError:
+        pass
+    else:
+        config = JobConfig()
+        config._py_driver_sys_path.append(os.path.abspath(os.curdir))
+        with pytest.raises(UnicodeEncodeError):
+            config._serialize()
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    for address in (None, "auto", "local"):
+        assert "the working directory: got" in raised(FwbenchError, check_ray_resources,
+                                                      LaunchOptions(launcher="ray", device="cpu", ray_address=address))
+    check_ray_resources(LaunchOptions(launcher="ray", device="cpu", ray_address="ray://head:10001"))  # sends none
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
 @row("C182")
 def _(ctx):
     """The grid's name names `fwbench capacity`'s files (OUT/NAME.csv, OUT/NAME.png): '../up' wrote

@@ -201,7 +201,9 @@ def check_ray_resources(options: LaunchOptions) -> None:
     workers are given (:func:`ray_worker_env`): Ray expands ``$NAME`` and ``${NAME}`` in a runtime
     environment's variables, with no escape, so a worker would import from another directory; likewise
     an entry that holds none but is relative (``.``, or empty) to a working directory that holds one; and an
-    entry whose name is not UTF-8 (Ray's workers cannot be given it: each one crashed).
+    entry whose name is not UTF-8 (Ray's workers cannot be given it: each one crashed), nor a working directory
+    whose name is not (:func:`ray_driver_directories`, which Ray sends itself), save to a Ray client's ``ray://``;
+    ``--ray-num-cpus`` with the address of a cluster (:func:`starts_local_ray`), to which Ray gives no CPU count.
 
     Raises:
         FwbenchError: naming the option, the value and what is allowed.
@@ -267,11 +269,34 @@ def check_ray_resources(options: LaunchOptions) -> None:
                                f"{absolute!r} from this working directory; expected directories whose names are UTF-8 "
                                "(Ray cannot give its workers other bytes: each worker would crash; rename the "
                                "directory or reach it through a link)") from None
+    for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
+        # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
+        # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address
+        # (a Ray client's address, ray://HOST:PORT, sends none: its driver runs on the cluster)
+        if not _is_utf8(directory):
+            raise FwbenchError(f"{what}: got {directory!r} with --launcher ray; expected a directory whose name is UTF-8 "
+                               "(Ray sends it to its workers and cannot send other bytes; run from, or install in, a "
+                               "directory whose name is UTF-8, or reach it through a link)")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
-    if options.ray_num_cpus is not None and not (options.ray_address or os.environ.get("RAY_ADDRESS")):
+    if options.ray_num_cpus is not None and not starts_local_ray(address):
+        # Ray is given no CPU count for a cluster it joins: the option was silently ignored
+        raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus} with {source} {address!r}, where it has no "
+                           "effect; expected it only for a Ray instance started here (no --ray-address or "
+                           "$RAY_ADDRESS, or the address local), or leave it out (a cluster's CPUs are its own)")
+    if options.ray_num_cpus is not None:
         check_fits_local_ray(options, {"CPU": options.ray_num_cpus})  # before Ray starts: its CPUs are known
+
+
+def starts_local_ray(address: str | None) -> bool:
+    """Whether ``ray.init(address=...)`` with the command's address (``--ray-address``, else ``$RAY_ADDRESS``;
+    ``None`` for neither) starts a new Ray instance for this command: no address, or Ray's ``"local"`` ("start a
+    new local Ray instance, even if there is already an existing local Ray instance"). Such an instance is given
+    ``--ray-num-cpus`` and cannot grow, so a run larger than it is refused (:func:`check_fits_local_ray`);
+    ``--ray-address local`` was taken for a cluster's address: the option was silently ignored and
+    ``--cpus-per-run`` above the machine's CPUs waited for ever, printing nothing."""
+    return not address or address == "local"
 
 
 def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) -> None:
@@ -308,6 +333,27 @@ def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str
     return variables
 
 
+def _is_utf8(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8: a name of bytes that are not (os.environ, os.getcwd()) holds lone
+    surrogates ('\\udcff')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def ray_driver_directories() -> list[tuple[str, str]]:
+    """(what, directory) for each directory Ray 2.60's ``ray.init`` adds to its workers' ``sys.path`` (the job
+    configuration's ``py_driver_sys_path``): the working directory, and the running script's directory where it
+    is on ``sys.path`` (the ``fwbench`` script's: its environment's ``bin``)."""
+    directories = [("the working directory", os.path.abspath(os.curdir))]
+    script = os.path.dirname(os.path.realpath(sys.argv[0])) if sys.argv and sys.argv[0] else ""
+    if script and script in sys.path:
+        directories.append(("the directory of the running script", script))
+    return directories
+
+
 def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> list[tuple[str, str]]:
     """(entry as written, entry as the Ray workers are given it) for each entry of ``environ``'s
     ``PYTHONPATH``: made absolute against ``cwd`` (default this working directory; an empty entry is the
@@ -335,17 +381,18 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
         # no address: a new instance for this command ("local"), as the README says; a bare ray.init()
         # joined any instance `ray start` had left on this machine, refusing --ray-num-cpus there
         # ("num_cpus ... must not be provided") and otherwise running on that cluster, silently
-        init_args = {"address": address} if address else {"address": "local", "num_cpus": options.ray_num_cpus}
+        local = starts_local_ray(address)
+        init_args = {"address": "local", "num_cpus": options.ray_num_cpus} if local else {"address": address}
         try:
             ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if not address:  # no address to blame: it said "$RAY_ADDRESS: got None"
+            if local:  # no cluster's address to blame: it said "$RAY_ADDRESS: got None" (or blamed 'local')
                 raise FwbenchError(f"--launcher ray: could not start a local Ray instance (Ray: {reason})") from None
             source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"
             raise FwbenchError(f"{source}: got {address!r}; expected a Ray cluster address such as auto or HOST:6379 "
                                f"of a running cluster (Ray: {reason})") from None
-        if not address:  # a local instance cannot grow: a run larger than it would wait for ever, silently
+        if local:  # a local instance cannot grow: a run larger than it would wait for ever, silently
             try:
                 totals = ray.cluster_resources()  # no "GPU" entry on a machine without GPUs
                 check_fits_local_ray(options, {key: totals.get(key, 0.0) for key in ("CPU", "GPU")})
