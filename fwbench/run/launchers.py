@@ -14,6 +14,7 @@ A launcher yields records in completion order; a run that raises becomes a recor
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import multiprocessing
@@ -354,6 +355,22 @@ def ray_driver_directories() -> list[tuple[str, str]]:
     return directories
 
 
+@contextlib.contextmanager
+def _ray_address_hidden(hide: bool) -> Iterator[None]:
+    """Unset ``$RAY_ADDRESS`` for the ``with`` block where ``hide`` (``--ray-address`` given), restoring it after.
+    Ray 2.60's ``ray.init`` (and ``canonicalize_bootstrap_address``) replace the address ``"auto"`` by a non-empty
+    ``$RAY_ADDRESS``, so ``--ray-address auto`` with ``RAY_ADDRESS=local`` started a new instance that no run was
+    compared with (``--cpus-per-run`` above its CPUs waited for ever), with ``RAY_ADDRESS=HOST:6379`` ran on that
+    cluster instead of the running one asked for, and with a blank one raised a ValueError that blamed ``auto``;
+    ``--ray-address`` overrides ``$RAY_ADDRESS``, as the option's help and :func:`check_ray_resources` say."""
+    saved = os.environ.pop("RAY_ADDRESS", None) if hide else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["RAY_ADDRESS"] = saved
+
+
 def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> list[tuple[str, str]]:
     """(entry as written, entry as the Ray workers are given it) for each entry of ``environ``'s
     ``PYTHONPATH``: made absolute against ``cwd`` (default this working directory; an empty entry is the
@@ -384,7 +401,8 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
         local = starts_local_ray(address)
         init_args = {"address": "local", "num_cpus": options.ray_num_cpus} if local else {"address": address}
         try:
-            ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+            with _ray_address_hidden(options.ray_address is not None):
+                ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
         except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             if local:  # no cluster's address to blame: it said "$RAY_ADDRESS: got None" (or blamed 'local')

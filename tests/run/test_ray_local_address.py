@@ -7,6 +7,8 @@ what ``ray.init`` is asked for and reports an instance of 2 CPUs, so these tests
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fwbench.errors import FwbenchError
@@ -105,3 +107,44 @@ def test_ray_num_cpus_with_a_clusters_address_is_refused(monkeypatch, ray_addres
     with pytest.raises(FwbenchError) as info:
         check_ray_resources(options)
     assert str(info.value).startswith(f"--ray-num-cpus: got 4 with {shown}, where it has no effect; expected it only")
+
+
+class RayReadingItsAddressVariable(FakeRay):
+    """Also records the address Ray 2.60's ``ray.init`` would use: it replaces ``None`` or ``"auto"`` by a
+    non-empty ``$RAY_ADDRESS`` (``ray/_private/worker.py``: ``if address_env_var and (address is None or
+    address == "auto")``), which ``services.canonicalize_bootstrap_address`` does again."""
+
+    def init(self, **kwargs) -> None:
+        super().init(**kwargs)
+        address, environment = kwargs.get("address"), os.environ.get("RAY_ADDRESS")
+        self.used_address = environment if environment and address in (None, "auto") else address
+
+
+@pytest.mark.parametrize("environment", ["local", "10.0.0.1:6379", " "])
+def test_ray_address_auto_overrides_the_environment_variable(monkeypatch, environment):
+    """``--ray-address auto`` with ``RAY_ADDRESS`` set: the old code called ``ray.init(address='auto')`` with the
+    variable in place, and Ray used the variable: ``local`` started a new instance no run was compared with (the
+    runs waited for ever where one was larger), ``10.0.0.1:6379`` joined that cluster, not the running one asked
+    for, and a blank one raised Ray's ValueError, shown as a bad ``--ray-address 'auto'``."""
+    fake = RayReadingItsAddressVariable()
+    monkeypatch.setattr(launchers, "_import_ray", lambda: fake)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", environment)
+    assert list(launch_ray([], LaunchOptions(launcher="ray", device="cpu", ray_address="auto"))) == []
+    assert fake.used_address == "auto"  # old: the variable's value
+    assert os.environ["RAY_ADDRESS"] == environment  # hidden from ray.init only
+    try:  # Ray's own rule, where Ray is installed (a pure function: nothing is started)
+        from ray._private.services import canonicalize_bootstrap_address
+    except ImportError:
+        return
+    if environment == "local":
+        assert canonicalize_bootstrap_address("auto") is None  # None: "start a local Ray instance"
+
+
+def test_the_environment_variable_is_still_used_without_the_option(monkeypatch):
+    fake = RayReadingItsAddressVariable()
+    monkeypatch.setattr(launchers, "_import_ray", lambda: fake)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    assert list(launch_ray([], LaunchOptions(launcher="ray", device="cpu"))) == []
+    assert fake.used_address == "10.0.0.1:6379" and "num_cpus" not in fake.init_kwargs
