@@ -244,32 +244,27 @@ def check_ray_resources(options: LaunchOptions) -> None:
     if options.gpus_per_run > 0 and options.device.partition(":")[0] == "cpu":
         raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g} with --device {options.device}; expected 0 "
                            "(a run on the CPU uses no GPU; --device cuda or auto runs on the GPUs it reserves)")
+    # the workers get each entry made absolute against this working directory (ray_worker_env), so what is
+    # checked is what they get: '.', a relative entry or an empty one run from /home/me/$lib reached them as
+    # /home/me/$lib, which Ray expanded; from /home/me/a:b as two entries, /home/me/a and b; bytes that are not
+    # UTF-8 (lone surrogates, '\udcff', in os.environ and os.getcwd()) made every worker abort, since Ray sends a
+    # runtime environment as JSON, which its C++ side refuses (nlohmann parse_error, WorkerCrashedError)
     python_path = os.environ.get("PYTHONPATH", "")
-    if "$" in python_path:
-        raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray; expected directories without '$' "
-                           "(Ray expands $NAME in its workers' environment, so they would import from elsewhere; "
-                           "rename the directory or reach it through a link)")
-    # the workers get each entry made absolute against this working directory (ray_worker_env): '.', a
-    # relative entry or an empty one run from /home/me/$lib reached them as /home/me/$lib, which Ray expanded;
-    # from /home/me/a:b it reached them as two entries, /home/me/a and b (the check itself raised a ValueError)
     for entry, absolute in worker_python_path(os.environ):
-        for bad, why in (("$", "Ray expands $NAME in its workers' environment, so they would import from elsewhere"),
-                         (os.pathsep, f"a {os.pathsep!r} in an entry splits it in two, so they would import from "
-                                      "elsewhere")):
-            if bad in absolute:
-                raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
-                                   f"{absolute!r} from this working directory; expected directories without {bad!r} "
-                                   f"({why}; run from a directory without {bad!r}, or reach it through a link)")
-        # bytes that are not UTF-8 (os.environ and os.getcwd() give them as lone surrogates, '\udcff'): Ray sends
-        # a runtime environment as JSON, which its C++ side refuses, and every worker given one aborted (nlohmann
-        # parse_error "invalid string: surrogate U+DC00..U+DFFF", WorkerCrashedError for each run)
-        try:
-            absolute.encode("utf-8")
-        except UnicodeEncodeError:
-            raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray, whose entry {entry!r} is "
-                               f"{absolute!r} from this working directory; expected directories whose names are UTF-8 "
-                               "(Ray cannot give its workers other bytes: each worker would crash; rename the "
-                               "directory or reach it through a link)") from None
+        bad = next((c for c in ("$", os.pathsep) if c in absolute), None)
+        if bad is None and _is_utf8(absolute):
+            continue
+        whose = "" if absolute == entry else f", whose entry {entry!r} is {absolute!r} from this working directory"
+        if bad is None:
+            expected = "directories whose names are UTF-8"
+            why = "Ray cannot give its workers other bytes: each worker would crash"
+        else:
+            expected = f"directories without {bad!r}"
+            why = ("Ray expands $NAME in its workers' environment" if bad == "$" else
+                   f"a {bad!r} in an entry splits it in two") + ", so they would import from elsewhere"
+        advice = (f"run from a directory without {bad!r}, or" if whose and bad else "rename the directory or")
+        raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected {expected} "
+                           f"({why}; {advice} reach it through a link)")
     for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
         # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
         # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address
