@@ -197,21 +197,9 @@ def test_a_relative_data_dir_in_the_environment_reaches_the_workers_as_the_drive
     assert record["steps"] == 4
 
 
-MODULE_GRID = """
-name = "ray-python-path"
-task = "retrieval"
-variant_modules = ["ray_path_variants"]
-
-[profiles.quick]
-variant = "halved-relu"
-seed = 1
-S = 4
-d_key = 8
-batch_size = 4
-max_steps = 2
-eval_every = 2
-eval_sequences = 2
-"""
+# RETRIEVAL_GRID's run, with a variant that only a module on the driver's PYTHONPATH registers
+MODULE_GRID = RETRIEVAL_GRID.replace('task = "retrieval"', 'task = "retrieval"\nvariant_modules = ["ray_path_variants"]') \
+    .replace('variant = "linear"', 'variant = "halved-relu"')
 
 MODULE = '''
 import torch
