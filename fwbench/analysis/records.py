@@ -44,16 +44,15 @@ OPTIONAL_RECORD_FIELDS = {"grid": str, "diverged_at": int, "diverged_reason": st
                           "tokens_per_s": (int, float), "started_at": str, "ended_at": str, "environment": dict,
                           "curve": list, "final_evaluation": dict}
 
-#: The ``environment`` entries :func:`records_frame` reads (``run.environment``), each absent, null or of its type.
-ENVIRONMENT_FIELDS = {"device": str, "torch": str, "threads": int, "device_name": str, "python": str,
-                      "git_commit": str}
+#: The frame's columns read from a record's ``environment`` (``run.environment``): column → (entry, its type;
+#: each entry absent, null or of its type).
+ENVIRONMENT_COLUMNS = {"device": ("device", str), "torch": ("torch", str), "threads": ("threads", int),
+                       "machine": ("device_name", str), "python": ("python", str), "commit": ("git_commit", str)}
 
 #: The frame's own columns (:func:`records_frame`): a config or metrics key of one of these names would
 #: overwrite the record's value (``config: {"status": 5}`` replaced the run's status).
-FRAME_COLUMNS = frozenset({"run_id", "grid", "task", "variant", "d_dot", "seed", "status", "diverged_at",
-                           "diverged_reason", "steps", "wall_s", "steps_per_s", "device", "torch", "threads",
-                           "machine", "python", "commit", "started_at", "ended_at", "tokens_per_s", "curve",
-                           "final_evaluation"})
+FRAME_COLUMNS = frozenset({"run_id", "task", "variant", "d_dot", "seed", "status", "steps", "wall_s",
+                           *OPTIONAL_RECORD_FIELDS.keys() - {"environment"}, *ENVIRONMENT_COLUMNS})
 
 
 def _is(value: object, kind: type | tuple[type, ...]) -> bool:
@@ -163,7 +162,7 @@ def _mistyped_fields(record: dict) -> list[str]:
         wrong += _final_evaluation_problems(record["final_evaluation"])
     environment = record.get("environment")
     if isinstance(environment, dict):
-        wrong += [f"environment.{name}" for name, kind in ENVIRONMENT_FIELDS.items()
+        wrong += [f"environment.{name}" for name, kind in ENVIRONMENT_COLUMNS.values()
                   if environment.get(name) is not None and not _is(environment[name], kind)]
     # metrics: numbers (null where never measured); a string or a list made the report raise
     wrong += [f"metrics.{name}" for name, value in record["metrics"].items()
@@ -196,7 +195,7 @@ def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[
     a traceback (KeyError: 'task'; below the top level: a metric or ``config.S`` that is a string, a
     ``config.d_model`` missing, an ``environment`` that is null, a ``wall_s`` of 400 digits); it is skipped
     and counted as the store skips a line that is not a record. Checked: :data:`RUN_RECORD_FIELDS`,
-    :data:`OPTIONAL_RECORD_FIELDS`, :data:`ENVIRONMENT_FIELDS`, every metric a number or null, and the
+    :data:`OPTIONAL_RECORD_FIELDS`, :data:`ENVIRONMENT_COLUMNS`, every metric a number or null, and the
     config of a known task exactly the fields of its config dataclass, each of its type."""
     readable, problems = [], []
     for record in records:
@@ -232,18 +231,12 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     for r in map(restore_non_finite, records):  # values written as null because they were inf or NaN
         environment = r.get("environment") or {}  # null is no environment (readable_run_records allows it)
         row = {
-            "run_id": r["run_id"], "grid": r.get("grid"), "task": r["task"], "variant": r["variant"]["spec"],
-            "d_dot": r["variant"].get("d_dot"), "seed": r["seed"], "status": r["status"],
-            # the report names the step of every divergence (it crashed on a diverged run without them)
-            "diverged_at": r.get("diverged_at"), "diverged_reason": r.get("diverged_reason"),
-            "steps": r["steps"], "wall_s": r["wall_s"], "steps_per_s": r.get("steps_per_s"),
-            "device": environment.get("device"), "torch": environment.get("torch"),
-            "threads": environment.get("threads"), "machine": environment.get("device_name"),
-            "python": environment.get("python"), "commit": environment.get("git_commit"),
-            "started_at": r.get("started_at"), "ended_at": r.get("ended_at"),
-            "tokens_per_s": r.get("tokens_per_s"),
-            "curve": r.get("curve"),
-            "final_evaluation": r.get("final_evaluation"),
+            "run_id": r["run_id"], "task": r["task"], "variant": r["variant"]["spec"], "d_dot": r["variant"].get("d_dot"),
+            "seed": r["seed"], "status": r["status"], "steps": r["steps"], "wall_s": r["wall_s"],
+            # every optional field, as null where absent: the report names the step of every divergence (it
+            # crashed on a diverged run without them)
+            **{name: r.get(name) for name in OPTIONAL_RECORD_FIELDS if name != "environment"},
+            **{column: environment.get(entry) for column, (entry, _) in ENVIRONMENT_COLUMNS.items()},
         }
         # a config field the record lacks (a store older than the field, a hand-made record) is its default,
         # as for the run itself: a missing MQAR d_model was NaN in a column the table casts to int
