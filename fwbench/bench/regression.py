@@ -45,7 +45,6 @@ from pathlib import Path
 
 import torch
 
-from fwbench.run.environment import _MICROARCHITECTURE_FIELDS
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -471,65 +470,6 @@ def _cut_slug(slug: str) -> str:
     return slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
 
 
-#: The first word of the bracketed part of a CPU identity's slug where /proc/cpuinfo gives a microarchitecture
-#: (``cpu_identity``'s "[family 25, model 17, AVX512]" → "family"): a microarchitecture field's name.
-_FIELD_WORDS = frozenset(shown for _, shown in _MICROARCHITECTURE_FIELDS)
-#: torch's CPU capabilities as slugs ("Z VECTOR" → "z-vector", "NO AVX" → "no-avx"): the whole bracketed part
-#: where there is no field (macOS, Windows), else its last words; the running torch's is added in
-#: :func:`_capability_slugs`, should a later torch name another.
-_CAPABILITY_SLUGS = frozenset({"default", "vsx", "z-vector", "no-avx", "avx2", "avx512", "sve256"})
-
-
-def _capability_slugs() -> frozenset[str]:
-    return _CAPABILITY_SLUGS | {_slug(torch.backends.cpu.get_cpu_capability())}
-
-
-def _may_be_of_model(path: Path, model: str) -> bool:
-    """Whether the file name ``path`` may be that of a baseline measured on a CPU of model name ``model``:
-    one :func:`baseline_path_for` gives such a CPU, by its identity ("perf_baseline-amd-epyc-family-...",
-    the model's slug, then a microarchitecture field's name, :data:`_FIELD_WORDS`, or else torch's capability
-    alone, :data:`_CAPABILITY_SLUGS`), cut and hashed where long, or, in code before identities, by its model
-    name ("perf_baseline-amd-epyc.json", "perf_baseline-amd-epyc-<8 hex>.json"); ``perf_baseline.json`` names
-    no CPU, so it may be any's.
-
-    The model's slug alone as a prefix took another model's name for this one's: a CPU named "AMD EPYC"
-    took "perf_baseline-amd-epyc-7b13.json" (an "AMD EPYC 7B13"'s) and an "Intel(R) Xeon(R) Processor"
-    "...-processor-2-2ghz.json" (a "... Processor @ 2.2GHz"'s) as maybe its own, and a corrupt one stopped its gate.
-    """
-    if path.name == BASELINE_PATH.name:
-        return True
-    rest, prefix = path.stem.removeprefix("perf_baseline-"), _slug(model)
-    if len(prefix.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:
-        # every such name is the model's first MAX_SLUG_BYTES bytes and a hash: nothing more to tell them apart
-        prefix = _cut_slug(prefix)
-        return rest == prefix or rest.startswith(prefix + "-")
-    own, hexed = _slug(model, fallback=""), r"[0-9a-f]{8}"
-    if own:
-        if rest == own or (rest.startswith(own + "-") and re.fullmatch(hexed, rest[len(own) + 1:])):
-            return True  # the model name alone (code before identities), plain or hashed
-        if not rest.startswith(own + "-"):
-            return False
-        rest = rest[len(own) + 1:]
-    elif re.fullmatch(rf"unknown-cpu(-{hexed})?", rest):  # a model with no letter or digit, plain or hashed
-        return True
-    # rest: the bracketed part's slug, maybe cut, maybe hashed; an identity's bracketed part is its fields
-    # ("family-25-model-1-avx2"), else torch's capability alone ("no-avx"). A capability's first word before
-    # anything else was no identity's: "Intel Core Processor (Broadwell)" took "...-broadwell-no-tsx-family-6-..."
-    # (QEMU's "Intel Core Processor (Broadwell, no TSX)") as maybe its own, and a corrupt one stopped its gate.
-    hashed = re.fullmatch(rf"(.*)-{hexed}", rest)
-    bracket = hashed.group(1) if hashed else rest
-    first, capabilities = bracket.split("-")[0], _capability_slugs()
-    if first in _FIELD_WORDS or bracket in capabilities:
-        return True
-    # a name cut to MAX_SLUG_BYTES (less a partial character and a "-") may end inside the first field's name
-    # ("...-fam-<hash>") or inside the capability ("...-no-<hash>", "...-z-vec-<hash>")
-    body = path.stem.removeprefix("perf_baseline-").encode("utf-8", "surrogatepass")
-    if not hashed or len(body) - 9 < MAX_SLUG_BYTES - 4:
-        return False
-    return (first == bracket and any(word.startswith(first) for word in _FIELD_WORDS)) \
-        or any(capability.startswith(bracket) for capability in capabilities)
-
-
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
     yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
@@ -583,20 +523,20 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None 
     (or one it does not name), so that a slowdown smaller than the machines' difference can pass
     unnoticed (or an unchanged case fail). A case this CPU's file lacks: :func:`judged_baseline`.
 
-    A file that is not a baseline and whose name cannot be of this CPU or of its model name (another
-    CPU's: :func:`_same_model_baseline`) is left out, said at the end of the warning.
+    A file that is not a baseline and is not one of this CPU's own names (:func:`baseline_path_for`) is
+    left out of the search for a same-model file (:func:`_same_model_baseline`), said at the end of the warning.
 
     Raises:
-        ValueError: a candidate file (:func:`baseline_path_for`), or a file whose name may be of a CPU named
-        ``model``, is not a baseline (:func:`read_baseline`).
+        ValueError: one of this CPU's own candidate files (:func:`baseline_path_for`) is not a baseline
+        (:func:`read_baseline`).
     """
     own = baseline_path_for(cpu, directory)
     if own.exists():
         return own, None
     same_model, skipped = _same_model_baseline(model, directory) if model and model != cpu else (None, [])
-    # a corrupt file that cannot be of this model (an AMD EPYC's, on an Intel Xeon) stopped this CPU's gate
-    # and named that file; it is left out, said at the end of the warning
-    not_read = "".join(f"; {name} is left out, its name not that of a CPU named {model!r}: {exc}"
+    # a corrupt file of another CPU (an AMD EPYC's, on an Intel Xeon) stopped this CPU's gate; it is left
+    # out, said at the end of the warning, where it cannot be missed if it was the same-model file wanted
+    not_read = "".join(f"; {name} is left out of the search for a file of model {model!r}: {exc}"
                        for name, exc in skipped)
     if same_model is not None:
         path, identity = same_model
@@ -624,21 +564,18 @@ def _same_model_baseline(model: str, directory: Path) -> tuple[tuple[Path, str |
     where there is none; (file name, why) of each file left out). A file that does not record its CPU's identity
     (it may be this CPU's generation) before one that records another, then by file name.
 
-    A file that is not a baseline is left out where its name cannot be that of a CPU named ``model``
-    (:func:`_may_be_of_model`): a corrupt ``perf_baseline-amd-epyc.json`` stopped the gate of an Intel Xeon
-    with no file of its own, which is judged against ``perf_baseline.json``.
-
-    Raises:
-        ValueError: a file whose name may be of a CPU named ``model`` is not a baseline (:func:`read_baseline`):
-        it may be the one to judge against.
+    A file that is not a baseline is left out, with its reason: the caller (:func:`choose_baseline`) has
+    already stopped on any of this CPU's own names (:func:`baseline_path_for`), and a same-model file is a
+    stand-in whose ratios come from another machine. Guessing from a file name whether a corrupt file was a
+    CPU of ``model``'s stopped the gate on names that were another model's ("AMD EPYC" on
+    "...-amd-epyc-7b13.json", "(Broadwell)" on "...-broadwell-no-tsx-..."), and no rule over names tells all
+    of them apart ("AMD EPYC Default" against an "AMD EPYC" with torch capability DEFAULT).
     """
     found, skipped = [], []
     for path in sorted(Path(directory).glob("perf_baseline*.json")):
         try:
             environment = read_baseline(path).get("environment") or {}
         except ValueError as exc:
-            if _may_be_of_model(path, model):
-                raise
             skipped.append((path.name, exc))
             continue
         if environment.get("device_name") == model:

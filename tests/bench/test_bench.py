@@ -627,13 +627,19 @@ def test_a_corrupt_baseline_of_another_model_does_not_stop_a_cpu_without_its_own
     # no same-model file at all: judged against perf_baseline.json, the corrupt file said too
     path, warning = choose_baseline("Weird CPU [AVX2]", tmp_path, model="Weird CPU")
     assert path == intel and "perf_baseline-amd-epyc.json is left out" in warning
-    # an AMD EPYC of another generation: the corrupt file may be its model's (as code before identities
-    # named it), the one it should be judged against: it still stops
-    with pytest.raises(ValueError, match=r"perf_baseline-amd-epyc\.json: "):
-        judged_baseline(cpu_identity(ZEN3, "AVX2"), tmp_path, model="AMD EPYC")
-    amd.rename(tmp_path / "perf_baseline-amd-epyc-family-25-model-17-avx512.json")
-    with pytest.raises(ValueError, match=r"perf_baseline-amd-epyc-family-25-model-17-avx512\.json: "):
-        judged_baseline(cpu_identity(ZEN3, "AVX2"), tmp_path, model="AMD EPYC")
+    # an AMD EPYC of another generation: the corrupt file may have been its model's stand-in; it is left
+    # out too, named, and the CPU is judged against perf_baseline.json, with a warning
+    zen3 = cpu_identity(ZEN3, "AVX2")
+    for name in ("perf_baseline-amd-epyc.json", "perf_baseline-amd-epyc-family-25-model-17-avx512.json"):
+        if name != amd.name:
+            amd = amd.rename(tmp_path / name)
+        path, warning = choose_baseline(zen3, tmp_path, model="AMD EPYC")
+        assert path == intel and f"{name} is left out of the search for a file of model 'AMD EPYC'" in warning
+    # one of this CPU's own names stops it: it may be the file this CPU is judged against and would rewrite
+    own = baseline_path_for(zen3, tmp_path)
+    amd.rename(own)
+    with pytest.raises(ValueError, match=re.escape(own.name)):
+        judged_baseline(zen3, tmp_path, model="AMD EPYC")
     assert judged_baseline(xeon, tmp_path, model="Intel(R) Xeon(R) Processor").ratios == {"a": 2.0}
 
 
@@ -650,13 +656,19 @@ def test_a_corrupt_baseline_of_another_model_does_not_stop_a_cpu_without_its_own
     ("AMD EPYC", "perf_baseline-amd-epyc-default-family-25-model-1-avx2-0123abcd.json"),
     # a model name with no letter or digit ("unknown-cpu" as a file name): its hashed name stops it (loop below)
     ("!!!", "perf_baseline-no-tsx-family-6-model-61-avx2.json"),
+    # names no rule over file names tells apart (h-break16v): the model "AMD EPYC Default"'s own name (code
+    # before identities) is also an "AMD EPYC [DEFAULT]"'s; "X Model 3"'s is "X [model 3, ...]"'s prefix
+    ("AMD EPYC", "perf_baseline-amd-epyc-default.json"),
+    ("X", "perf_baseline-x-model-3.json"),
+    ("AMD EPYC", "perf_baseline-amd-epyc-0123abcd.json"),
 ])
 def test_a_corrupt_baseline_of_a_longer_model_name_does_not_stop_a_cpu(tmp_path, model, other):
     """Break-it finding (h-break16t): a model name whose slug begins another's ("AMD EPYC" and "AMD EPYC
     7B13", "Intel(R) Xeon(R) Processor" and "... Processor @ 2.2GHz") took that model's file name as maybe its
     own: a corrupt one raised "baseline .../perf_baseline-amd-epyc-7b13.json: not JSON" where the CPU is
     judged against perf_baseline.json. Now it is left out, said in the warning; every name baseline_path_for
-    gives a CPU of this model (plain, hashed, cut and hashed; identity or model name) still stops it.
+    gives this CPU (plain, hashed, cut and hashed) still stops it. Since h-break17 any other corrupt file is
+    left out: names could not be told apart ("AMD EPYC Default"'s and "AMD EPYC [DEFAULT]"'s are one).
     h-break16u: a capability's first word after the model's slug ("no", "z", "default") was taken for an
     identity's bracketed part, so "Intel Core Processor (Broadwell)" stopped on a corrupt "...-broadwell-no-tsx-..."
     (QEMU's "(Broadwell, no TSX)"'s); and a model named "!!!" left out "perf_baseline-unknown-cpu-<hash>.json",
@@ -668,20 +680,18 @@ def test_a_corrupt_baseline_of_a_longer_model_name_does_not_stop_a_cpu(tmp_path,
     assert path == intel and f"{other} is left out" in warning and "\n" not in warning
     assert judged_baseline(cpu, tmp_path, model=model).ratios == {"a": 2.0}
     (tmp_path / other).unlink()
-    # the names of this model's CPUs still stop it where corrupt: each may be the one to judge against
-    # (its identity's, plain or hashed; its model name's as code before identities wrote it; one cut to 64
-    # bytes inside the bracketed part, "...-fam-<hash>")
+    # this CPU's own names (its identity's, plain, hashed, or cut to 64 bytes and hashed) still stop it
+    # where corrupt: each may be the file it is judged against and rewrites
     long_model = model + " " + "k" * (60 - len(model))
-    for cpu_of_model, of_model in [*((f"{model} [{inner}]", model) for inner in (
-            "family 25, model 1, AVX2", "DEFAULT", "Z VECTOR", "NO AVX", "machine 3931, VSX",
-            "implementer 0x41, part 0xd0c, SVE256", "family 6, model 106, " + "q" * 80)),
-            (model, model), (f"{long_model} [family 25, model 1, AVX2]", long_model)]:
+    for of_model in (model, long_model):
+        cpu_of_model = cpu_identity(ZEN4.replace("AMD EPYC", of_model), "AVX512")
         own = baseline_path_for(cpu_of_model, tmp_path)
-        hashed = own.with_name(own.stem + "-0123abcd.json") if not re.search(r"-[0-9a-f]{8}$", own.stem) else own
-        for name in {own.name, hashed.name}:
+        digest = hashlib.sha256(cpu_of_model.encode()).hexdigest()[:8]
+        names = {own.name} if own.stem.endswith(digest) else {own.name, f"{own.stem}-{digest}.json"}
+        for name in names:
             (tmp_path / name).write_text("{")
             with pytest.raises(ValueError, match=re.escape(name)):
-                choose_baseline(cpu_identity(ZEN4.replace("AMD EPYC", of_model), "AVX512"), tmp_path, model=of_model)
+                choose_baseline(cpu_of_model, tmp_path, model=of_model)
             (tmp_path / name).unlink()
 
 
