@@ -195,8 +195,10 @@ def _cpuinfo_fields(cpuinfo: str) -> dict[str, str]:
     :data:`_PER_CORE_FIELDS` → each distinct value, in the order the processors give them, joined by "/"."""
     fields: dict[str, str] = {}
     per_core: dict[str, list[str]] = {}
-    for line in cpuinfo.splitlines():
-        key, colon, value = line.partition(":")
+    # only "\n" ends a line of /proc/cpuinfo: splitlines() also split at "\x0b", "\x1c" and U+2028 inside
+    # a value, and a model name holding one was cut there (the part after it a field of its own)
+    for line in cpuinfo.split("\n"):
+        key, colon, value = line.removesuffix("\r").partition(":")
         if colon and key.strip() in _PER_CORE_FIELDS and value.strip():
             seen = per_core.setdefault(key.strip(), [])
             seen += [value.strip()] if value.strip() not in seen else []

@@ -727,6 +727,17 @@ def test_a_cpu_is_named_by_its_model_its_microarchitecture_and_torchs_instructio
     assert cpu_identity().startswith(cpu_model() + " [")
 
 
+@pytest.mark.parametrize("separator", ["\x0b", "\x1c", "\u2028", "\x85"])
+def test_a_model_name_holding_a_line_separator_is_kept_whole(separator):
+    """h-break16v noticed: the fields of /proc/cpuinfo were read with splitlines(), which also splits at
+    "\x0b", "\x1c", NEL and U+2028: "AMD EPYC<U+2028>7B13" was named "AMD EPYC", the same CPU as a plain
+    "AMD EPYC" (one baseline for both). Only "\n" ends a line there; the name is kept as one printable line."""
+    info = ZEN4.replace("AMD EPYC", f"AMD EPYC{separator}7B13")
+    assert cpu_model(info) == "AMD EPYC 7B13"
+    assert cpu_identity(info, "AVX512") == "AMD EPYC 7B13 [family 25, model 17, AVX512]"
+    assert cpu_identity(ZEN4.replace("\n", "\r\n"), "AVX512") == "AMD EPYC [family 25, model 17, AVX512]"
+
+
 #: /proc/cpuinfo of two POWER generations as KVM guests: the same "model" (the machine), no "model name"
 POWER8_GUEST = ("processor\t: 0\ncpu\t\t: POWER8 (architected), altivec supported\nclock\t\t: 3425.000000MHz\n"
                 "revision\t: 2.1 (pvr 004b 0201)\n\ntimebase\t: 512000000\nplatform\t: pSeries\n"
