@@ -190,7 +190,9 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
 
     Raises:
         FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
-            skipped as corrupt, their number and the first one's place (PATH:LINE) are named.
+            skipped as corrupt, their number and the first one's place (PATH:LINE) are named; where
+            records were skipped as no run record (a field missing or mistyped), their number, the first
+            one's run id and its fields.
     """
     from fwbench.analysis.records import load_run_records
     from fwbench.bench.suite import BENCH_RECORDS
@@ -199,10 +201,15 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     (runs, run_problems), benches = load_run_records(results_dir), ResultsStore(results_dir, BENCH_RECORDS).load()
     if runs or benches.records:
         return
-    # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable
+    # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable;
+    # a record that parsed but is no run record (readable_run_records: "PATH: record 'x' skipped: no run record
+    # (missing or mistyped: config.S)") is no corrupt line, and what is wrong with it is named, as in the report
     skipped = run_problems + benches.problems
-    found = (f"; {len(skipped)} corrupt or truncated line(s) skipped, the first {skipped[0].split(': ')[0]}"
-             if skipped else "")
+    corrupt = [p for p in skipped if p.endswith(": corrupt or truncated record skipped")]
+    records = [p.replace(" skipped: no run record", "", 1) for p in skipped if p not in corrupt]
+    found = "".join([
+        f"; {len(corrupt)} corrupt or truncated line(s) skipped, the first {corrupt[0].split(': ')[0]}" if corrupt else "",
+        f"; {len(records)} record(s) skipped as no run record, the first {records[0]}" if records else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
         f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "

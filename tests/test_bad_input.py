@@ -1617,13 +1617,15 @@ def _(ctx):
 def report_on_unreadable_lines(ctx, text: str, skipped: int, first: str) -> str:
     """``fwbench report`` on a runs.jsonl of ``text`` whose lines are none of them a run record: it
     refuses without writing, counting the ``skipped`` lines and naming the first (``first``: ":1" for a
-    line number, "" for a record that decoded but is no run record)."""
+    line number, or what follows the path for a record that decoded but is no run record: its run id and
+    the fields missing or mistyped, ": record 'x' (missing or mistyped: config.S)")."""
     results, out = ctx.tmp_path / "unreadable", ctx.tmp_path / "out"
     results.mkdir()
     (results / "runs.jsonl").write_text(text)
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     assert not out.exists()
-    assert f"{skipped} corrupt or truncated line(s) skipped, the first {results / 'runs.jsonl'}{first})" in answer
+    kind = "record(s) skipped as no run record" if first.startswith(": record") else "corrupt or truncated line(s) skipped"
+    assert f"{skipped} {kind}, the first {results / 'runs.jsonl'}{first})" in answer
     return answer
 
 
@@ -1639,7 +1641,8 @@ def _(ctx):  # json raises ValueError and RecursionError, not a decode error
 
 @row("C176")
 def _(ctx):  # an object with a run id, none of a run record's fields
-    return report_on_unreadable_lines(ctx, '{"run_id": "x"}\n', 1, "")
+    return report_on_unreadable_lines(ctx, '{"run_id": "x"}\n', 1, ": record 'x' (missing or mistyped: task, variant, "
+                                      "seed, status, steps, wall_s, config, metrics)")
 
 
 @row("C177")
@@ -1865,7 +1868,7 @@ def _(ctx):  # a run record but for one field below the top level (config.S a st
     record = {"run_id": "x", "task": "retrieval", "variant": {"spec": "linear"}, "seed": 1, "status": "max_steps",
               "steps": 10, "wall_s": 1.0, "config": {**asdict(RetrievalConfig()), "S": "3"},
               "metrics": {"best_eval_loss": 0.5}}
-    return report_on_unreadable_lines(ctx, json.dumps(record) + "\n", 1, "")
+    return report_on_unreadable_lines(ctx, json.dumps(record) + "\n", 1, ": record 'x' (missing or mistyped: config.S)")
 
 
 @row("H81")

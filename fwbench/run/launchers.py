@@ -254,7 +254,10 @@ def check_ray_resources(options: LaunchOptions) -> None:
         bad = next((c for c in ("$", os.pathsep) if c in absolute), None)
         if bad is None and _is_utf8(absolute):
             continue
-        whose = "" if absolute == entry else f", whose entry {entry!r} is {absolute!r} from this working directory"
+        # the absolute form and the advice to run elsewhere only where the working directory brought the
+        # character in: a '$' written in the entry itself ('lib$x') is C180's, whatever directory it is run from
+        from_cwd = absolute != entry and not (bad and bad in entry)
+        whose = f", whose entry {entry!r} is {absolute!r} from this working directory" if from_cwd else ""
         if bad is None:
             expected = "directories whose names are UTF-8"
             why = "Ray cannot give its workers other bytes: each worker would crash"

@@ -178,3 +178,21 @@ def test_a_config_field_of_a_type_the_check_does_not_know_is_read_whatever_it_ho
     finally:
         records._config_field_types.cache_clear()
         records._config_defaults.cache_clear()
+
+
+def test_a_store_of_mistyped_records_only_is_refused_naming_the_first_and_its_field(tmp_path, capsys):
+    """A runs.jsonl whose every record is skipped (here ``environment.threads`` written as "4", then a line
+    that is no JSON): the refusal called the records corrupt or truncated lines and named only the file,
+    ``2 corrupt or truncated line(s) skipped, the first …/runs.jsonl``, though the report names each record
+    and its field beside readable ones. Now corrupt lines and records that are no run record are counted
+    apart, and the first record is named with its fields."""
+    results = tmp_path / "results"
+    results.mkdir()
+    store = results / "runs.jsonl"
+    store.write_text(json.dumps(changed("retrieval", "environment.threads", "4")) + "\nnot json\n")
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert (f"(no record in runs.jsonl or bench.jsonl; 1 corrupt or truncated line(s) skipped, the first {store}:2; "
+            f"1 record(s) skipped as no run record, the first {store}: record 'retrieval:environment.threads' "
+            "(missing or mistyped: environment.threads)); expected") in error
+    assert not (tmp_path / "out").exists()

@@ -247,7 +247,7 @@ def test_report_of_a_store_whose_every_run_failed(tmp_path):
 def test_report_skips_and_names_a_record_that_is_no_run_record(line, tmp_path, capsys):
     """A JSON object with a string run_id but not the fields a run record holds (hand-edited, another
     tool's line) is skipped and named in the report's store problems, beside the run records, and a store
-    of such records only is refused as one of corrupt lines (C176). The report raised KeyError: 'task'
+    of such records only is refused, the first named with its fields (C176). The report raised KeyError: 'task'
     (or 'status'; TypeError for a config that is a list), a traceback."""
     results, out = tmp_path / "results", tmp_path / "out"
     store = ResultsStore(results)
@@ -262,4 +262,5 @@ def test_report_skips_and_names_a_record_that_is_no_run_record(line, tmp_path, c
     ResultsStore(lone).append(json.loads(line))
     capsys.readouterr()
     assert main(["report", "--results-dir", str(lone), "--out", str(tmp_path / "out2")]) == 2
-    assert f"1 corrupt or truncated line(s) skipped, the first {lone / 'runs.jsonl'})" in capsys.readouterr().err
+    assert f"1 record(s) skipped as no run record, the first {lone / 'runs.jsonl'}: record 'x' (missing or mistyped: " \
+        in capsys.readouterr().err
