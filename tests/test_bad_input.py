@@ -1871,6 +1871,21 @@ def _(ctx):  # a run record but for one field below the top level (config.S a st
     return report_on_unreadable_lines(ctx, json.dumps(record) + "\n", 1, ": record 'x' (missing or mistyped: config.S)")
 
 
+@row("C200")
+def _(ctx):  # a bench.jsonl record without finished_at: the report's speed section raised KeyError
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "ok", "median_s": 0.001}
+    record = {k: v for k, v in _record("s", case, {}).items() if k != "finished_at"}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / BENCH_RECORDS).write_text(json.dumps({**record, "run_id": "x"}) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

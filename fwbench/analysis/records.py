@@ -55,7 +55,7 @@ FRAME_COLUMNS = frozenset({"run_id", "task", "variant", "d_dot", "seed", "status
                            *OPTIONAL_RECORD_FIELDS.keys() - {"environment"}, *ENVIRONMENT_COLUMNS})
 
 
-def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+def is_of_kind(value: object, kind: type | tuple[type, ...]) -> bool:
     """Whether ``value`` is a ``kind`` as the report computes with it: a bool is no number, and an
     integer beyond a float's range (json reads a number written as 400 digits as an int) is none either:
     the report converts its numbers to float (OverflowError: int too large to convert to float)."""
@@ -87,9 +87,9 @@ def _fits(value: object, shape: object) -> bool:
     if isinstance(shape, list):
         if shape[0] == [int]:  # pairs
             return isinstance(value, list) and bool(value) and all(
-                isinstance(pair, list) and len(pair) == 2 and all(_is(x, int) for x in pair) for pair in value)
+                isinstance(pair, list) and len(pair) == 2 and all(is_of_kind(x, int) for x in pair) for pair in value)
         return isinstance(value, list) and bool(value) and all(_fits(x, shape[0]) for x in value)
-    return (value is None and shape is NUMBER) or _is(value, shape)
+    return (value is None and shape is NUMBER) or is_of_kind(value, shape)
 
 
 def _final_evaluation_problems(evaluation: dict) -> list[str]:
@@ -143,34 +143,34 @@ def _config_defaults() -> dict[str, dict[str, object]]:
 def _mistyped_fields(record: dict) -> list[str]:
     """The names (dotted below the top level) of the fields of ``record`` (its non-finite values restored)
     that :func:`records_frame` and the report cannot read: missing or of another type than fwbench writes."""
-    wrong = [name for name, kind in RUN_RECORD_FIELDS.items() if not _is(record.get(name), kind)]
+    wrong = [name for name, kind in RUN_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
     if wrong:
         return wrong
     if not isinstance(record["variant"].get("spec"), str):
         wrong.append("variant.spec")
-    if record["variant"].get("d_dot") is not None and not _is(record["variant"]["d_dot"], int):
+    if record["variant"].get("d_dot") is not None and not is_of_kind(record["variant"]["d_dot"], int):
         wrong.append("variant.d_dot")
     wrong += [name for name, kind in OPTIONAL_RECORD_FIELDS.items()
-              if record.get(name) is not None and not _is(record[name], kind)]
-    if record["status"] == "diverged" and not _is(record.get("diverged_at"), int) and "diverged_at" not in wrong:
+              if record.get(name) is not None and not is_of_kind(record[name], kind)]
+    if record["status"] == "diverged" and not is_of_kind(record.get("diverged_at"), int) and "diverged_at" not in wrong:
         wrong.append("diverged_at")  # the report names the step of every divergence (build_record writes it)
     curve = record.get("curve")
-    if isinstance(curve, list) and not all(isinstance(point, dict) and _is(point.get("step"), int) and all(
-            value is None or _is(value, NUMBER) for value in point.values()) for point in curve):
+    if isinstance(curve, list) and not all(isinstance(point, dict) and is_of_kind(point.get("step"), int) and all(
+            value is None or is_of_kind(value, NUMBER) for value in point.values()) for point in curve):
         wrong.append("curve")  # points {step, train_loss, eval_loss, ...}, drawn by the LM figure
     if isinstance(record.get("final_evaluation"), dict):
         wrong += _final_evaluation_problems(record["final_evaluation"])
     environment = record.get("environment")
     if isinstance(environment, dict):
         wrong += [f"environment.{name}" for name, kind in ENVIRONMENT_COLUMNS.values()
-                  if environment.get(name) is not None and not _is(environment[name], kind)]
+                  if environment.get(name) is not None and not is_of_kind(environment[name], kind)]
     # metrics: numbers (null where never measured); a string or a list made the report raise
     wrong += [f"metrics.{name}" for name, value in record["metrics"].items()
-              if name in FRAME_COLUMNS or not (value is None or _is(value, (int, float)))]
+              if name in FRAME_COLUMNS or not (value is None or is_of_kind(value, (int, float)))]
     config, types = record["config"], _config_field_types().get(record["task"])
     if types is None:  # a task fwbench does not know: no table reads it; scalars that shadow no column
         wrong += [f"config.{name}" for name, value in config.items()
-                  if name in FRAME_COLUMNS or not (value is None or _is(value, (str, int, float, bool)))]
+                  if name in FRAME_COLUMNS or not (value is None or is_of_kind(value, (str, int, float, bool)))]
         return wrong
     # a task's config: each field of its dataclass that the record holds, of its type (an S of "3" or null
     # made the report raise); a field it lacks is the dataclass's default, as the run's own config is
@@ -179,11 +179,11 @@ def _mistyped_fields(record: dict) -> list[str]:
     # ``status`` there replaced the run's status)
     for name, value in config.items():
         if name not in types:
-            if name in FRAME_COLUMNS or not (value is None or _is(value, (str, int, float, bool))):
+            if name in FRAME_COLUMNS or not (value is None or is_of_kind(value, (str, int, float, bool))):
                 wrong.append(f"config.{name}")
             continue
         kind, nullable = types[name]
-        if kind is not object and not (_is(value, kind) or (nullable and value is None)):
+        if kind is not object and not (is_of_kind(value, kind) or (nullable and value is None)):
             wrong.append(f"config.{name}")
     return wrong
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 
+from fwbench.analysis.records import NUMBER, is_of_kind
 from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, OFFICIAL_SETTING2_STEPS_PER_S
+from fwbench.run.strict_json import restore_non_finite
 
 #: Records of this kind hold one session's side measurements and ratios.
 SUMMARY_KIND = "bench-summary"
@@ -33,13 +36,65 @@ class Ratio:
         return "NOT RUN" if self.passed is None else ("PASS" if self.passed else "FAIL")
 
 
+#: The fields of a ``bench`` record (``suite._record``) the report reads, with their types.
+BENCH_RECORD_FIELDS = {"session": str, "finished_at": str, "device": str, "status": str, "variant": str,
+                       "form": str, "mode": str, "T": int, "B": int, "H": int, "d_head": int}
+
+#: The fields of a ``bench`` record the report reads where they are present: each absent, null or of its type.
+OPTIONAL_BENCH_FIELDS = {"sweep": str, "median_s": NUMBER, "peak_mem_bytes": NUMBER, "gflops_per_s": NUMBER,
+                         "chunk_size": int, "fraction_of_peak": NUMBER}
+
+#: The fields of each entry of a summary record's ``ratios`` (:func:`summary_record`); ``value`` may be null.
+RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
+
+
+def _bench_problems(record: dict) -> list[str]:
+    """The fields of a bench or summary record (non-finite values restored) that the report cannot read."""
+    if record.get("kind") == SUMMARY_KIND:
+        ratios = record.get("ratios")
+        wrong = [] if is_of_kind(record.get("session"), str) else ["session"]
+        if not isinstance(ratios, list) or not all(
+                isinstance(r, dict) and all(name in r and (is_of_kind(r[name], kind) or (name == "value" and r[name] is None))
+                                            for name, kind in RATIO_FIELDS.items()) for r in ratios):
+            wrong.append("ratios")
+        return wrong
+    wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
+    return wrong + [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
+                    if record.get(name) is not None and not is_of_kind(record[name], kind)]
+
+
+def readable_bench_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:
+    """(the ``bench`` and summary records of ``source`` (bench.jsonl) the report can read, non-finite values
+    restored; a ``SOURCE: record 'ID' skipped: ...`` problem for each other one). A record of another
+    ``kind``, or one missing a field the report reads or holding it as another type (a hand-edited line,
+    another tool's JSON), made ``fwbench report`` a traceback (KeyError: 'finished_at'); it is skipped and
+    named, as :func:`~fwbench.analysis.records.readable_run_records` does for runs.jsonl. Checked:
+    :data:`BENCH_RECORD_FIELDS`, :data:`OPTIONAL_BENCH_FIELDS`, and a summary's ``session`` and
+    :data:`RATIO_FIELDS`."""
+    readable, problems = [], []
+    for record in records:
+        restored = restore_non_finite(record)
+        if restored.get("kind") not in ("bench", SUMMARY_KIND):
+            problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
+                            f"(kind {restored.get('kind')!r}; expected 'bench' or {SUMMARY_KIND!r})")
+            continue
+        wrong = _bench_problems(restored)
+        if wrong:
+            problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
+                            f"(missing or mistyped: {', '.join(wrong)})")
+        else:
+            readable.append(restored)
+    return readable, problems
+
+
 def bench_frame(records: list[dict]) -> pd.DataFrame:
-    """One row per measured case (status ok or not); summary records are left out."""
+    """One row per measured case (status ok or not); summary records are left out. ``records`` are
+    those :func:`readable_bench_records` keeps: another record may lack a column the report reads."""
     rows = [{k: v for k, v in r.items() if k != "environment"} for r in records if r.get("kind") == "bench"]
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    for column in ("sweep", "peak_mem_bytes", "gflops_per_s", "median_s", "chunk_size", "fraction_of_peak"):
+    for column in OPTIONAL_BENCH_FIELDS:
         if column not in frame:
             frame[column] = None
     return frame

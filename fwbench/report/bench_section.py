@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
-from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, time_table  # noqa: E402
+from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, readable_bench_records, time_table  # noqa: E402
 from fwbench.report.figure_style import save  # noqa: E402
 from fwbench.report.markdown import markdown_table  # noqa: E402
 from fwbench.run.store import ResultsStore  # noqa: E402
@@ -68,12 +68,20 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
 def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     """Speed and memory: the latest ``fwbench bench`` session per device (figures, table, ratios)."""
     results_dir = frame.attrs.get("results_dir")
-    records = ResultsStore(results_dir, records_file=BENCH_RECORDS).records() if results_dir else []
+    records, problems = [], []
+    if results_dir:
+        store = ResultsStore(results_dir, records_file=BENCH_RECORDS)
+        loaded = store.load()
+        records, skipped = readable_bench_records(loaded.records, store.path)
+        problems = loaded.problems + skipped
+    # a line or record the section cannot read is named, as the report names those of runs.jsonl
+    skipped_lines = ["Benchmark records skipped:", "", *[f"- {p}" for p in problems], ""] if problems else []
     measured = bench_frame(records)
     if measured.empty:
-        return "## Speed and memory\n\nNo benchmark records yet (`fwbench bench --profile full`).\n"
+        return "\n".join(["## Speed and memory", "", "No benchmark records yet (`fwbench bench --profile full`).",
+                          "", *skipped_lines])
     summaries = {r["session"]: r for r in records if r.get("kind") == SUMMARY_KIND}
-    lines = ["## Speed and memory", ""]
+    lines = ["## Speed and memory", "", *skipped_lines]
     latest = measured.sort_values("finished_at").groupby("device")["session"].last()
     for device, session in latest.items():
         rows = main_rows(measured[measured["session"] == session])

@@ -44,7 +44,14 @@ from fwbench.bench.regression import (
     write_baseline,
 )
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, BenchProfile, run_bench
-from fwbench.bench.summary import acceptance_ratios, bench_frame, format_ratios, summary_record, time_table
+from fwbench.bench.summary import (
+    acceptance_ratios,
+    bench_frame,
+    format_ratios,
+    readable_bench_records,
+    summary_record,
+    time_table,
+)
 from fwbench.cli import main
 from fwbench.report.bench_section import section_bench
 from fwbench.run.environment import cpu_identity, cpu_model
@@ -260,6 +267,8 @@ def test_report_section_draws_the_latest_session(tiny_run, tmp_path):
     frame.attrs["results_dir"] = str(directory)
     markdown = section_bench(frame, tmp_path)
     assert "## Speed and memory" in markdown and "Acceptance ratios" in markdown
+    assert "Benchmark records skipped" not in markdown  # every record fwbench bench writes (ok, skipped, summary) is readable
+    assert readable_bench_records(store.records(), BENCH_RECORDS) == (store.records(), [])
     assert (tmp_path / "bench_cpu.png").stat().st_size > 10_000
     empty = pd.DataFrame()
     empty.attrs["results_dir"] = str(tmp_path / "nothing")

@@ -1,0 +1,84 @@
+"""A benchmark record (bench.jsonl) missing a field the report reads, or holding it as another type (a
+hand-edited line, another tool's JSON), made ``fwbench report`` a traceback (KeyError: 'finished_at',
+KeyError: 'variant', TypeError on a median of "fast"); it is skipped and named in the report's speed
+section, as a record of runs.jsonl is, and the readable records beside it are still drawn."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+from fwbench.bench.summary import readable_bench_records, summary_record
+from fwbench.report.bench_section import section_bench
+
+
+def _case(T: int) -> dict:
+    return {"B": 1, "H": 2, "d_head": 8, "dtype": "float32", "device": "cpu", "matmul_peak_gflops": 10.0,
+            "variant": "linear", "rule": "sum", "form": "chunk", "mode": FORWARD, "T": T, "d_dot": 8,
+            "status": "ok", "median_s": 0.001 * T / 32, "min_s": 0.001, "repeats": 2, "tokens_per_s": 32000.0,
+            "peak_mem_bytes": 2**20 * T / 32}
+
+
+def _readable() -> list[dict]:
+    return [_record("s1", _case(T), {}) for T in (32, 64)]
+
+
+def _without(record: dict, name: str) -> dict:
+    return {k: v for k, v in record.items() if k != name}
+
+
+#: (a record, the field the report names as missing or mistyped); each made the old section raise
+#: (the kind-less one was dropped without a word)
+MISTYPED = [
+    (lambda r: _without(r, "finished_at"), "finished_at"),
+    (lambda r: _without(r, "variant"), "variant"),
+    (lambda r: {**r, "T": "64"}, "T"),
+    (lambda r: {**r, "median_s": "fast"}, "median_s"),
+    (lambda r: {**r, "peak_mem_bytes": [1]}, "peak_mem_bytes"),
+    (lambda r: {**r, "device": None}, "device"),
+]
+
+
+def _section(directory, records: list[dict], out) -> str:
+    (directory / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records))
+    frame = pd.DataFrame()
+    frame.attrs["results_dir"] = str(directory)
+    return section_bench(frame, out)
+
+
+def test_records_as_fwbench_bench_writes_them_are_read():
+    records = _readable()
+    records.append(summary_record("s1", {}, [], {}))
+    readable, problems = readable_bench_records(records, "bench.jsonl")
+    assert problems == [] and readable == records
+
+
+@pytest.mark.parametrize(("mistype", "field"), MISTYPED, ids=[field for _, field in MISTYPED])
+def test_a_mistyped_bench_record_is_skipped_and_named(tmp_path, mistype, field):
+    bad = {**mistype(_record("s1", _case(128), {})), "run_id": "bad"}
+    markdown = _section(tmp_path, [*_readable(), bad], tmp_path)
+    assert (f"- {tmp_path / BENCH_RECORDS}: record 'bad' skipped: no benchmark record "
+            f"(missing or mistyped: {field})") in markdown
+    # the readable session is still drawn: T=32 and T=64, not the skipped T=128
+    assert "T=32" in markdown and "T=64" in markdown and "T=128" not in markdown
+    assert (tmp_path / "bench_cpu.png").exists()
+
+
+def test_a_mistyped_summary_and_a_record_of_no_kind_are_named(tmp_path):
+    summary = summary_record("s1", {}, [], {})
+    summary["ratios"] = [{"name": "x", "target": "≥ 1", "verdict": "PASS", "detail": ""}]  # no value
+    markdown = _section(tmp_path, [*_readable(), {**summary, "run_id": "sum"}, {"run_id": "other"}], tmp_path)
+    assert f"{tmp_path / BENCH_RECORDS}: record 'sum' skipped: no benchmark record (missing or mistyped: ratios)" \
+        in markdown
+    assert (f"{tmp_path / BENCH_RECORDS}: record 'other' skipped: no benchmark record (kind None; expected "
+            "'bench' or 'bench-summary')") in markdown
+    assert "T=64" in markdown and "Acceptance ratios" not in markdown
+
+
+def test_a_store_of_only_unreadable_bench_records_says_so(tmp_path):
+    markdown = _section(tmp_path, [{**_without(_readable()[0], "session"), "run_id": "bad"}], tmp_path)
+    assert "No benchmark records yet" in markdown
+    assert "record 'bad' skipped: no benchmark record (missing or mistyped: session)" in markdown
