@@ -1886,6 +1886,26 @@ def _(ctx):  # a bench.jsonl record without finished_at: the report's speed sect
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
 
 
+@row("C201")
+def _(ctx):  # fwbench estimate --against a store whose record of the grid's run holds wall_s "3"
+    import fwbench.bench.estimate_command as command
+    from fwbench.run.grid import expand, load_grid
+
+    ctx.monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)  # no timing: not the point
+    ctx.monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    grid = ctx.tmp_path / "g.toml"
+    grid.write_text(TINY_GRID)
+    spec = expand(load_grid(grid), "quick")[0]
+    results = ctx.tmp_path / "r"
+    results.mkdir()
+    (results / "runs.jsonl").write_text(json.dumps({"run_id": spec.run_id, "status": "plateau", "steps": 5,
+                                                    "wall_s": "3"}) + "\n")
+    ctx.capsys.readouterr()
+    status = main(["estimate", str(grid), "--against", str(results)])
+    warning = ctx.capsys.readouterr().err.splitlines()[0]  # then a line per timed cell
+    return f"exit {status}: {warning}"
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))

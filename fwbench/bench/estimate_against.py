@@ -20,6 +20,7 @@ official log's one seed, or evaluation and per-run costs the estimate does not c
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -80,8 +81,13 @@ def _ratio(measured: float, predicted: float) -> float:
     return measured / predicted if predicted > 0 else float("nan")
 
 
-def _instant(text: str) -> float:
-    return datetime.fromisoformat(text).timestamp()
+def _instant(text: object) -> float | None:
+    """Seconds since the epoch of an ISO 8601 timestamp; None for a record without one (an older or
+    hand-edited record: its start or end is null, absent or not a timestamp)."""
+    try:
+        return datetime.fromisoformat(text).timestamp() if isinstance(text, str) else None
+    except ValueError:
+        return None
 
 
 def _finished(specs: list[RunSpec], records: dict[str, dict]) -> list[RunSpec]:
@@ -96,10 +102,15 @@ def _train_s(record: dict) -> float:
 
 
 def _window_s(found: list[dict]) -> float:
-    """Seconds from the first record's start to the last one's end (0 without records)."""
+    """Seconds from the first record's start to the last one's end (0 without records; NaN where no
+    record holds both timestamps: a window measured from some runs' times would understate it)."""
     if not found:
         return 0.0
-    return max(_instant(r["ended_at"]) for r in found) - min(_instant(r["started_at"]) for r in found)
+    starts = [_instant(r.get("started_at")) for r in found]
+    ends = [_instant(r.get("ended_at")) for r in found]
+    if None in starts or None in ends:
+        return float("nan")
+    return max(ends) - min(starts)
 
 
 def compare(name: str, specs: list[RunSpec], cells: list[CellEstimate], records: dict[str, dict],
@@ -134,6 +145,10 @@ def total(name: str, parts: list[Comparison], specs: list[RunSpec], records: dic
                       sum(p.predicted_train_s for p in parts), sum(p.measured_train_s for p in parts))
 
 
+def _minutes(seconds: float) -> str:
+    return "n/a (a record without its start or end)" if math.isnan(seconds) else f"{seconds / 60:.1f} min"
+
+
 def format_comparison(parts: list[Comparison], whole: Comparison, jobs: int, results_dir: str) -> str:
     """The per-grid and total table of predicted against measured core and wall time."""
     lines = [f"### Predicted vs measured ({results_dir}; ratio = measured / predicted)", "",
@@ -146,7 +161,7 @@ def format_comparison(parts: list[Comparison], whole: Comparison, jobs: int, res
                      f"{part.measured_core_s / 3600:.2f} | {part.core_ratio:.2f} | {part.steps_ratio:.2f} | "
                      f"{part.step_time_ratio:.2f} | {part.train_step_ratio:.2f} | {part.outside_training()} | "
                      f"{part.predicted_wall_s / 60:.1f} min | "
-                     f"{part.measured_wall_s / 60:.1f} min | {part.wall_ratio:.2f} |")
+                     f"{_minutes(part.measured_wall_s)} | {part.wall_ratio:.2f} |")
     return "\n".join(lines)
 
 

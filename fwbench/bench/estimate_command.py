@@ -96,12 +96,21 @@ def _grid_specs(names: list[str], profile: str, seeds: list[int] | None) -> list
     return parts
 
 
+#: What ``--against`` reads of a record (:mod:`fwbench.bench.estimate_against`), with its type.
+COMPARED_FIELDS = {"status": str, "steps": int, "wall_s": (int, float)}
+#: What it reads where present: each absent, null or of its type (a start or end that is no ISO 8601
+#: timestamp leaves the measured wall of its grid n/a).
+OPTIONAL_COMPARED_FIELDS = {"steps_per_s": (int, float), "started_at": str, "ended_at": str}
+
+
 def _finished_records(results_dir: str) -> dict[str, dict]:
-    """run_id → record of the store in ``results_dir``.
+    """run_id → record of the store in ``results_dir``, each holding what the comparison reads
+    (:data:`COMPARED_FIELDS`, :data:`OPTIONAL_COMPARED_FIELDS`); every other line is named in a warning.
 
     Raises:
         FwbenchError: it is empty (which would read the working directory) or holds no records file.
     """
+    from fwbench.analysis.records import is_of_kind
     from fwbench.run.store import ResultsStore
 
     refuse_empty_path("--against", results_dir, "a results directory that fwbench run wrote")
@@ -110,4 +119,19 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     if not store.path.is_file():
         raise FwbenchError(f"--against: no records file {str(store.path)!r}; expected a results directory "
                            "that fwbench run wrote")
-    return {record["run_id"]: record for record in store.records()}
+    loaded = store.load()
+    for problem in loaded.problems:
+        print(f"fwbench: warning: {problem}", file=sys.stderr)
+    readable = {}
+    for record in loaded.records:
+        # a record missing a field the comparison sums, or holding it as another type (a hand-edited
+        # wall_s of "3"), made the comparison a traceback; it is left out and named
+        wrong = [name for name, kind in COMPARED_FIELDS.items() if not is_of_kind(record.get(name), kind)]
+        wrong += [name for name, kind in OPTIONAL_COMPARED_FIELDS.items()
+                  if record.get(name) is not None and not is_of_kind(record[name], kind)]
+        if wrong:
+            print(f"fwbench: warning: {store.path}: record {record['run_id']!r} left out of the comparison "
+                  f"(missing or mistyped: {', '.join(wrong)})", file=sys.stderr)
+        else:
+            readable[record["run_id"]] = record
+    return readable

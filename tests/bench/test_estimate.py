@@ -340,3 +340,40 @@ def test_the_final_evaluation_is_timed_only_for_a_model_that_evaluates_finite(sp
     monkeypatch.setattr(task, "evaluate", lambda *args: {"loss": 0.5})
     eval_s, _ = measure_eval_seconds(specs[0], repeats=2)
     assert len(finals) == 1 and eval_s >= 0.0
+
+
+def test_against_leaves_out_and_names_a_record_it_cannot_sum(tmp_path, monkeypatch, capsys):
+    """A record holding ``wall_s`` as "3" (a hand-edited line) made ``--against`` a TypeError traceback,
+    one without ``started_at`` a KeyError, one whose ``ended_at`` is no timestamp a ValueError. The first is
+    left out and named; the others are summed, with the measured wall n/a (a window from some runs' times
+    alone would understate it)."""
+    import json
+
+    import fwbench.bench.estimate_command as command
+
+    monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)
+    monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    path = tmp_path / "grid.toml"
+    path.write_text(AGAINST_GRID)
+    specs = expand(load_grid(path), "quick")
+    results = tmp_path / "results"
+    results.mkdir()
+    lines = [{"run_id": spec.run_id, "status": "plateau", "steps": 100, "wall_s": 3.0, "steps_per_s": 50.0,
+              "started_at": "2026-11-30T00:00:00+00:00", "ended_at": "2026-11-30T00:00:03+00:00"} for spec in specs]
+    lines[0]["wall_s"] = "3"
+    del lines[1]["started_at"]
+    (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
+    out, err = capsys.readouterr()
+    assert (f"fwbench: warning: {results / 'runs.jsonl'}: record {specs[0].run_id!r} left out of the comparison "
+            "(missing or mistyped: wall_s)") in err
+    assert "| total | 3 of 4 |" in out and "| n/a (a record without its start or end) | nan |" in out
+    lines[1]["started_at"] = "2026-11-30T00:00:00+00:00"
+    lines[2]["ended_at"] = "yesterday"
+    (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
+    assert "| total | 3 of 4 |" in (out := capsys.readouterr().out) and "n/a (a record without its start or end)" in out
+    lines[2]["ended_at"] = "2026-11-30T00:00:03+00:00"
+    (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
+    assert "| total | 3 of 4 |" in (out := capsys.readouterr().out) and "| 0.1 min |" in out
