@@ -344,7 +344,11 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     frame = records_frame(records)
     rows = frame[frame["d_dot"].notna()] if not frame.empty else frame
     if rows.empty:
-        raise FwbenchError(f"grid {name}: no fast-weight runs to estimate a capacity from")
+        # a run whose record is skipped is not retrained (its run id is stored): say so, or the message
+        # reads as if the grid had no fast-weight variant
+        why = (f" ({len(unreadable)} of its runs have a record skipped as no run record, named above; delete "
+               "those lines from the store to retrain them)" if unreadable else "")
+        raise FwbenchError(f"grid {name}: no fast-weight runs to estimate a capacity from{why}")
     table = capacity_intervals(rows, threshold=args.threshold)
     table.insert(0, "setting", int(rows["setting"].iloc[0]))
     out = Path(args.out)
