@@ -6,9 +6,11 @@ Needs Ray (`pip install 'fwbench[ray]'`); skipped without it, since the default 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -48,6 +50,19 @@ def test_a_ray_record_names_the_drivers_command_line_not_the_workers(tmp_path, m
     assert with_driver_argv(dict(failed), ["run"]) == failed  # no environment: nothing to set
 
 
+def _kill_ray_processes_of(temp_dir: str) -> None:
+    """SIGKILL the processes of the Ray instance kept in ``temp_dir`` (its GCS, raylet and workers name their
+    session directory there), not every Ray process of the machine as ``ray stop --force`` would: another
+    user's instance, or a test run beside this one, is left alone."""
+    psutil = pytest.importorskip("psutil")
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(temp_dir in part for part in process.info["cmdline"] or ()):
+                process.kill()
+        except psutil.Error:  # gone already, or not ours to read
+            pass
+
+
 @pytest.mark.slow
 def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
     grid = tmp_path / "grid.toml"
@@ -55,18 +70,26 @@ def test_killed_ray_driver_resumes_only_the_missing_runs(tmp_path):
     results = tmp_path / "results"
     command = [sys.executable, "-m", "fwbench", "run", str(grid), "--profile", "slow", "--results-dir",
                str(results), "--quiet", "--launcher", "ray", "--ray-num-cpus", "2"]
-    driver = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # the instance in a directory of its own, so that only its processes are killed; short, as Ray's sockets
+    # live there (a Unix socket path holds at most 107 bytes)
+    temp_dir = tempfile.mkdtemp(prefix="fwray-", dir="/tmp")
+    environment = {**os.environ, "RAY_TMPDIR": temp_dir}
+    driver = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=environment)
     store = ResultsStore(results)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(store.records()) < 2:
         time.sleep(0.5)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
-    ray_stop = subprocess.run(["ray", "stop", "--force"], capture_output=True)  # workers of the killed driver
-    del ray_stop
+    _kill_ray_processes_of(temp_dir)  # the workers of the killed driver
     before = {r["run_id"] for r in store.records()}
     assert 2 <= len(before) < 12, "the driver should have been killed midway"
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environment)
+    finally:
+        _kill_ray_processes_of(temp_dir)  # none where the driver ended well; a timed-out one's instance
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     assert f"{12 - len(before)} trained now, {len(before)} already" in done.stdout
     after = store.records()
