@@ -45,9 +45,9 @@ OPTIONAL_RECORD_FIELDS = {"grid": str, "diverged_at": int, "diverged_reason": st
                           "curve": list, "final_evaluation": dict}
 
 #: The frame's columns read from a record's ``environment`` (``run.environment``): column → (entry, its type;
-#: each entry absent, null or of its type).
-ENVIRONMENT_COLUMNS = {"device": ("device", str), "torch": ("torch", str), "threads": ("threads", int),
-                       "machine": ("device_name", str), "python": ("python", str), "commit": ("git_commit", str)}
+#: each entry absent, null or of its type), in the order the report's environment table shows them.
+ENVIRONMENT_COLUMNS = {"device": ("device", str), "machine": ("device_name", str), "torch": ("torch", str),
+                       "python": ("python", str), "threads": ("threads", int), "commit": ("git_commit", str)}
 
 #: The frame's own columns (:func:`records_frame`): a config or metrics key of one of these names would
 #: overwrite the record's value (``config: {"status": 5}`` replaced the run's status).

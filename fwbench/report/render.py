@@ -21,7 +21,7 @@ from fwbench.analysis.capacity import (
     write_capacity_csv,
 )
 from fwbench.analysis.claims import evaluate_claims, main_d_key
-from fwbench.analysis.records import CAPACITY_THRESHOLD, load_run_records, records_frame
+from fwbench.analysis.records import CAPACITY_THRESHOLD, ENVIRONMENT_COLUMNS, load_run_records, records_frame
 from fwbench.analysis.reference import official_synthetic
 from fwbench.analysis.statistics import CONFIDENCE, log_interval, t_interval
 from fwbench.analysis.verdicts import leaning_note
@@ -276,15 +276,12 @@ SECTIONS: list[Callable[[pd.DataFrame, Path], str]] = [
 ]
 
 
-#: What labels a run's environment in the report: where, with what, from which commit.
-ENVIRONMENT_COLUMNS = ["device", "machine", "torch", "python", "threads", "commit"]
-
-
 def _environment_lines(frame: pd.DataFrame) -> list[str]:
     """The records grouped by environment: runs, first start and last end (UTC), and their summed wall
     hours (one core per run), so that a published report says on what, with what and when it ran."""
     if frame.empty:
         return []
+    # what labels a run's environment: where, with what, from which commit (every column the frame reads)
     columns = [c for c in ENVIRONMENT_COLUMNS if c in frame]
     combos = frame.groupby(columns, dropna=False).agg(
         runs=("run_id", "size"), first_start=("started_at", "min"), last_end=("ended_at", "max"),
