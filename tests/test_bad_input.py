@@ -1671,6 +1671,15 @@ def _(ctx):
 
 @row("C180")
 def _(ctx):
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    where = ctx.tmp_path / "a$b"
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    ctx.monkeypatch.setenv("PYTHONPATH", "lib$x")  # a '$' of its own and one from the working directory: both fixes
+    assert raised(FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu")).endswith(
+        "; rename the entry's directory and run from a directory without '$', or reach it through a link)")
+    ctx.monkeypatch.chdir(ctx.tmp_path)
     ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
@@ -1746,7 +1755,9 @@ def _(ctx):
     ctx.monkeypatch.chdir(where)
     for python_path in (".", f"/abs/lib{os.pathsep}"):  # '.' and an empty entry: this working directory
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
-        assert "whose names are UTF-8" in raised(FwbenchError, check_ray_resources, options)
+        assert raised(FwbenchError, check_ray_resources, options).endswith(
+            "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
+            "crash; run from a directory whose name is UTF-8, or reach it through a link)")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
