@@ -1645,6 +1645,19 @@ def _(ctx):  # an object with a run id, none of a run record's fields
                                       "seed, status, steps, wall_s, config, metrics)")
 
 
+@row("C195")
+def _(ctx):
+    """The places in C176's refusal are built from their parts, not read back out of the skipped lines' messages."""
+    results, out = ctx.tmp_path / "R: old", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text('not json\n{"run_id": "x skipped: no run record"}\n')
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    assert f"the first {results / 'runs.jsonl'}:1; " in answer
+    assert f"the first {results / 'runs.jsonl'}: record 'x skipped: no run record' (missing or mistyped: " in answer
+    return answer
+
+
 @row("C177")
 def _(ctx):
     """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the
