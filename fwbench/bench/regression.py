@@ -487,8 +487,14 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         (:func:`read_baseline`: it may be this CPU's), or every candidate is another CPU's. A candidate
         that is not a baseline beside one measured on ``cpu`` is no error: a corrupt ``perf_baseline.json``
         (an Intel Xeon's) stopped the gate, and ``--update-baseline``, on a CPU with a good file of its own.
+        Also ``directory`` that exists but is not a directory (a file).
     """
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        # no file can be read or written in it: judged, it was called missing ("nothing is judged", advising
+        # --update-baseline), and --update-baseline measured every case, then failed on FileExistsError
+        raise ValueError(f"baseline directory {directory}: got a file, not a directory; expected the directory of "
+                         "the baseline files (perf_baseline*.json), or no such path (move the file away)")
     slug = _slug(cpu)
     candidates = [directory / BASELINE_PATH.name]
     if len(slug.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:

@@ -550,9 +550,22 @@ GATE_IN_DIRECTORY = """import functools
 
 from fwbench.bench import regression
 
-# loaded with -p, before benchmarks/conftest.py imports it: the gate judges against {directory!r}, not results/baselines/
-regression.judged_baseline = functools.partial(regression.judged_baseline, directory={directory!r})
+# loaded with -p, before benchmarks/conftest.py imports them: the gate judges against, and --update-baseline
+# writes to, {directory!r}, not results/baselines/ (a directory given by the caller is kept: choose_baseline's)
+judge, own_path = regression.judged_baseline, regression.baseline_path_for
+regression.judged_baseline = functools.partial(judge, directory={directory!r})
+regression.baseline_path_for = lambda cpu, directory={directory!r}: own_path(cpu, directory)
 """
+
+
+def _gate(tmp_path, directory, *options: str) -> subprocess.CompletedProcess:
+    """``python -m pytest benchmarks --collect-only OPTIONS`` with the gate's baselines in ``directory``."""
+    (tmp_path / "gate_in_directory.py").write_text(GATE_IN_DIRECTORY.format(directory=str(directory)))
+    root = Path(__file__).resolve().parents[2]
+    environment = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    return subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "gate_in_directory", "-p",
+                           "no:cacheprovider", "--collect-only", *options], cwd=root, capture_output=True, text=True,
+                          timeout=300, env=environment)
 
 
 @pytest.mark.parametrize("kind", ["empty", "missing", "other CPU only"])
@@ -560,13 +573,7 @@ def test_the_gate_without_any_baseline_runs_and_warns_instead_of_stopping(tmp_pa
     """``python -m pytest benchmarks`` on a baselines directory with no file to judge this CPU against: it stopped
     with 'ERROR: baseline .../perf_baseline.json: cannot be read (FileNotFoundError ...)' (exit 4), collecting
     nothing; now it collects every case and says, before and after, that nothing is judged and how to make a baseline."""
-    directory = _no_baseline_directory(tmp_path, kind)
-    (tmp_path / "gate_in_directory.py").write_text(GATE_IN_DIRECTORY.format(directory=str(directory)))
-    root = Path(__file__).resolve().parents[2]
-    environment = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
-    done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "gate_in_directory", "-p",
-                           "no:cacheprovider", "--collect-only"], cwd=root, capture_output=True, text=True,
-                          timeout=300, env=environment)
+    done = _gate(tmp_path, _no_baseline_directory(tmp_path, kind))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "fwbench baseline: no baseline file\n" in done.stdout
     warnings = [line for line in done.stdout.splitlines() if line.startswith("WARNING: ")]
@@ -574,6 +581,24 @@ def test_the_gate_without_any_baseline_runs_and_warns_instead_of_stopping(tmp_pa
     assert len(warnings) == 2 and len(set(warnings)) == 1 and "nothing is judged" in warnings[0], done.stdout
     assert "`nox -s bench -- --update-baseline` writes perf_baseline.json" in warnings[0]
     assert all(f"<Function test_perf[{case.name}]>" in done.stdout for case in PERF_CASES), done.stdout
+
+
+def test_a_baselines_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
+    """results/baselines/ a file: judged, it was called missing ('(no such directory) ... nothing is judged',
+    advising --update-baseline), and --update-baseline measured every case (minutes), then ended in an
+    INTERNALERROR, FileExistsError, writing the baseline. Now both stop before any case, in one line."""
+    directory = tmp_path / "baselines"
+    directory.write_text("not a directory\n")
+    expected = (f"baseline directory {directory}: got a file, not a directory; expected the directory of the baseline "
+                "files (perf_baseline*.json), or no such path (move the file away)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    for options in ((), ("--update-baseline",)):
+        done = _gate(tmp_path, directory, *options)
+        assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
