@@ -34,7 +34,7 @@ def test_perf(benchmark, case, baseline, threshold, measured, request):
     updating = request.config.getoption("--update-baseline")
     if not updating and case.name not in baseline:
         # judged against nothing, it passed before: a gate that "never fails" this case (nothing timed)
-        pytest.skip(f"no baseline ratio for {case.name} in {request.config._fwbench_baseline.where()}: "
+        pytest.skip(f"no baseline ratio for {case.name} ({request.config._fwbench_baseline.where()}): "
                     f"nothing to judge it against; `nox -s bench -- --update-baseline -k {case.name}` adds it")
     fn, calibration = case.build(), calibration_workload()
     calibration_times: list[float] = []

@@ -194,22 +194,25 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
             records were skipped as no run record (a field missing or mistyped), their number, the first
             one's run id and its fields.
     """
-    from fwbench.analysis.records import load_run_records
+    from fwbench.analysis.records import run_record_faults
     from fwbench.bench.suite import BENCH_RECORDS
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
-    (runs, run_problems), benches = load_run_records(results_dir), ResultsStore(results_dir, BENCH_RECORDS).load()
-    if runs or benches.records:
+    runs_store, bench_store = ResultsStore(results_dir), ResultsStore(results_dir, BENCH_RECORDS)
+    runs, benches = runs_store.load(), bench_store.load()
+    no_run_record = [(record["run_id"], fields) for record in runs.records if (fields := run_record_faults(record))]
+    if len(no_run_record) < len(runs.records) or benches.records:
         return
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable;
-    # a record that parsed but is no run record (readable_run_records: "PATH: record 'x' skipped: no run record
-    # (missing or mistyped: config.S)") is no corrupt line, and what is wrong with it is named, as in the report
-    skipped = run_problems + benches.problems
-    corrupt = [p for p in skipped if p.endswith(": corrupt or truncated record skipped")]
-    records = [p.replace(" skipped: no run record", "", 1) for p in skipped if p not in corrupt]
+    # a record that parsed but is no run record is no corrupt line, and what is wrong with it is named, as in the
+    # report. Built from the parts, not read back out of the problems' text: a --results-dir holding ': ' was cut
+    # there, and a run id holding " skipped: no run record" lost it, the marker left in the message
+    corrupt = ([f"{runs_store.path}:{number}" for number in runs.skipped_lines] +
+               [f"{bench_store.path}:{number}" for number in benches.skipped_lines])
     found = "".join([
-        f"; {len(corrupt)} corrupt or truncated line(s) skipped, the first {corrupt[0].split(': ')[0]}" if corrupt else "",
-        f"; {len(records)} record(s) skipped as no run record, the first {records[0]}" if records else ""])
+        f"; {len(corrupt)} corrupt or truncated line(s) skipped, the first {corrupt[0]}" if corrupt else "",
+        f"; {len(no_run_record)} record(s) skipped as no run record, the first {runs_store.path}: record "
+        f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
         f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "

@@ -1590,6 +1590,17 @@ def _(ctx):
     return raised(ValueError, choose_baseline, "AMD EPYC", ctx.tmp_path)
 
 
+@row("C196")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.write_text("not a directory\n")
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
@@ -1645,6 +1656,19 @@ def _(ctx):  # an object with a run id, none of a run record's fields
                                       "seed, status, steps, wall_s, config, metrics)")
 
 
+@row("C195")
+def _(ctx):
+    """The places in C176's refusal are built from their parts, not read back out of the skipped lines' messages."""
+    results, out = ctx.tmp_path / "R: old", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text('not json\n{"run_id": "x skipped: no run record"}\n')
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    assert f"the first {results / 'runs.jsonl'}:1; " in answer
+    assert f"the first {results / 'runs.jsonl'}: record 'x skipped: no run record' (missing or mistyped: " in answer
+    return answer
+
+
 @row("C177")
 def _(ctx):
     """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the
@@ -1671,6 +1695,15 @@ def _(ctx):
 
 @row("C180")
 def _(ctx):
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    where = ctx.tmp_path / "a$b"
+    where.mkdir()
+    ctx.monkeypatch.chdir(where)
+    ctx.monkeypatch.setenv("PYTHONPATH", "lib$x")  # a '$' of its own and one from the working directory: both fixes
+    assert raised(FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu")).endswith(
+        "; rename the entry's directory and run from a directory without '$', or reach it through a link)")
+    ctx.monkeypatch.chdir(ctx.tmp_path)
     ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
@@ -1746,7 +1779,9 @@ def _(ctx):
     ctx.monkeypatch.chdir(where)
     for python_path in (".", f"/abs/lib{os.pathsep}"):  # '.' and an empty entry: this working directory
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
-        assert "whose names are UTF-8" in raised(FwbenchError, check_ray_resources, options)
+        assert raised(FwbenchError, check_ray_resources, options).endswith(
+            "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
+            "crash; run from a directory whose name is UTF-8, or reach it through a link)")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()

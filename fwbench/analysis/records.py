@@ -188,6 +188,12 @@ def _mistyped_fields(record: dict) -> list[str]:
     return wrong
 
 
+def run_record_faults(record: dict) -> list[str]:
+    """The fields of a record (a parsed line of runs.jsonl) that make it no run record, missing or mistyped
+    ("config.S", "environment.threads"), as :func:`readable_run_records` names them; empty for a run record."""
+    return _mistyped_fields(restore_non_finite(record))  # a field written as null for being NaN is the float it was
+
+
 def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:
     """(the records :func:`records_frame` can read, a ``SOURCE: record 'ID' skipped: ...`` problem for each
     other one). A record of ``source`` (runs.jsonl) missing a field that :func:`records_frame` or the report
@@ -199,8 +205,7 @@ def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[
     config of a known task exactly the fields of its config dataclass, each of its type."""
     readable, problems = [], []
     for record in records:
-        restored = restore_non_finite(record)  # a field written as null for being NaN is the float it was
-        wrong = _mistyped_fields(restored)
+        wrong = run_record_faults(record)
         if wrong:
             problems.append(f"{source}: record {record['run_id']!r} skipped: no run record "
                             f"(missing or mistyped: {', '.join(wrong)})")

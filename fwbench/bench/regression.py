@@ -487,8 +487,14 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         (:func:`read_baseline`: it may be this CPU's), or every candidate is another CPU's. A candidate
         that is not a baseline beside one measured on ``cpu`` is no error: a corrupt ``perf_baseline.json``
         (an Intel Xeon's) stopped the gate, and ``--update-baseline``, on a CPU with a good file of its own.
+        Also ``directory`` that exists but is not a directory (a file).
     """
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        # no file can be read or written in it: judged, it was called missing ("nothing is judged", advising
+        # --update-baseline), and --update-baseline measured every case, then failed on FileExistsError
+        raise ValueError(f"baseline directory {directory}: got a file, not a directory; expected the directory of "
+                         "the baseline files (perf_baseline*.json), or no such path (move the file away)")
     slug = _slug(cpu)
     candidates = [directory / BASELINE_PATH.name]
     if len(slug.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:
@@ -548,9 +554,10 @@ def choose_baseline(cpu: str, directory: Path = BASELINE_DIR, model: str | None 
                       f"{own.name} for this CPU{not_read}")
     default = Path(directory) / BASELINE_PATH.name
     if not default.exists():
-        return default, (f"no performance baseline was measured on this CPU ({cpu!r}) and there is no {default.name}: "
-                         f"nothing is judged. On a quiet machine, `nox -s bench -- --update-baseline` writes "
-                         f"{own.name}{not_read}")
+        missing = "" if Path(directory).is_dir() else " (no such directory)"
+        return default, (f"no performance baseline in {directory}{missing}: none was measured on this CPU ({cpu!r}) "
+                         f"and there is no {default.name}, so nothing is judged. On a quiet machine, "
+                         f"`nox -s bench -- --update-baseline` writes {own.name} for this CPU{not_read}")
     measured_on = baseline_cpu(default)
     origin = repr(measured_on) if measured_on else "a CPU it does not name (no environment.device_name)"
     return default, (f"no performance baseline was measured on this CPU ({cpu!r}): judging against {default.name}, "
@@ -600,14 +607,16 @@ class JudgedBaseline:
 
     #: case name → baseline ratio
     ratios: dict[str, float]
-    #: the files the ratios were read from, this CPU's (or the one chosen for it) first
+    #: the files the ratios were read from, this CPU's (or the one chosen for it) first; none where
+    #: there is no baseline file to judge against (nothing is judged)
     files: tuple[Path, ...]
-    #: what the terminal says before and after the verdicts: ratios from another machine
+    #: what the terminal says before and after the verdicts: ratios from another machine, or none at all
     warnings: tuple[str, ...]
 
     def where(self) -> str:
-        """The files, for a message: "perf_baseline-amd-epyc.json or perf_baseline.json"."""
-        return " or ".join(path.name + ("" if path.exists() else " (no such file)") for path in self.files)
+        """The files, for a message: "perf_baseline-amd-epyc.json or perf_baseline.json"; "no baseline file"
+        where there is none."""
+        return " or ".join(path.name for path in self.files) or "no baseline file"
 
 
 def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str | None = None,
@@ -621,13 +630,19 @@ def judged_baseline(cpu: str, directory: Path = BASELINE_DIR, torch_version: str
     ratio moves with torch's kernels, the calibration matmul's included, and the gate never said so.
 
     ``perf_baseline.json`` not a baseline file, beside this CPU's own, is no error: a warning says the
-    cases this CPU's file lacks are judged against nothing.
+    cases this CPU's file lacks are judged against nothing. Where no file can judge this CPU (the directory is
+    empty or missing, or holds other models' files only), nothing is judged: no ratios, no files, and
+    :func:`choose_baseline`'s one warning, which says how to write a baseline.
 
     Raises:
         ValueError: a baseline file it judges against (or one that may be this CPU's) is not a baseline
         (:func:`read_baseline`).
     """
     path, warning = choose_baseline(cpu, directory, model)
+    if not path.exists():
+        # no baseline at all (an empty or missing directory, or only other models' files): the torch
+        # version of the missing file was read, and the gate stopped on "cannot be read (FileNotFoundError)"
+        return JudgedBaseline({}, (), (warning,))
     ratios, files, warnings = load_baseline(path), [path], [warning] if warning else []
     default = Path(directory) / BASELINE_PATH.name
     if path != default and default.exists():

@@ -250,24 +250,32 @@ def check_ray_resources(options: LaunchOptions) -> None:
     # UTF-8 (lone surrogates, '\udcff', in os.environ and os.getcwd()) made every worker abort, since Ray sends a
     # runtime environment as JSON, which its C++ side refuses (nlohmann parse_error, WorkerCrashedError)
     python_path = os.environ.get("PYTHONPATH", "")
-    for entry, absolute in worker_python_path(os.environ):
-        bad = next((c for c in ("$", os.pathsep) if c in absolute), None)
-        if bad is None and _is_utf8(absolute):
-            continue
-        # the absolute form and the advice to run elsewhere only where the working directory brought the
-        # character in: a '$' written in the entry itself ('lib$x') is C180's, whatever directory it is run from
-        from_cwd = absolute != entry and not (bad and bad in entry)
-        whose = f", whose entry {entry!r} is {absolute!r} from this working directory" if from_cwd else ""
-        if bad is None:
-            expected = "directories whose names are UTF-8"
-            why = "Ray cannot give its workers other bytes: each worker would crash"
-        else:
-            expected = f"directories without {bad!r}"
-            why = ("Ray expands $NAME in its workers' environment" if bad == "$" else
-                   f"a {bad!r} in an entry splits it in two") + ", so they would import from elsewhere"
-        advice = (f"run from a directory without {bad!r}, or" if whose and bad else "rename the directory or")
-        raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected {expected} "
-                           f"({why}; {advice} reach it through a link)")
+    cwd = os.getcwd()
+    entry_faults, cwd_faults, whose = [], [], ""
+    for entry, absolute in worker_python_path(os.environ, cwd):
+        # each fault is told by where it comes from, the entry's own text or the working directory, for the
+        # advice: renaming the entry's directory cannot help a '$' the working directory brings in, nor running
+        # elsewhere one the entry holds itself ('lib$x' from /home/me/a$b holds both: both fixes are named)
+        own, base = _entry_sources(entry, cwd)
+        entry_faults += [fault for fault in _path_faults(own) if fault not in entry_faults]
+        from_cwd = _path_faults(base)
+        cwd_faults += [fault for fault in from_cwd if fault not in cwd_faults]
+        if from_cwd and not whose:
+            whose = f", whose entry {entry!r} is {absolute!r} from this working directory"
+    if entry_faults or cwd_faults:
+        faults = [fault for fault in PATH_FAULTS if fault in entry_faults or fault in cwd_faults]
+        characters = [fault for fault in faults if fault != NOT_UTF8]
+        splits = " and ".join("Ray expands $NAME in its workers' environment" if c == "$" else
+                              f"a {c!r} in an entry splits it in two" for c in characters)
+        why = "; ".join(([f"{splits}, so they would import from elsewhere"] if characters else []) + (
+            ["Ray cannot give its workers other bytes: each worker would crash"] if NOT_UTF8 in faults else []))
+        fixes = []
+        if entry_faults:
+            fixes.append("rename the entry's directory" if cwd_faults else "rename the directory")
+        if cwd_faults:
+            fixes.append(f"run from a directory {_without(cwd_faults, plural=False)},")
+        raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
+                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)} or reach it through a link)")
     for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
         # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
         # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address
@@ -330,6 +338,38 @@ def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str
     if entries:
         variables["PYTHONPATH"] = os.pathsep.join([*(absolute for _, absolute in entries), "${PYTHONPATH}"])
     return variables
+
+
+#: What a PYTHONPATH entry given to Ray's workers must not hold (:func:`check_ray_resources`), in the order
+#: its refusal names them: a '$' (Ray expands it), the path separator (it splits the entry), bytes that are not UTF-8.
+NOT_UTF8 = "not UTF-8"
+PATH_FAULTS = ("$", os.pathsep, NOT_UTF8)
+
+
+def _path_faults(text: str) -> list[str]:
+    """The :data:`PATH_FAULTS` that ``text`` holds, in that order."""
+    return [fault for fault in PATH_FAULTS if (not _is_utf8(text) if fault == NOT_UTF8 else fault in text)]
+
+
+def _without(faults: list[str], plural: bool) -> str:
+    """What a directory name must be to hold none of ``faults`` (:data:`PATH_FAULTS`): "without '$' or ':'",
+    "whose names are UTF-8", "without '$' and whose name is UTF-8"."""
+    characters = [fault for fault in faults if fault != NOT_UTF8]
+    parts = ([f"without {' or '.join(map(repr, characters))}"] if characters else []) + (
+        [f"whose name{'s are' if plural else ' is'} UTF-8"] if NOT_UTF8 in faults else [])
+    return " and ".join(parts)
+
+
+def _entry_sources(entry: str, cwd: str) -> tuple[str, str]:
+    """(what a ``PYTHONPATH`` entry's own text gives its absolute form, what the working directory ``cwd`` gives
+    it), as :func:`worker_python_path` joins them: "/abs/lib" → ("/abs/lib", ""); "lib$x" → ("lib$x", cwd);
+    "../lib" → ("lib", cwd's parent), whose last name, left out, brings in nothing; "." or "" → ("", cwd)."""
+    if os.path.isabs(entry):
+        return os.path.normpath(entry), ""
+    parts = os.path.normpath(entry).split(os.sep) if entry else []
+    ups = next((i for i, part in enumerate(parts) if part != os.pardir), len(parts))
+    own = [part for part in parts[ups:] if part != os.curdir]
+    return os.sep.join(own), os.path.normpath(os.path.join(cwd, *[os.pardir] * ups))
 
 
 def _is_utf8(text: str) -> bool:

@@ -45,6 +45,9 @@ class LoadedRecords:
 
     records: list[dict]
     problems: list[str] = field(default_factory=list)
+    #: the number (from 1) of each line that could not be parsed, in the order of ``problems``: a caller that
+    #: names a line reads it here, not back out of the message (whose path may hold ": ")
+    skipped_lines: list[int] = field(default_factory=list)
 
 
 class ResultsStore:
@@ -130,7 +133,7 @@ class ResultsStore:
         if not self.path.exists():
             return LoadedRecords([])
         records: dict[str, dict] = {}
-        problems = []
+        problems, skipped_lines = [], []
         with open(self.path, "rb") as handle:
             for number, raw in enumerate(handle, start=1):
                 text = _line_text(raw, first=number == 1)
@@ -145,9 +148,10 @@ class ResultsStore:
                 # arrays nested past the recursion limit; both are lines that are not records, and raised a traceback
                 except (ValueError, RecursionError, KeyError, TypeError):
                     problems.append(f"{self.path}:{number}: corrupt or truncated record skipped")
+                    skipped_lines.append(number)
                     continue
                 records[run_id] = record
-        return LoadedRecords(list(records.values()), problems)
+        return LoadedRecords(list(records.values()), problems, skipped_lines)
 
     def records(self) -> list[dict]:
         return self.load().records

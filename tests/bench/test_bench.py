@@ -19,7 +19,9 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,8 +29,10 @@ import torch
 from fwbench.bench.measure import count_flops, peak_memory_bytes, time_call, time_interleaved
 from fwbench.bench.regression import (
     BASELINE_DIR,
+    BASELINE_FORMAT,
     GROSS_THRESHOLD,
     PERF_CASES,
+    JudgedBaseline,
     PerfCase,
     baseline_cpu,
     baseline_path_for,
@@ -512,6 +516,98 @@ def test_a_default_baseline_that_names_no_cpu_is_no_cpus_own(tmp_path, environme
 def test_no_baseline_at_all_says_nothing_is_judged(tmp_path):
     path, warning = choose_baseline("AMD EPYC", tmp_path)
     assert path == tmp_path / "perf_baseline.json" and "nothing is judged" in warning
+
+
+NO_BASELINE_CPU, NO_BASELINE_MODEL = "Intel(R) Xeon(R) Processor [family 6, model 207, AVX512]", "Intel(R) Xeon(R) Processor"
+
+
+def _no_baseline_directory(tmp_path, kind: str):
+    """A baselines directory holding no file to judge ``NO_BASELINE_CPU`` against: an empty one, one that does
+    not exist, or one holding only another CPU's file (good, or corrupt)."""
+    directory = tmp_path / "baselines"
+    if kind != "missing":
+        directory.mkdir()
+    if kind == "other CPU only":
+        _baseline_on(directory / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+    if kind == "corrupt other CPU only":
+        (directory / "perf_baseline-amd-epyc.json").write_text("")
+    return directory
+
+
+@pytest.mark.parametrize("kind", ["empty", "missing", "other CPU only", "corrupt other CPU only"])
+def test_no_baseline_file_at_all_judges_nothing_with_one_warning_saying_how_to_make_one(tmp_path, kind):
+    """Where no file can judge this CPU (no perf_baseline.json, none of its own or of its model), the gate
+    stopped: judged_baseline read the torch version of the missing perf_baseline.json, 'baseline
+    .../perf_baseline.json: cannot be read (FileNotFoundError ...) ... (fix the file or delete it)', advice
+    that cannot help. Now nothing is judged, with one warning saying so and how to make a baseline."""
+    directory = _no_baseline_directory(tmp_path, kind)
+    judged = judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL)
+    missing = " (no such directory)" if kind == "missing" else ""
+    left_out = ("; perf_baseline-amd-epyc.json is left out of the search for a file of model "
+                f"{NO_BASELINE_MODEL!r}: baseline {directory / 'perf_baseline-amd-epyc.json'}: the file is empty; "
+                f"expected {BASELINE_FORMAT} (fix the file or delete it)" if kind.startswith("corrupt") else "")
+    assert judged == JudgedBaseline({}, (), (
+        f"no performance baseline in {directory}{missing}: none was measured on this CPU ({NO_BASELINE_CPU!r}) and "
+        "there is no perf_baseline.json, so nothing is judged. On a quiet machine, `nox -s bench -- --update-baseline` "
+        f"writes perf_baseline.json for this CPU{left_out}",))
+    assert judged.where() == "no baseline file"
+    # and --update-baseline writes the first file there (the directory made where it is missing)
+    assert baseline_path_for(NO_BASELINE_CPU, directory) == directory / "perf_baseline.json"
+
+
+GATE_IN_DIRECTORY = """import functools
+
+from fwbench.bench import regression
+
+# loaded with -p, before benchmarks/conftest.py imports them: the gate judges against, and --update-baseline
+# writes to, {directory!r}, not results/baselines/ (a directory given by the caller is kept: choose_baseline's)
+judge, own_path = regression.judged_baseline, regression.baseline_path_for
+regression.judged_baseline = functools.partial(judge, directory={directory!r})
+regression.baseline_path_for = lambda cpu, directory={directory!r}: own_path(cpu, directory)
+"""
+
+
+def _gate(tmp_path, directory, *options: str) -> subprocess.CompletedProcess:
+    """``python -m pytest benchmarks --collect-only OPTIONS`` with the gate's baselines in ``directory``."""
+    (tmp_path / "gate_in_directory.py").write_text(GATE_IN_DIRECTORY.format(directory=str(directory)))
+    root = Path(__file__).resolve().parents[2]
+    environment = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
+    return subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-p", "gate_in_directory", "-p",
+                           "no:cacheprovider", "--collect-only", *options], cwd=root, capture_output=True, text=True,
+                          timeout=300, env=environment)
+
+
+@pytest.mark.parametrize("kind", ["empty", "missing", "other CPU only"])
+def test_the_gate_without_any_baseline_runs_and_warns_instead_of_stopping(tmp_path, kind):
+    """``python -m pytest benchmarks`` on a baselines directory with no file to judge this CPU against: it stopped
+    with 'ERROR: baseline .../perf_baseline.json: cannot be read (FileNotFoundError ...)' (exit 4), collecting
+    nothing; now it collects every case and says, before and after, that nothing is judged and how to make a baseline."""
+    done = _gate(tmp_path, _no_baseline_directory(tmp_path, kind))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "fwbench baseline: no baseline file\n" in done.stdout
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("WARNING: ")]
+    # one warning, said before the cases and again beside the verdict (as every baseline warning is)
+    assert len(warnings) == 2 and len(set(warnings)) == 1 and "nothing is judged" in warnings[0], done.stdout
+    assert "`nox -s bench -- --update-baseline` writes perf_baseline.json" in warnings[0]
+    assert all(f"<Function test_perf[{case.name}]>" in done.stdout for case in PERF_CASES), done.stdout
+
+
+def test_a_baselines_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
+    """results/baselines/ a file: judged, it was called missing ('(no such directory) ... nothing is judged',
+    advising --update-baseline), and --update-baseline measured every case (minutes), then ended in an
+    INTERNALERROR, FileExistsError, writing the baseline. Now both stop before any case, in one line."""
+    directory = tmp_path / "baselines"
+    directory.write_text("not a directory\n")
+    expected = (f"baseline directory {directory}: got a file, not a directory; expected the directory of the baseline "
+                "files (perf_baseline*.json), or no such path (move the file away)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    for options in ((), ("--update-baseline",)):
+        done = _gate(tmp_path, directory, *options)
+        assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):

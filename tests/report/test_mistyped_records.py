@@ -196,3 +196,25 @@ def test_a_store_of_mistyped_records_only_is_refused_naming_the_first_and_its_fi
             f"1 record(s) skipped as no run record, the first {store}: record 'retrieval:environment.threads' "
             "(missing or mistyped: environment.threads)); expected") in error
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("directory", ["results: old", "results skipped: no run record"])
+def test_a_store_refused_names_its_path_and_run_id_exactly_whatever_they_hold(tmp_path, capsys, directory):
+    """The refusal read its places back out of the problems' text: a --results-dir holding ': ' was cut there
+    ('the first …/results'), and the first " skipped: no run record" was taken out wherever it stood, in a
+    directory's name or a run id ('record 'x'' for 'x skipped: no run record', the marker left after it). Now
+    each place is built from its parts: the path, the line number, the run id and its fields."""
+    results = tmp_path / directory
+    results.mkdir()
+    store = results / "runs.jsonl"
+    store.write_text("not json\n" + json.dumps({"run_id": "x skipped: no run record: corrupt or truncated record "
+                                                           "skipped"}) + "\n")
+    (results / "bench.jsonl").write_text("[1]\n")
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: {str(results)!r} holds no run records (no record in runs.jsonl or "
+        f"bench.jsonl; 2 corrupt or truncated line(s) skipped, the first {store}:1; 1 record(s) skipped as no run "
+        f"record, the first {store}: record 'x skipped: no run record: corrupt or truncated record skipped' (missing "
+        "or mistyped: task, variant, seed, status, steps, wall_s, config, metrics)); expected the directory that "
+        f"fwbench run, reproduce or bench wrote to; nothing was written to {str(tmp_path / 'out')!r}\n")
+    assert not (tmp_path / "out").exists()

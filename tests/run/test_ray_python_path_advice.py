@@ -1,4 +1,4 @@
-"""The Ray launcher's PYTHONPATH check (rows C180, C181, C184, C185) gives advice that fits where the
+"""The Ray launcher's PYTHONPATH check (rows C180, C181, C184, C185) gives advice that fits where each
 refused character comes from: a ``$`` written in a relative entry itself is fixed by renaming the
 directory, not by running from another working directory. Ray is never started here."""
 
@@ -42,3 +42,74 @@ def test_a_dollar_from_the_working_directory_still_advises_another_working_direc
     assert refusal() == (f"$PYTHONPATH: got 'lib' with --launcher ray, whose entry 'lib' is '{where / 'lib'}' from "
                          f"this working directory; expected directories without '$' ({DOLLAR_WHY}; run from a "
                          "directory without '$', or reach it through a link)")
+
+
+UTF8_WHY = "Ray cannot give its workers other bytes: each worker would crash"
+COLON_WHY = f"a {os.pathsep!r} in an entry splits it in two"
+
+
+def directory(tmp_path, name: bytes):
+    """A new directory ``name`` (bytes: it may be no UTF-8) in ``tmp_path``, as Python names it (os.fsdecode)."""
+    made = os.fsdecode(bytes(tmp_path) + b"/" + name)
+    os.mkdir(made)
+    return made
+
+
+# (working directory, PYTHONPATH, the entry the working directory brings a fault into (None: none), the message's
+# expected ... and advice); '{cwd}' stands for the working directory
+COMBINATIONS = {
+    "entry '$' only": (b"plain", "lib$x", None, "without '$'", DOLLAR_WHY, "rename the directory or"),
+    "working directory '$' only": (b"a$b", "lib", "lib", "without '$'", DOLLAR_WHY, "run from a directory without '$', or"),
+    "'$' in both": (b"a$b", "lib$x", "lib$x", "without '$'", DOLLAR_WHY,
+                    "rename the entry's directory and run from a directory without '$', or"),
+    "':' from the working directory": (b"a:b", ".", ".", f"without {os.pathsep!r}", f"{COLON_WHY}, so they would import "
+                                       f"from elsewhere", f"run from a directory without {os.pathsep!r}, or"),
+    "entry '$', working directory ':'": (
+        b"a:b", "lib$x", "lib$x", f"without '$' or {os.pathsep!r}",
+        f"Ray expands $NAME in its workers' environment and {COLON_WHY}, so they would import from elsewhere",
+        f"rename the entry's directory and run from a directory without {os.pathsep!r}, or"),
+    "working directory '$' and ':'": (b"a$:b", os.pathsep, "", f"without '$' or {os.pathsep!r}",
+                                      f"Ray expands $NAME in its workers' environment and {COLON_WHY}, so they would "
+                                      "import from elsewhere", f"run from a directory without '$' or {os.pathsep!r}, or"),
+    "entry not UTF-8": (b"plain", os.fsdecode(b"x\xffy"), None, "whose names are UTF-8", UTF8_WHY,
+                        "rename the directory or"),
+    "absolute entry not UTF-8, with a trailing '/'": (b"plain", os.fsdecode(b"/abs/x\xffy/"), None,
+                                                       "whose names are UTF-8", UTF8_WHY, "rename the directory or"),
+    "working directory not UTF-8": (b"n\xffu", ".", ".", "whose names are UTF-8", UTF8_WHY,
+                                    "run from a directory whose name is UTF-8, or"),
+    "entry '$', working directory not UTF-8": (
+        b"n\xffu", "lib$x", "lib$x", "without '$' and whose names are UTF-8", f"{DOLLAR_WHY}; {UTF8_WHY}",
+        "rename the entry's directory and run from a directory whose name is UTF-8, or"),
+    "entry not UTF-8, working directory '$'": (
+        b"a$b", os.fsdecode(b"x\xffy"), os.fsdecode(b"x\xffy"), "without '$' and whose names are UTF-8",
+        f"{DOLLAR_WHY}; {UTF8_WHY}", "rename the entry's directory and run from a directory without '$', or"),
+    "an absolute entry's '$' and another entry's from the working directory": (
+        b"a$b", f"/abs/$x{os.pathsep}.", ".", "without '$'", DOLLAR_WHY,
+        "rename the entry's directory and run from a directory without '$', or"),
+}
+
+
+@pytest.mark.parametrize("case", COMBINATIONS)
+def test_the_advice_names_every_cause_of_a_refused_entry_and_only_those(case, tmp_path, monkeypatch):
+    """Each fault (a '$', the path separator, a name that is not UTF-8) is told by where it comes from: the entry's
+    own text (rename its directory) or the working directory a relative entry is joined to (run from another). The
+    old check took the first fault of the absolute entry and one source for it: 'lib$x' run from a$b was told only
+    to rename it, and from a:b only of its '$'; a '$' with a name that is not UTF-8 lost the latter; a working
+    directory not UTF-8 was told to rename the directory (C185), and an entry not UTF-8, relative or absolute with
+    a trailing '/', was shown 'from this working directory', which brought nothing in."""
+    cwd_name, python_path, from_cwd, without, why, advice = COMBINATIONS[case]
+    cwd = directory(tmp_path, cwd_name)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("PYTHONPATH", python_path)
+    whose = "" if from_cwd is None else (f", whose entry {from_cwd!r} is {os.path.normpath(os.path.join(cwd, from_cwd))!r} "
+                                         "from this working directory")
+    assert refusal() == (f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
+                         f"{without} ({why}; {advice} reach it through a link)")
+
+
+@pytest.mark.parametrize("python_path", ["../lib", f"/abs/lib{os.pathsep}.."])
+def test_a_relative_entry_that_climbs_out_of_the_working_directorys_fault_is_accepted(python_path, tmp_path, monkeypatch):
+    """'../lib' run from /x/a$b is /x/lib: the working directory's '$' does not reach the workers."""
+    monkeypatch.chdir(directory(tmp_path, b"a$b"))
+    monkeypatch.setenv("PYTHONPATH", python_path)
+    check_ray_resources(OPTIONS)
