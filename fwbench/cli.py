@@ -191,17 +191,22 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     Raises:
         FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
             skipped as corrupt, their number and the first one's place (PATH:LINE) are named; where
-            records were skipped as no run record (a field missing or mistyped), their number, the first
-            one's run id and its fields.
+            records were skipped as no run record or no benchmark record (a field missing or mistyped),
+            their number, the first one's run id and its fields.
     """
     from fwbench.analysis.records import run_record_faults
     from fwbench.bench.suite import BENCH_RECORDS
+    from fwbench.bench.summary import bench_record_faults
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
     runs_store, bench_store = ResultsStore(results_dir), ResultsStore(results_dir, BENCH_RECORDS)
     runs, benches = runs_store.load(), bench_store.load()
     no_run_record = [(record["run_id"], fields) for record in runs.records if (fields := run_record_faults(record))]
-    if len(no_run_record) < len(runs.records) or benches.records:
+    # a bench.jsonl line such as {"run_id": "b"} is no benchmark record either: it let a store of nothing
+    # readable through, to a report of "no runs yet" in every section over the one in --out
+    no_bench_record = [(record["run_id"], fields) for record in benches.records
+                       if (fields := bench_record_faults(record))]
+    if len(no_run_record) < len(runs.records) or len(no_bench_record) < len(benches.records):
         return
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable;
     # a record that parsed but is no run record is no corrupt line, and what is wrong with it is named, as in the
@@ -212,7 +217,9 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     found = "".join([
         f"; {len(corrupt)} corrupt or truncated line(s) skipped, the first {corrupt[0]}" if corrupt else "",
         f"; {len(no_run_record)} record(s) skipped as no run record, the first {runs_store.path}: record "
-        f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else ""])
+        f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else "",
+        f"; {len(no_bench_record)} record(s) skipped as no benchmark record, the first {bench_store.path}: record "
+        f"{no_bench_record[0][0]!r} (missing or mistyped: {', '.join(no_bench_record[0][1])})" if no_bench_record else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
         f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "

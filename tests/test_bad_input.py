@@ -1913,9 +1913,10 @@ def _(ctx):  # a bench.jsonl record without finished_at: the report's speed sect
     case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
             "status": "ok", "median_s": 0.001}
     record = {k: v for k, v in _record("s", case, {}).items() if k != "finished_at"}
+    readable = _record("s", {**case, "T": 64}, {})  # alone, the store is refused (C176's kind)
     results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
     results.mkdir()
-    (results / BENCH_RECORDS).write_text(json.dumps({**record, "run_id": "x"}) + "\n")
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps({**record, "run_id": "x"}) + "\n")
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"

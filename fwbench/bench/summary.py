@@ -48,8 +48,10 @@ OPTIONAL_BENCH_FIELDS = {"sweep": str, "median_s": NUMBER, "peak_mem_bytes": NUM
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
 
-def _bench_problems(record: dict) -> list[str]:
-    """The fields of a bench or summary record (non-finite values restored) that the report cannot read."""
+def bench_record_faults(record: dict) -> list[str]:
+    """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
+    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"); empty for one."""
+    record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
         ratios = record.get("ratios")
         wrong = [] if is_of_kind(record.get("session"), str) else ["session"]
@@ -58,6 +60,8 @@ def _bench_problems(record: dict) -> list[str]:
                                             for name, kind in RATIO_FIELDS.items()) for r in ratios):
             wrong.append("ratios")
         return wrong
+    if record.get("kind") != "bench":
+        return ["kind"]
     wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
     return wrong + [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
                     if record.get(name) is not None and not is_of_kind(record[name], kind)]
@@ -65,25 +69,20 @@ def _bench_problems(record: dict) -> list[str]:
 
 def readable_bench_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:
     """(the ``bench`` and summary records of ``source`` (bench.jsonl) the report can read, non-finite values
-    restored; a ``SOURCE: record 'ID' skipped: ...`` problem for each other one). A record of another
-    ``kind``, or one missing a field the report reads or holding it as another type (a hand-edited line,
-    another tool's JSON), made ``fwbench report`` a traceback (KeyError: 'finished_at'); it is skipped and
-    named, as :func:`~fwbench.analysis.records.readable_run_records` does for runs.jsonl. Checked:
-    :data:`BENCH_RECORD_FIELDS`, :data:`OPTIONAL_BENCH_FIELDS`, and a summary's ``session`` and
-    :data:`RATIO_FIELDS`."""
+    restored; a ``SOURCE: record 'ID' skipped: ...`` problem for each other one). A record missing a field
+    the report reads or holding it as another type (a hand-edited line, another tool's JSON), made
+    ``fwbench report`` a traceback (KeyError: 'finished_at'), and one of no known ``kind`` was dropped without
+    a word; each is skipped and named, as :func:`~fwbench.analysis.records.readable_run_records` does for
+    runs.jsonl. Checked (:func:`bench_record_faults`): ``kind``, :data:`BENCH_RECORD_FIELDS`,
+    :data:`OPTIONAL_BENCH_FIELDS`, and a summary's ``session`` and :data:`RATIO_FIELDS`."""
     readable, problems = [], []
     for record in records:
-        restored = restore_non_finite(record)
-        if restored.get("kind") not in ("bench", SUMMARY_KIND):
-            problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
-                            f"(kind {restored.get('kind')!r}; expected 'bench' or {SUMMARY_KIND!r})")
-            continue
-        wrong = _bench_problems(restored)
+        wrong = bench_record_faults(record)
         if wrong:
             problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
                             f"(missing or mistyped: {', '.join(wrong)})")
         else:
-            readable.append(restored)
+            readable.append(restore_non_finite(record))
     return readable, problems
 
 

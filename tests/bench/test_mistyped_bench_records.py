@@ -73,8 +73,8 @@ def test_a_mistyped_summary_and_a_record_of_no_kind_are_named(tmp_path):
     markdown = _section(tmp_path, [*_readable(), {**summary, "run_id": "sum"}, {"run_id": "other"}], tmp_path)
     assert f"{tmp_path / BENCH_RECORDS}: record 'sum' skipped: no benchmark record (missing or mistyped: ratios)" \
         in markdown
-    assert (f"{tmp_path / BENCH_RECORDS}: record 'other' skipped: no benchmark record (kind None; expected "
-            "'bench' or 'bench-summary')") in markdown
+    assert f"{tmp_path / BENCH_RECORDS}: record 'other' skipped: no benchmark record (missing or mistyped: kind)" \
+        in markdown
     assert "T=64" in markdown and "Acceptance ratios" not in markdown
 
 
@@ -82,3 +82,19 @@ def test_a_store_of_only_unreadable_bench_records_says_so(tmp_path):
     markdown = _section(tmp_path, [{**_without(_readable()[0], "session"), "run_id": "bad"}], tmp_path)
     assert "No benchmark records yet" in markdown
     assert "record 'bad' skipped: no benchmark record (missing or mistyped: session)" in markdown
+
+
+def test_a_store_of_no_readable_record_is_refused_naming_the_bench_record(tmp_path, capsys):
+    """bench.jsonl = {"run_id": "b"} (no runs.jsonl) passed the empty-store check as a record, and the report
+    over --out said "no runs yet" in every section; it is refused like a runs.jsonl of no run record."""
+    from fwbench.cli import main
+
+    (tmp_path / BENCH_RECORDS).write_text('{"run_id": "b"}\n' + json.dumps({**_readable()[0], "T": "32"}) + "\n")
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"fwbench: error: --results-dir: {str(tmp_path)!r} holds no run records (no record in runs.jsonl or "
+        f"bench.jsonl; 2 record(s) skipped as no benchmark record, the first {tmp_path / BENCH_RECORDS}: record 'b' "
+        f"(missing or mistyped: kind)); expected the directory that fwbench run, reproduce or bench wrote to; "
+        f"nothing was written to {str(tmp_path / 'out')!r}")
+    assert not (tmp_path / "out").exists()
