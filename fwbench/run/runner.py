@@ -7,6 +7,7 @@ never repeated, so an interrupted grid resumes without losing anything.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -43,15 +44,37 @@ def _progress_bar(total: int, quiet: bool):
     return bar, progress
 
 
+def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
+    """Wait for the runs in ``held`` (claimed by another process when this one tried) and yield them in
+    batches as their holders let go, this process holding each batch's claims until the caller asks for
+    the next batch. A batch may hold runs that were stored meanwhile: the caller skips those and runs the
+    rest, whose holder died or let go without a record (else no one would ever run them).
+
+    Blocks on one claim at a time while holding none, so two processes waiting on each other's runs
+    cannot deadlock; any other held run already free joins that batch (one launch, not one per run).
+    Call it with no claim of this process held.
+    """
+    waiting = list(held)
+    while waiting:
+        with ExitStack() as claims:
+            claims.enter_context(store.claim(waiting[0].run_id, wait=True))
+            free = [waiting[0], *(spec for spec in waiting[1:]
+                                  if claims.enter_context(store.claim(spec.run_id, wait=False)))]
+            taken = {spec.run_id for spec in free}
+            waiting = [spec for spec in waiting if spec.run_id not in taken]
+            yield free
+
+
 def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
              quiet: bool = False, pack: bool = True) -> dict:
     """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
 
     Safe to run in several processes on one store: each run is claimed while it trains
     (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited for
-    and skipped if that process stored it (or run here if it died first). With the Ray launcher this
-    process claims every run it submits and stays the only writer of their records; so it does with
-    the local launcher's worker processes (``options.jobs`` > 1).
+    (:func:`released_by_holders`) and skipped if that process stored it, or run here if it died or let
+    go without a record, with every launcher alike. With the Ray launcher this process claims every
+    run it submits and stays the only writer of their records; so it does with the local launcher's
+    worker processes (``options.jobs`` > 1).
     ``pack``: on the local launcher with one process, runs that share shapes train as one packed
     model where that pays (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` forces or disables it); a pack trains only its
     runs that are neither stored nor held by another process.
@@ -104,9 +127,9 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         for record in execute_packed(specs, device, progress_for(specs[0])):
             store_record(record)
 
+    held_elsewhere: list[RunSpec] = []
     try:
         if options.launcher == "local" and options.jobs == 1:
-            held_elsewhere = []
             for group in plan_packs(todo, pack_policy(pack), resolve_device(options.device)):
                 with ExitStack() as claims:
                     mine = []
@@ -121,14 +144,22 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                     summary["skipped"] += len(mine) - len(fresh)  # stored by another process since we looked
                     bar.update(len(mine) - len(fresh))
                     run_pack(fresh)
-            for spec in held_elsewhere:
-                with store.claim(spec.run_id, wait=True):
-                    run_claimed(spec)
         else:
             with ExitStack() as claims:
-                mine = [spec for spec in todo if claims.enter_context(store.claim(spec.run_id, wait=False))]
-                summary["skipped"] += len(todo) - len(mine)  # another process is training those
+                mine = []
+                for spec in todo:
+                    (mine if claims.enter_context(store.claim(spec.run_id, wait=False)) else held_elsewhere).append(spec)
                 for record in launch(mine, options, progress_for):
+                    store_record(record)
+        # a held run is stored only if its holder gets that far: it may die or let go without a record, after
+        # this driver's own runs are done; so wait for each, and run here what was not stored
+        for released in released_by_holders(store, held_elsewhere):
+            finished = store.finished_ids()
+            fresh = [spec for spec in released if spec.run_id not in finished]
+            summary["skipped"] += len(released) - len(fresh)
+            bar.update(len(released) - len(fresh))
+            if fresh:
+                for record in launch(fresh, options, progress_for):
                     store_record(record)
     finally:
         bar.close()
