@@ -1914,6 +1914,34 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C189")
+def _(ctx):
+    """Ray reads a scheme other than ray:// as a client module to import: 'rayy://' raised a RuntimeError traceback
+    ("Module: rayy does not exist"); 'http://' (the dashboard's address) a ValueError cut at its first line."""
+    return refused_ray_addresses(
+        ctx, "http://127.0.0.1:8265", "exit 2: fwbench: error: $RAY_ADDRESS: got 'http://127.0.0.1:8265'; expected "
+        "auto, HOST:PORT (a cluster's GCS, as HOST:6379) or ray://HOST:PORT (its Ray client server, as "
+        "ray://HOST:10001), not http:// (http:// is the dashboard's or job server's address, not the cluster's)",
+        "rayy://host:10001")
+
+
+@row("C190")
+def _(ctx):
+    """ray.init's RuntimeError where no cluster answers at a well-formed address ("Failed to connect to GCS", with
+    lines of its logs) was a traceback; simulated here, since Ray retries for minutes before raising it."""
+    ray = pytest.importorskip("ray")
+
+    def no_cluster_there(**_):
+        raise RuntimeError("Failed to connect to GCS.  Last 1 lines of error files:\nE gcs timed out\n.Please check "
+                           "/tmp/ray/session_x/logs/gcs_server.out for details. Last connection error: timed out")
+
+    ctx.monkeypatch.setattr(ray, "init", no_cluster_there)
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "10.0.0.1:6379", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
 @row("C118")
 def _(ctx):
     ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")
