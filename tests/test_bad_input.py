@@ -1942,6 +1942,26 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C191")
+def _(ctx):
+    """A GPU is one of Ray's unit resources: a task shares one or holds whole ones; 1.5 was accepted."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    for gpus in (1.5, 2.0001, 100.5):
+        assert f"--gpus-per-run: got {gpus:g}; expected a fraction" in raised(
+            FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus,
+                                                             ray_address="10.0.0.1:6379"))
+    for gpus in (0.0, 0.5, 1.0, 2.0, 3):  # still accepted (an int too)
+        check_ray_resources(LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus, ray_address="10.0.0.1:6379"))
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "1.5", "--results-dir",
+                 str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C118")
 def _(ctx):
     ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")

@@ -194,7 +194,8 @@ def check_ray_resources(options: LaunchOptions) -> None:
     likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
     outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes); an address of a scheme other than
     ``ray://`` (``rayy://HOST:10001``, ``http://HOST:8265``, the dashboard's), which Ray answered with a traceback
-    from its client builder; and a ``cuda:N`` device that
+    from its client builder; GPUs per run above 1 that are not whole (``--gpus-per-run 1.5``: Ray shares a GPU
+    between runs or gives whole ones, not one and a half); and a ``cuda:N`` device that
     no run's worker has: Ray sets each GPU task's ``CUDA_VISIBLE_DEVICES`` to the ⌈``gpus_per_run``⌉
     GPUs it reserved, which the worker numbers from ``cuda:0``, so ``--device cuda:1 --gpus-per-run 1``
     on a 2-GPU machine (GPU 1 with the local launcher) failed every run ("expected cuda:N with N < 1").
@@ -244,6 +245,10 @@ def check_ray_resources(options: LaunchOptions) -> None:
             raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
                                f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
+    if options.gpus_per_run > 1 and not float(options.gpus_per_run).is_integer():
+        # a GPU is one of Ray's unit resources: a task may share one GPU or hold whole ones, never 1.5
+        raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g}; expected a fraction of one GPU (at most 1) "
+                           "or a whole number of GPUs (Ray gives a run more than one GPU only in whole GPUs)")
     index = options.device.partition(":")[2] if options.device.startswith("cuda:") else ""
     visible = math.ceil(options.gpus_per_run)
     if options.gpus_per_run > 0 and index.isascii() and index.isdigit() and int(index) >= visible:
