@@ -392,6 +392,8 @@ def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> li
     if not environ.get("PYTHONPATH"):
         return []
     cwd = os.getcwd() if cwd is None else cwd
+    # lexically, '..' after a symbolic link included: Python's start-up makes each PYTHONPATH entry absolute so
+    # (link/../pkg is CWD/pkg on the driver's sys.path, not the kernel's parent of the link's target)
     return [(entry, os.path.normpath(os.path.join(cwd, entry)) if entry else cwd)
             for entry in environ["PYTHONPATH"].split(os.pathsep)]
 
