@@ -7,6 +7,7 @@ never repeated, so an interrupted grid resumes without losing anything.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -24,6 +25,8 @@ from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
 from fwbench.run.store import ResultsStore
 
+#: Seconds between rank 0's tries of a run another process holds, under torchrun.
+HELD_POLL_S = 1.0
 #: Subdirectory of the results directory that holds run checkpoints (git-ignored).
 CHECKPOINT_DIR = "checkpoints"
 
@@ -173,7 +176,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
 
     Rank 0 reads the store, claims each run and tells the others (a broadcast) which runs to train,
     so all ranks walk the same list; only rank 0 writes records and checkpoints and shows progress.
-    A run another process holds is skipped (rerun the command once it is done to pick up the rest).
+    A run another process holds is waited for after the others, and trained here unless its holder
+    stored it (rank 0 polls its claim every :data:`HELD_POLL_S` seconds).
     A run that raises stops every rank (torchrun ends the group when one worker fails); finished
     runs are kept. Summary keys as :func:`run_grid`'s.
 
@@ -190,24 +194,53 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     show = context.is_main and not quiet
     bar, progress = _progress_bar(len(todo), quiet=not show)
 
+    def decide(spec: RunSpec, claims: ExitStack) -> str:
+        """Rank 0's word for ``spec``, on every rank: ``train`` (claimed here, not stored), ``stored`` (by another
+        group since the to-do list was read) or ``held`` (another process is training it)."""
+        if context.is_main:
+            if not claims.enter_context(store.claim(spec.run_id, wait=False)):
+                decision = "held"
+            else:
+                decision = "stored" if spec.run_id in store.finished_ids() else "train"
+        return context.broadcast(decision if context.is_main else None)
+
+    def settle(spec: RunSpec, decision: str) -> None:
+        if decision == "stored":
+            summary["skipped"] += 1
+            bar.update(1)
+            return
+        bar.set_description(spec.label)
+        record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
+        if context.is_main:
+            store.append(record)
+        summary["ran"] += 1
+        summary["diverged"] += record["status"] == "diverged"
+        bar.update(1)
+
     try:
+        waiting = []
         for spec in todo:
-            with ExitStack() as held:
-                claimed = held.enter_context(store.claim(spec.run_id, wait=False)) if context.is_main else None
-                # another group may have stored the run since the to-do list was read
-                claimed = claimed and spec.run_id not in store.finished_ids() if context.is_main else None
-                if not context.broadcast(claimed):
-                    summary["skipped"] += 1
-                    bar.update(1)
-                    continue
-                bar.set_description(spec.label)
-                record = execute(spec, device, progress if show else None, checkpoint_path(store, spec),
-                                 distributed=context)
-                if context.is_main:
-                    store.append(record)
-                summary["ran"] += 1
-                summary["diverged"] += record["status"] == "diverged"
-                bar.update(1)
+            with ExitStack() as claims:
+                decision = decide(spec, claims)
+                if decision == "held":
+                    waiting.append(spec)
+                else:
+                    settle(spec, decision)
+        # a held run is stored only if its holder gets that far: it may die or let go without a record after this
+        # group's own runs are done; so wait for each and train here what was not stored. Rank 0 polls (each
+        # poll a broadcast): a blocking wait would leave the other ranks in a broadcast that times out
+        while waiting:
+            still = []
+            for spec in waiting:
+                with ExitStack() as claims:
+                    decision = decide(spec, claims)
+                    if decision == "held":
+                        still.append(spec)
+                    else:
+                        settle(spec, decision)
+            if len(still) == len(waiting):
+                time.sleep(HELD_POLL_S)
+            waiting = still
     finally:
         bar.close()
         if context.is_main:

@@ -103,3 +103,37 @@ def test_a_run_held_elsewhere_is_waited_for_and_run_here_unless_its_holder_store
     else:
         assert records[held]["stored_by"] == "holder"  # waited for, not trained again
         assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+
+
+def test_a_run_held_elsewhere_is_trained_by_a_torchrun_group_once_its_holder_dies(tmp_path):
+    """Under torchrun the held run was skipped ("rerun the command once it is done"): the group exited with it
+    unrun when its holder died later. Rank 0 now polls the claim, and the group trains the run."""
+    import os
+
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("held", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")
+    held, others = specs[0].run_id, {spec.run_id for spec in specs[1:]}
+    results = tmp_path / "r"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(results), held], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    group = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "fwbench", "run",
+         str(tmp_path / "g.toml"), "--results-dir", str(results), "--quiet", "--device", "cpu"],
+        cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while group.poll() is None and time.monotonic() < deadline and not others <= ResultsStore(results).finished_ids():
+            time.sleep(0.2)
+        holder.send_signal(signal.SIGKILL)  # after the group's own runs: its claim dropped, no record
+        out, err = group.communicate(timeout=300)
+    finally:
+        holder.kill()
+        holder.communicate()
+        if group.poll() is None:
+            group.kill()
+    assert group.returncode == 0, err[-3000:]
+    records = {record["run_id"]: record for record in ResultsStore(results).records()}
+    assert set(records) == {spec.run_id for spec in specs}
+    assert records[held]["distributed"]["world_size"] == 2
+    assert f"{len(specs)} trained now, 0 already" in out
