@@ -1985,6 +1985,54 @@ def _(ctx):
                "--results-dir", str(ctx.tmp_path / "r"))
 
 
+@row("C189")
+def _(ctx):
+    """Ray reads a scheme other than ray:// as a client module to import: 'rayy://' raised a RuntimeError traceback
+    ("Module: rayy does not exist"); 'http://' (the dashboard's address) a ValueError cut at its first line."""
+    return refused_ray_addresses(
+        ctx, "http://127.0.0.1:8265", "exit 2: fwbench: error: $RAY_ADDRESS: got 'http://127.0.0.1:8265'; expected "
+        "auto, HOST:PORT (a cluster's GCS, as HOST:6379) or ray://HOST:PORT (its Ray client server, as "
+        "ray://HOST:10001), not http:// (http:// is the dashboard's or job server's address, not the cluster's)",
+        "rayy://host:10001")
+
+
+@row("C190")
+def _(ctx):
+    """ray.init's RuntimeError where no cluster answers at a well-formed address ("Failed to connect to GCS", with
+    lines of its logs) was a traceback; simulated here, since Ray retries for minutes before raising it."""
+    ray = pytest.importorskip("ray")
+
+    def no_cluster_there(**_):
+        raise RuntimeError("Failed to connect to GCS.  Last 1 lines of error files:\nE gcs timed out\n.Please check "
+                           "/tmp/ray/session_x/logs/gcs_server.out for details. Last connection error: timed out")
+
+    ctx.monkeypatch.setattr(ray, "init", no_cluster_there)
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    return cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-address", "10.0.0.1:6379", "--quiet",
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C191")
+def _(ctx):
+    """A GPU is one of Ray's unit resources: a task shares one or holds whole ones; 1.5 was accepted."""
+    from fwbench.run.launchers import LaunchOptions, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    # checked first in-process: the old code accepted it, and the command would then have started Ray
+    for gpus in (1.5, 2.0001, 100.5):
+        assert f"--gpus-per-run: got {gpus:g}; expected a fraction" in raised(
+            FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus,
+                                                             ray_address="10.0.0.1:6379"))
+    for gpus in (0.0, 0.5, 1.0, 2.0, 3):  # still accepted (an int too)
+        check_ray_resources(LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus, ray_address="10.0.0.1:6379"))
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "1.5", "--results-dir",
+                 str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C118")
 def _(ctx):
     ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")

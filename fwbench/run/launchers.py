@@ -192,7 +192,10 @@ def check_ray_resources(options: LaunchOptions) -> None:
     no address and silently ran every run on a Ray instance started on this machine instead of the
     cluster; an empty or blank ``$RAY_ADDRESS`` without the option (``export RAY_ADDRESS=$HEAD``)
     likewise (a blank one reached Ray, which raised a ValueError traceback); an address whose port is
-    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes); and a ``cuda:N`` device that
+    outside 1 to 65535 (``localhost:99999``: Ray retried it for minutes); an address of a scheme other than
+    ``ray://`` (``rayy://HOST:10001``, ``http://HOST:8265``, the dashboard's), which Ray answered with a traceback
+    from its client builder; GPUs per run above 1 that are not whole (``--gpus-per-run 1.5``: Ray shares a GPU
+    between runs or gives whole ones, not one and a half); and a ``cuda:N`` device that
     no run's worker has: Ray sets each GPU task's ``CUDA_VISIBLE_DEVICES`` to the ⌈``gpus_per_run``⌉
     GPUs it reserved, which the worker numbers from ``cuda:0``, so ``--device cuda:1 --gpus-per-run 1``
     on a 2-GPU machine (GPU 1 with the local launcher) failed every run ("expected cuda:N with N < 1").
@@ -218,6 +221,14 @@ def check_ray_resources(options: LaunchOptions) -> None:
                            "HOST:6379 (unset it, or leave it out, to start a local instance; --ray-address overrides it)")
     address, source = (options.ray_address, "--ray-address") if options.ray_address is not None else (
         environment_address, "$RAY_ADDRESS")
+    scheme = (address or "").partition("://")[0] if "://" in (address or "") else None  # Ray's test is case-sensitive
+    if scheme is not None and scheme != "ray":
+        # Ray reads any other scheme as the name of a client module to import ('rayy://': a RuntimeError traceback,
+        # "Module: rayy does not exist") or, for http(s), refuses it with a message cut at its first line
+        dashboard = " (http:// is the dashboard's or job server's address, not the cluster's)" if scheme.lower() in (
+            "http", "https") else ""
+        raise FwbenchError(f"{source}: got {address!r}; expected auto, HOST:PORT (a cluster's GCS, as HOST:6379) or "
+                           f"ray://HOST:PORT (its Ray client server, as ray://HOST:10001), not {scheme}://{dashboard}")
     port = (address or "").rpartition(":")[2]
     # a port no TCP connection can use (localhost:99999) passed Ray's format check and was retried for minutes
     if ":" in (address or "") and port.isascii() and port.isdigit() and not 1 <= int(port) <= 65535:
@@ -234,6 +245,10 @@ def check_ray_resources(options: LaunchOptions) -> None:
             raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
                                f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
+    if options.gpus_per_run > 1 and not float(options.gpus_per_run).is_integer():
+        # a GPU is one of Ray's unit resources: a task may share one GPU or hold whole ones, never 1.5
+        raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g}; expected a fraction of one GPU (at most 1) "
+                           "or a whole number of GPUs (Ray gives a run more than one GPU only in whole GPUs)")
     index = options.device.partition(":")[2] if options.device.startswith("cuda:") else ""
     visible = math.ceil(options.gpus_per_run)
     if options.gpus_per_run > 0 and index.isascii() and index.isdigit() and int(index) >= visible:
@@ -417,6 +432,8 @@ def worker_python_path(environ: Mapping[str, str], cwd: str | None = None) -> li
     if not environ.get("PYTHONPATH"):
         return []
     cwd = os.getcwd() if cwd is None else cwd
+    # lexically, '..' after a symbolic link included: Python's start-up makes each PYTHONPATH entry absolute so
+    # (link/../pkg is CWD/pkg on the driver's sys.path, not the kernel's parent of the link's target)
     return [(entry, os.path.normpath(os.path.join(cwd, entry)) if entry else cwd)
             for entry in environ["PYTHONPATH"].split(os.pathsep)]
 
@@ -441,8 +458,11 @@ def launch_ray(specs: list[RunSpec], options: LaunchOptions,
         try:
             with _ray_address_hidden(options.ray_address is not None):
                 ray.init(**init_args, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
-        except (ValueError, ConnectionError) as exc:  # a malformed or unreachable address: Ray's own traceback
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        # a malformed or unreachable address: Ray's own traceback (a RuntimeError where its client cannot connect,
+        # or a cluster's GCS is not there: "Failed to connect to GCS", TimeoutError: a ConnectionError)
+        except (ValueError, ConnectionError, RuntimeError) as exc:
+            reason = " ".join(str(exc).split()) or type(exc).__name__  # one line: Ray's may run over several
+            reason = reason if len(reason) <= 300 else reason[:299] + "…"
             if local:  # no cluster's address to blame: it said "$RAY_ADDRESS: got None" (or blamed 'local')
                 raise FwbenchError(f"--launcher ray: could not start a local Ray instance (Ray: {reason})") from None
             source = "--ray-address" if options.ray_address else "$RAY_ADDRESS"

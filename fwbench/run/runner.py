@@ -7,6 +7,8 @@ never repeated, so an interrupted grid resumes without losing anything.
 from __future__ import annotations
 
 import sys
+import time
+from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -23,6 +25,8 @@ from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
 from fwbench.run.store import ResultsStore
 
+#: Seconds between rank 0's tries of a run another process holds, under torchrun.
+HELD_POLL_S = 1.0
 #: Subdirectory of the results directory that holds run checkpoints (git-ignored).
 CHECKPOINT_DIR = "checkpoints"
 
@@ -43,15 +47,37 @@ def _progress_bar(total: int, quiet: bool):
     return bar, progress
 
 
+def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
+    """Wait for the runs in ``held`` (claimed by another process when this one tried) and yield them in
+    batches as their holders let go, this process holding each batch's claims until the caller asks for
+    the next batch. A batch may hold runs that were stored meanwhile: the caller skips those and runs the
+    rest, whose holder died or let go without a record (else no one would ever run them).
+
+    Blocks on one claim at a time while holding none, so two processes waiting on each other's runs
+    cannot deadlock; any other held run already free joins that batch (one launch, not one per run).
+    Call it with no claim of this process held.
+    """
+    waiting = list(held)
+    while waiting:
+        with ExitStack() as claims:
+            claims.enter_context(store.claim(waiting[0].run_id, wait=True))
+            free = [waiting[0], *(spec for spec in waiting[1:]
+                                  if claims.enter_context(store.claim(spec.run_id, wait=False)))]
+            taken = {spec.run_id for spec in free}
+            waiting = [spec for spec in waiting if spec.run_id not in taken]
+            yield free
+
+
 def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
              quiet: bool = False, pack: bool = True) -> dict:
     """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
 
     Safe to run in several processes on one store: each run is claimed while it trains
     (:meth:`ResultsStore.claim`); a run another process holds is left for the end, then waited for
-    and skipped if that process stored it (or run here if it died first). With the Ray launcher this
-    process claims every run it submits and stays the only writer of their records; so it does with
-    the local launcher's worker processes (``options.jobs`` > 1).
+    (:func:`released_by_holders`) and skipped if that process stored it, or run here if it died or let
+    go without a record, with every launcher alike. With the Ray launcher this process claims every
+    run it submits and stays the only writer of their records; so it does with the local launcher's
+    worker processes (``options.jobs`` > 1).
     ``pack``: on the local launcher with one process, runs that share shapes train as one packed
     model where that pays (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` forces or disables it); a pack trains only its
     runs that are neither stored nor held by another process.
@@ -104,9 +130,9 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         for record in execute_packed(specs, device, progress_for(specs[0])):
             store_record(record)
 
+    held_elsewhere: list[RunSpec] = []
     try:
         if options.launcher == "local" and options.jobs == 1:
-            held_elsewhere = []
             for group in plan_packs(todo, pack_policy(pack), resolve_device(options.device)):
                 with ExitStack() as claims:
                     mine = []
@@ -121,14 +147,22 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                     summary["skipped"] += len(mine) - len(fresh)  # stored by another process since we looked
                     bar.update(len(mine) - len(fresh))
                     run_pack(fresh)
-            for spec in held_elsewhere:
-                with store.claim(spec.run_id, wait=True):
-                    run_claimed(spec)
         else:
             with ExitStack() as claims:
-                mine = [spec for spec in todo if claims.enter_context(store.claim(spec.run_id, wait=False))]
-                summary["skipped"] += len(todo) - len(mine)  # another process is training those
+                mine = []
+                for spec in todo:
+                    (mine if claims.enter_context(store.claim(spec.run_id, wait=False)) else held_elsewhere).append(spec)
                 for record in launch(mine, options, progress_for):
+                    store_record(record)
+        # a held run is stored only if its holder gets that far: it may die or let go without a record, after
+        # this driver's own runs are done; so wait for each, and run here what was not stored
+        for released in released_by_holders(store, held_elsewhere):
+            finished = store.finished_ids()
+            fresh = [spec for spec in released if spec.run_id not in finished]
+            summary["skipped"] += len(released) - len(fresh)
+            bar.update(len(released) - len(fresh))
+            if fresh:
+                for record in launch(fresh, options, progress_for):
                     store_record(record)
     finally:
         bar.close()
@@ -142,7 +176,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
 
     Rank 0 reads the store, claims each run and tells the others (a broadcast) which runs to train,
     so all ranks walk the same list; only rank 0 writes records and checkpoints and shows progress.
-    A run another process holds is skipped (rerun the command once it is done to pick up the rest).
+    A run another process holds is waited for after the others, and trained here unless its holder
+    stored it (rank 0 polls its claim every :data:`HELD_POLL_S` seconds).
     A run that raises stops every rank (torchrun ends the group when one worker fails); finished
     runs are kept. Summary keys as :func:`run_grid`'s.
 
@@ -159,24 +194,53 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     show = context.is_main and not quiet
     bar, progress = _progress_bar(len(todo), quiet=not show)
 
+    def decide(spec: RunSpec, claims: ExitStack) -> str:
+        """Rank 0's word for ``spec``, on every rank: ``train`` (claimed here, not stored), ``stored`` (by another
+        group since the to-do list was read) or ``held`` (another process is training it)."""
+        if context.is_main:
+            if not claims.enter_context(store.claim(spec.run_id, wait=False)):
+                decision = "held"
+            else:
+                decision = "stored" if spec.run_id in store.finished_ids() else "train"
+        return context.broadcast(decision if context.is_main else None)
+
+    def settle(spec: RunSpec, decision: str) -> None:
+        if decision == "stored":
+            summary["skipped"] += 1
+            bar.update(1)
+            return
+        bar.set_description(spec.label)
+        record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
+        if context.is_main:
+            store.append(record)
+        summary["ran"] += 1
+        summary["diverged"] += record["status"] == "diverged"
+        bar.update(1)
+
     try:
+        waiting = []
         for spec in todo:
-            with ExitStack() as held:
-                claimed = held.enter_context(store.claim(spec.run_id, wait=False)) if context.is_main else None
-                # another group may have stored the run since the to-do list was read
-                claimed = claimed and spec.run_id not in store.finished_ids() if context.is_main else None
-                if not context.broadcast(claimed):
-                    summary["skipped"] += 1
-                    bar.update(1)
-                    continue
-                bar.set_description(spec.label)
-                record = execute(spec, device, progress if show else None, checkpoint_path(store, spec),
-                                 distributed=context)
-                if context.is_main:
-                    store.append(record)
-                summary["ran"] += 1
-                summary["diverged"] += record["status"] == "diverged"
-                bar.update(1)
+            with ExitStack() as claims:
+                decision = decide(spec, claims)
+                if decision == "held":
+                    waiting.append(spec)
+                else:
+                    settle(spec, decision)
+        # a held run is stored only if its holder gets that far: it may die or let go without a record after this
+        # group's own runs are done; so wait for each and train here what was not stored. Rank 0 polls (each
+        # poll a broadcast): a blocking wait would leave the other ranks in a broadcast that times out
+        while waiting:
+            still = []
+            for spec in waiting:
+                with ExitStack() as claims:
+                    decision = decide(spec, claims)
+                    if decision == "held":
+                        still.append(spec)
+                    else:
+                        settle(spec, decision)
+            if len(still) == len(waiting):
+                time.sleep(HELD_POLL_S)
+            waiting = still
     finally:
         bar.close()
         if context.is_main:

@@ -160,3 +160,26 @@ def test_a_ray_worker_gets_the_drivers_python_path_made_absolute(tmp_path):
         "PYTHONPATH": os.pathsep.join([f"{cwd}/pkgs", cwd, "/abs/lib", str(tmp_path.parent / "up"), "${PYTHONPATH}"]),
     }
     assert ray_worker_env(1, {}, cwd) == ray_worker_env(1, {"PYTHONPATH": ""}, cwd) == {"OMP_NUM_THREADS": "1"}
+
+
+
+def test_a_python_path_entry_through_a_link_and_up_is_the_directory_python_uses(tmp_path):
+    """``PYTHONPATH=link/../pkg`` with ``link`` a symbolic link to ``elsewhere/dir``: the kernel would read it as
+    ``elsewhere/pkg``, but Python (3.10 to 3.13) puts ``CWD/pkg`` on ``sys.path`` (its start-up makes each entry
+    absolute lexically), and that is what the driver imports from; the Ray workers must be given the same
+    directory, not the kernel's (resolving ``link/..`` for them would send them where the driver never looks)."""
+    import os
+    import subprocess
+    import sys
+
+    from fwbench.run.launchers import worker_python_path
+
+    cwd, elsewhere = tmp_path / "cwd", tmp_path / "elsewhere"
+    for directory in (cwd / "pkg", elsewhere / "dir", elsewhere / "pkg"):
+        directory.mkdir(parents=True)
+    (cwd / "link").symlink_to(elsewhere / "dir")
+    for entry, python_reads in (("link/../pkg", cwd / "pkg"), ("./link/../pkg/", cwd / "pkg"), ("link", cwd / "link")):
+        shown = subprocess.run([sys.executable, "-c", "import sys; print(sys.path[1])"], cwd=cwd, check=True,
+                               env={**os.environ, "PYTHONPATH": entry}, capture_output=True, text=True).stdout.strip()
+        assert shown == str(python_reads)  # Python's own reading, not the kernel's (elsewhere/pkg)
+        assert worker_python_path({"PYTHONPATH": entry}, str(cwd)) == [(entry, shown)]
