@@ -1922,6 +1922,22 @@ def _(ctx):  # a bench.jsonl record without finished_at: the report's speed sect
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
 
 
+@row("C202")
+def _(ctx):  # an "ok" bench record whose median_s is null: the time table raised TypeError
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "ok", "median_s": None}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    readable = _record("s", {**case, "T": 64, "median_s": 0.001}, {})  # alone, the store is refused (C176's kind)
+    bad = {**_record("s", case, {}), "run_id": "x"}
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps(bad) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
 @row("C201")
 def _(ctx):  # fwbench estimate --against a store whose record of the grid's run holds wall_s "3"
     import fwbench.bench.estimate_command as command
