@@ -1680,6 +1680,16 @@ def _(ctx):
     return answer
 
 
+@row("C204")
+def _(ctx):
+    """A records file that is a directory: the report's check of an empty store raised IsADirectoryError."""
+    results, out = ctx.tmp_path / "R", ctx.tmp_path / "out"
+    (results / "runs.jsonl").mkdir(parents=True)
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
 @row("C177")
 def _(ctx):
     """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the
