@@ -1690,6 +1690,17 @@ def _(ctx):
     return answer
 
 
+@row("C205")
+def _(ctx):
+    """A --results-dir holding a newline: the refusal's places split its one line in two."""
+    results, out = ctx.tmp_path / "R\nnew", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("not json\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
 @row("C177")
 def _(ctx):
     """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the

@@ -232,3 +232,18 @@ def test_a_records_file_that_is_a_directory_is_refused_in_one_line(tmp_path, cap
         f"fwbench: error: --results-dir: cannot read {str(results / records_file)!r}: Is a directory; expected a file "
         "of records, one JSON line each (move the directory or file away)\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
+def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
+    """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
+    newline split the one-line error in two ('the first R' / 'new/runs.jsonl:1'). Each character that is not
+    printable is written as repr writes it, as the quoted --results-dir at the start of the message is."""
+    results = tmp_path / name
+    results.mkdir()
+    (results / "runs.jsonl").write_text('not json\n{"run_id": "x"}\n')
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    shown = f"{tmp_path}/{repr(name)[1:-1]}/runs.jsonl"
+    assert err.count("\n") == 1 and err.startswith(f"fwbench: error: --results-dir: {str(results)!r} holds no run ")
+    assert f"the first {shown}:1; 1 record(s) skipped as no run record, the first {shown}: record 'x' (" in err
