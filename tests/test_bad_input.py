@@ -1734,7 +1734,8 @@ def _(ctx):
     ctx.monkeypatch.chdir(where)
     ctx.monkeypatch.setenv("PYTHONPATH", "lib$x")  # a '$' of its own and one from the working directory: both fixes
     assert raised(FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu")).endswith(
-        "; rename the entry's directory and run from a directory without '$', or reach it through a link)")
+        "; rename the entry's directory and run from a directory without '$', or give the entry as an absolute path "
+        "through a link (running from a link does not help: the working directory is read with its links resolved))")
     ctx.monkeypatch.chdir(ctx.tmp_path)
     ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
@@ -1813,7 +1814,8 @@ def _(ctx):
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
         assert raised(FwbenchError, check_ray_resources, options).endswith(
             "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
-            "crash; run from a directory whose name is UTF-8, or reach it through a link)")
+            "crash; run from a directory whose name is UTF-8, or give the entry as an absolute path through a link "
+            "(running from a link does not help: the working directory is read with its links resolved))")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
