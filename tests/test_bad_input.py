@@ -1992,6 +1992,26 @@ def _(ctx):  # fwbench estimate --against a store whose record of the grid's run
     return f"exit {status}: {warning}"
 
 
+@row("C206")
+def _(ctx):  # fwbench estimate --against: two records whose steps are 2**1023 (308 digits): OverflowError
+    import fwbench.bench.estimate_command as command
+    from fwbench.run.grid import expand, load_grid
+
+    ctx.monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)  # no timing: not the point
+    ctx.monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    grid = ctx.tmp_path / "g.toml"
+    grid.write_text(TINY_GRID)
+    results = ctx.tmp_path / "r"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("".join(json.dumps({
+        "run_id": spec.run_id, "status": "plateau", "steps": 2**1023, "wall_s": 3.0}) + "\n"
+        for spec in expand(load_grid(grid), "quick", [1, 2])))  # two runs: one such integer alone sums to itself
+    ctx.capsys.readouterr()
+    status = main(["estimate", str(grid), "--seeds", "1", "2", "--against", str(results)])
+    total = [line for line in ctx.capsys.readouterr().out.splitlines() if line.startswith("| total |")]
+    return f"exit {status}: {total[0].split(' | ')[1]} runs compared"
+
+
 @row("H81")
 def _(ctx):
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
