@@ -212,19 +212,28 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     # a record that parsed but is no run record is no corrupt line, and what is wrong with it is named, as in the
     # report. Built from the parts, not read back out of the problems' text: a --results-dir holding ': ' was cut
     # there, and a run id holding " skipped: no run record" lost it, the marker left in the message
-    corrupt = ([f"{runs_store.path}:{number}" for number in runs.skipped_lines] +
-               [f"{bench_store.path}:{number}" for number in benches.skipped_lines])
+    # the places are written on the error's one line: a newline in --results-dir split it in two
+    runs_path, bench_path = _one_line(runs_store.path), _one_line(bench_store.path)
+    corrupt = ([f"{runs_path}:{number}" for number in runs.skipped_lines] +
+               [f"{bench_path}:{number}" for number in benches.skipped_lines])
     found = "".join([
         f"; {len(corrupt)} corrupt or truncated line(s) skipped, the first {corrupt[0]}" if corrupt else "",
-        f"; {len(no_run_record)} record(s) skipped as no run record, the first {runs_store.path}: record "
+        f"; {len(no_run_record)} record(s) skipped as no run record, the first {runs_path}: record "
         f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else "",
-        f"; {len(no_bench_record)} record(s) skipped as no benchmark record, the first {bench_store.path}: record "
+        f"; {len(no_bench_record)} record(s) skipped as no benchmark record, the first {bench_path}: record "
         f"{no_bench_record[0][0]!r} (missing or mistyped: {', '.join(no_bench_record[0][1])})" if no_bench_record else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
         f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "
         f"nothing was written to {str(out)!r}"
     )
+
+
+def _one_line(path: str | Path) -> str:
+    """``path`` as text for a one-line message: each character that is not printable (a newline, a tab, a lone
+    surrogate from bytes that are not UTF-8) escaped as ``repr`` escapes it ('\\n'), every other one as it is (a
+    space, ': ', 'é'), so that a plain path reads as it did."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
 
 
 def _make_out_dir(out: str | Path) -> Path:

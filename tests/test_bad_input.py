@@ -1601,6 +1601,17 @@ def _(ctx):
     return answer
 
 
+@row("C203")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to(ctx.tmp_path / "gone")
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
@@ -1669,6 +1680,27 @@ def _(ctx):
     return answer
 
 
+@row("C204")
+def _(ctx):
+    """A records file that is a directory: the report's check of an empty store raised IsADirectoryError."""
+    results, out = ctx.tmp_path / "R", ctx.tmp_path / "out"
+    (results / "runs.jsonl").mkdir(parents=True)
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
+@row("C205")
+def _(ctx):
+    """A --results-dir holding a newline: the refusal's places split its one line in two."""
+    results, out = ctx.tmp_path / "R\nnew", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("not json\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
 @row("C177")
 def _(ctx):
     """Ray sets a GPU task's CUDA_VISIBLE_DEVICES to the GPUs it reserved, numbered from cuda:0 in the
@@ -1702,7 +1734,8 @@ def _(ctx):
     ctx.monkeypatch.chdir(where)
     ctx.monkeypatch.setenv("PYTHONPATH", "lib$x")  # a '$' of its own and one from the working directory: both fixes
     assert raised(FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu")).endswith(
-        "; rename the entry's directory and run from a directory without '$', or reach it through a link)")
+        "; rename the entry's directory and run from a directory without '$', or give the entry as an absolute path "
+        "through a link (running from a link does not help: the working directory is read with its links resolved))")
     ctx.monkeypatch.chdir(ctx.tmp_path)
     ctx.monkeypatch.setenv("PYTHONPATH", "/home/me/$lib")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
@@ -1781,7 +1814,8 @@ def _(ctx):
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
         assert raised(FwbenchError, check_ray_resources, options).endswith(
             "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
-            "crash; run from a directory whose name is UTF-8, or reach it through a link)")
+            "crash; run from a directory whose name is UTF-8, or give the entry as an absolute path through a link "
+            "(running from a link does not help: the working directory is read with its links resolved))")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
@@ -1922,6 +1956,22 @@ def _(ctx):  # a bench.jsonl record without finished_at: the report's speed sect
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
 
 
+@row("C202")
+def _(ctx):  # an "ok" bench record whose median_s is null: the time table raised TypeError
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "ok", "median_s": None}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    readable = _record("s", {**case, "T": 64, "median_s": 0.001}, {})  # alone, the store is refused (C176's kind)
+    bad = {**_record("s", case, {}), "run_id": "x"}
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps(bad) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
 @row("C201")
 def _(ctx):  # fwbench estimate --against a store whose record of the grid's run holds wall_s "3"
     import fwbench.bench.estimate_command as command
@@ -1940,6 +1990,26 @@ def _(ctx):  # fwbench estimate --against a store whose record of the grid's run
     status = main(["estimate", str(grid), "--against", str(results)])
     warning = ctx.capsys.readouterr().err.splitlines()[0]  # then a line per timed cell
     return f"exit {status}: {warning}"
+
+
+@row("C206")
+def _(ctx):  # fwbench estimate --against: two records whose steps are 2**1023 (308 digits): OverflowError
+    import fwbench.bench.estimate_command as command
+    from fwbench.run.grid import expand, load_grid
+
+    ctx.monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)  # no timing: not the point
+    ctx.monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    grid = ctx.tmp_path / "g.toml"
+    grid.write_text(TINY_GRID)
+    results = ctx.tmp_path / "r"
+    results.mkdir()
+    (results / "runs.jsonl").write_text("".join(json.dumps({
+        "run_id": spec.run_id, "status": "plateau", "steps": 2**1023, "wall_s": 3.0}) + "\n"
+        for spec in expand(load_grid(grid), "quick", [1, 2])))  # two runs: one such integer alone sums to itself
+    ctx.capsys.readouterr()
+    status = main(["estimate", str(grid), "--seeds", "1", "2", "--against", str(results)])
+    total = [line for line in ctx.capsys.readouterr().out.splitlines() if line.startswith("| total |")]
+    return f"exit {status}: {total[0].split(' | ')[1]} runs compared"
 
 
 @row("H81")

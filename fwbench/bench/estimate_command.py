@@ -98,6 +98,8 @@ def _grid_specs(names: list[str], profile: str, seeds: list[int] | None) -> list
 
 #: What ``--against`` reads of a record (:mod:`fwbench.bench.estimate_against`), with its type.
 COMPARED_FIELDS = {"status": str, "steps": int, "wall_s": (int, float)}
+#: The fields of :data:`COMPARED_FIELDS` that the comparison sums over records, read as floats.
+FLOAT_SUMMED_FIELDS = ("steps", "wall_s")
 #: What it reads where present: each absent, null or of its type (a start or end that is no ISO 8601
 #: timestamp leaves the measured wall of its grid n/a).
 OPTIONAL_COMPARED_FIELDS = {"steps_per_s": (int, float), "started_at": str, "ended_at": str}
@@ -105,7 +107,8 @@ OPTIONAL_COMPARED_FIELDS = {"steps_per_s": (int, float), "started_at": str, "end
 
 def _finished_records(results_dir: str) -> dict[str, dict]:
     """run_id → record of the store in ``results_dir``, each holding what the comparison reads
-    (:data:`COMPARED_FIELDS`, :data:`OPTIONAL_COMPARED_FIELDS`); every other line is named in a warning.
+    (:data:`COMPARED_FIELDS`, :data:`OPTIONAL_COMPARED_FIELDS`; :data:`FLOAT_SUMMED_FIELDS` as floats); every
+    other line is named in a warning.
 
     Raises:
         FwbenchError: it is empty (which would read the working directory) or holds no records file.
@@ -133,5 +136,7 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
             print(f"fwbench: warning: {store.path}: record {record['run_id']!r} left out of the comparison "
                   f"(missing or mistyped: {', '.join(wrong)})", file=sys.stderr)
         else:
-            readable[record["run_id"]] = record
+            # summed as floats: each int within a float's range (is_of_kind), the sum of two of 308 digits was not,
+            # and the ratios raised OverflowError (int too large to convert to float), a traceback
+            readable[record["run_id"]] = {**record, **{name: float(record[name]) for name in FLOAT_SUMMED_FIELDS}}
     return readable

@@ -470,6 +470,26 @@ def _cut_slug(slug: str) -> str:
     return slug.encode("utf-8", "surrogatepass")[:MAX_SLUG_BYTES].decode("utf-8", "ignore").rstrip("-")
 
 
+_MOVE_THE_FILE, _MEND_THE_LINK = "move the file away", "create the link's target or remove the link"
+
+
+def _directory_fault(directory: Path) -> tuple[str, str] | None:
+    """(why, what to do) where ``directory`` can be neither read as the baselines directory nor created by
+    ``--update-baseline`` (its ``mkdir(parents=True, exist_ok=True)``): a file; a link to nothing (no
+    directory, and none can be made there); a path under a file or under a link to nothing (one of its
+    parents). None where it is a directory or can be made one. Each of these was called missing ("nothing is
+    judged", advising ``--update-baseline``, which measured every case before failing to write)."""
+    if directory.exists():
+        return None if directory.is_dir() else ("a file, not a directory", _MOVE_THE_FILE)
+    for path in (directory, *directory.parents):
+        if path.is_symlink() and not path.exists():
+            where = "a link" if path == directory else f"a path under {path}, a link"
+            return f"{where} to {str(path.readlink())!r}, which does not exist", _MEND_THE_LINK
+        if path.exists():
+            return None if path.is_dir() else (f"a path under {path}, a file", _MOVE_THE_FILE)
+    return None
+
+
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
     yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
@@ -487,14 +507,17 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         (:func:`read_baseline`: it may be this CPU's), or every candidate is another CPU's. A candidate
         that is not a baseline beside one measured on ``cpu`` is no error: a corrupt ``perf_baseline.json``
         (an Intel Xeon's) stopped the gate, and ``--update-baseline``, on a CPU with a good file of its own.
-        Also ``directory`` that exists but is not a directory (a file).
+        Also ``directory`` that is no directory and cannot be made one (:func:`_directory_fault`: a file, a
+        link to nothing, a path under a file).
     """
     directory = Path(directory)
-    if directory.exists() and not directory.is_dir():
+    fault = _directory_fault(directory)
+    if fault:
         # no file can be read or written in it: judged, it was called missing ("nothing is judged", advising
         # --update-baseline), and --update-baseline measured every case, then failed on FileExistsError
-        raise ValueError(f"baseline directory {directory}: got a file, not a directory; expected the directory of "
-                         "the baseline files (perf_baseline*.json), or no such path (move the file away)")
+        # (NotADirectoryError under a file)
+        raise ValueError(f"baseline directory {directory}: got {fault[0]}; expected the directory of the baseline "
+                         f"files (perf_baseline*.json), or no such path ({fault[1]})")
     slug = _slug(cpu)
     candidates = [directory / BASELINE_PATH.name]
     if len(slug.encode("utf-8", "surrogatepass")) > MAX_SLUG_BYTES:

@@ -50,7 +50,8 @@ RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "de
 
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
-    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"); empty for one."""
+    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "median_s" for a
+    measured case, status "ok", without one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
         ratios = record.get("ratios")
@@ -63,8 +64,13 @@ def bench_record_faults(record: dict) -> list[str]:
     if record.get("kind") != "bench":
         return ["kind"]
     wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
-    return wrong + [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
-                    if record.get(name) is not None and not is_of_kind(record[name], kind)]
+    wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
+              if record.get(name) is not None and not is_of_kind(record[name], kind)]
+    if record.get("status") == "ok" and "median_s" not in wrong and not is_of_kind(record.get("median_s"), NUMBER):
+        # a measured case is its median (the suite writes one with every "ok"): without it, the time table
+        # multiplied None (TypeError traceback), or, beside a measured T, wrote its cell "nan"
+        wrong.append("median_s")
+    return wrong
 
 
 def readable_bench_records(records: list[dict], source: str | Path) -> tuple[list[dict], list[str]]:

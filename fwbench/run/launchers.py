@@ -289,8 +289,11 @@ def check_ray_resources(options: LaunchOptions) -> None:
             fixes.append("rename the entry's directory" if cwd_faults else "rename the directory")
         if cwd_faults:
             fixes.append(f"run from a directory {_without(cwd_faults, plural=False)},")
+        # a link to the working directory is no way round a fault it brings in: os.getcwd(), which the workers'
+        # entries are joined to, names it without its links (cd through one, and the same '$' was refused again)
+        around = LINKED_ENTRY if cwd_faults else "reach it through a link"
         raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
-                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)} or reach it through a link)")
+                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)} or {around})")
     for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
         # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
         # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address
@@ -298,7 +301,7 @@ def check_ray_resources(options: LaunchOptions) -> None:
         if not _is_utf8(directory):
             raise FwbenchError(f"{what}: got {directory!r} with --launcher ray; expected a directory whose name is UTF-8 "
                                "(Ray sends it to its workers and cannot send other bytes; run from, or install in, a "
-                               "directory whose name is UTF-8, or reach it through a link)")
+                               f"directory whose name is UTF-8: {LINK_NO_HELP})")
     if options.ray_num_cpus is not None and not 1 <= options.ray_num_cpus <= RAY_RESOURCE_MAX:
         raise FwbenchError(f"--ray-num-cpus: got {options.ray_num_cpus}; expected a positive integer up to "
                            f"{RAY_RESOURCE_MAX:g} (the CPUs of the local Ray instance; leave it out to use all of them)")
@@ -354,6 +357,13 @@ def ray_worker_env(threads: int, environ: dict[str, str] | None = None, cwd: str
         variables["PYTHONPATH"] = os.pathsep.join([*(absolute for _, absolute in entries), "${PYTHONPATH}"])
     return variables
 
+
+#: Why a link to a working directory (or to the running script's) with a refused name does not help: Ray, and the
+#: check, read it as os.getcwd() (os.path.realpath) gives it, with every link resolved.
+LINK_NO_HELP = "a link to it does not help, it is read with its links resolved"
+#: The way round a fault a working directory brings into a relative ``PYTHONPATH`` entry, besides running elsewhere.
+LINKED_ENTRY = ("give the entry as an absolute path through a link (running from a link does not help: the working "
+                "directory is read with its links resolved)")
 
 #: What a PYTHONPATH entry given to Ray's workers must not hold (:func:`check_ray_resources`), in the order
 #: its refusal names them: a '$' (Ray expands it), the path separator (it splits the entry), bytes that are not UTF-8.

@@ -123,6 +123,9 @@ class ResultsStore:
 
         A line that is not a JSON object with a ``run_id`` (corrupt, or truncated by a crash) is
         skipped and reported in ``problems`` as ``PATH:LINE: corrupt or truncated record skipped``.
+
+        Raises:
+            FwbenchError: the records file exists but cannot be opened (a directory, no permission).
         """
         if not self.path.exists():
             return LoadedRecords([])
@@ -134,7 +137,14 @@ class ResultsStore:
             return LoadedRecords([])
         records: dict[str, dict] = {}
         problems, skipped_lines = [], []
-        with open(self.path, "rb") as handle:
+        try:
+            handle = open(self.path, "rb")
+        except OSError as exc:
+            # a records file that is a directory (mkdir -p R/runs.jsonl) or cannot be opened: fwbench report
+            # ended in a traceback (IsADirectoryError) from its check of an empty store
+            raise FwbenchError(f"--results-dir: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
+                               "records, one JSON line each (move the directory or file away)") from None
+        with handle:
             for number, raw in enumerate(handle, start=1):
                 text = _line_text(raw, first=number == 1)
                 if not text:

@@ -610,6 +610,37 @@ def test_a_baselines_directory_that_is_a_file_is_refused_in_one_line(tmp_path):
         assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("kind", ["dangling link", "under a file", "under a dangling link"])
+def test_a_baselines_directory_that_cannot_be_made_is_refused_in_one_line(tmp_path, kind):
+    """Break-it finding (h-breakA): results/baselines a link to a directory that does not exist (a moved or
+    unmounted share), or a path under a file: as C196's file, judged it was called missing ('(no such
+    directory) ... nothing is judged', advising --update-baseline), and --update-baseline measured every case,
+    then failed writing (FileExistsError; NotADirectoryError). Now both stop before any case, in one line."""
+    target = tmp_path / "gone"
+    if kind == "under a file":
+        (tmp_path / "results").write_text("a file\n")
+        directory = tmp_path / "results" / "baselines"
+        got, fix = f"a path under {tmp_path / 'results'}, a file", "move the file away"
+    else:
+        link = tmp_path / ("baselines" if kind == "dangling link" else "results")
+        link.symlink_to(target)
+        directory = tmp_path / "results" / "baselines" if kind == "under a dangling link" else link
+        where = "a link" if link == directory else f"a path under {link}, a link"
+        got, fix = f"{where} to {str(target)!r}, which does not exist", "create the link's target or remove the link"
+    expected = (f"baseline directory {directory}: got {got}; expected the directory of the baseline files "
+                f"(perf_baseline*.json), or no such path ({fix})")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    if kind == "dangling link":
+        for options in ((), ("--update-baseline",)):
+            done = _gate(tmp_path, directory, *options)
+            assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
+    assert not target.exists()
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not

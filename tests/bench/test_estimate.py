@@ -377,3 +377,26 @@ def test_against_leaves_out_and_names_a_record_it_cannot_sum(tmp_path, monkeypat
     (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
     assert "| total | 3 of 4 |" in (out := capsys.readouterr().out) and "| 0.1 min |" in out
+
+
+@pytest.mark.parametrize("field", ["steps", "wall_s"])
+def test_against_sums_integers_whose_sum_is_beyond_a_float(tmp_path, monkeypatch, capsys, field):
+    """Break-it finding (h-breakA): each record's steps (or wall_s) an integer of 308 digits, within a float's range
+    (so the record was read), but their sum not: the ratios raised OverflowError (int too large to convert to float),
+    a traceback. They are summed as floats, as a wall_s written 8e307 was: the comparison is printed."""
+    import json
+
+    import fwbench.bench.estimate_command as command
+
+    monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)
+    monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    path = tmp_path / "grid.toml"
+    path.write_text(AGAINST_GRID)
+    results = tmp_path / "results"
+    results.mkdir()
+    lines = [{"run_id": spec.run_id, "status": "plateau", "steps": 100, "wall_s": 3.0, "steps_per_s": 50.0,
+              "started_at": "2026-11-30T00:00:00+00:00", "ended_at": "2026-11-30T00:00:03+00:00", field: 8 * 10**307}
+             for spec in expand(load_grid(path), "quick")]
+    (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
+    assert "| total | 4 of 4 |" in capsys.readouterr().out

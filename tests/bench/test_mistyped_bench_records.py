@@ -39,6 +39,9 @@ MISTYPED = [
     (lambda r: {**r, "median_s": "fast"}, "median_s"),
     (lambda r: {**r, "peak_mem_bytes": [1]}, "peak_mem_bytes"),
     (lambda r: {**r, "device": None}, "device"),
+    # a measured case ("ok") without its median: beside a measured T its cell read "nan", alone a TypeError
+    (lambda r: {**r, "median_s": None}, "median_s"),
+    (lambda r: _without(r, "median_s"), "median_s"),
 ]
 
 
@@ -98,3 +101,18 @@ def test_a_store_of_no_readable_record_is_refused_naming_the_bench_record(tmp_pa
         f"(missing or mistyped: kind)); expected the directory that fwbench run, reproduce or bench wrote to; "
         f"nothing was written to {str(tmp_path / 'out')!r}")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("median", [None, "absent"])
+def test_a_measured_case_without_its_median_alone_is_named_not_a_traceback(tmp_path, median):
+    """A session whose only record is "ok" without ``median_s`` (null, or absent) made the time table multiply
+    None: ``TypeError: unsupported operand type(s) for *: 'NoneType' and 'float'``. A case not measured
+    (status "skipped" or "error") has none, and is still read."""
+    record = {**_readable()[0], "run_id": "bad", "median_s": median}
+    if median == "absent":
+        del record["median_s"]
+    markdown = _section(tmp_path, [record], tmp_path)
+    assert "record 'bad' skipped: no benchmark record (missing or mistyped: median_s)" in markdown
+    assert "No benchmark records yet" in markdown
+    skipped = {k: v for k, v in {**_readable()[0], "status": "skipped", "reason": "capped"}.items() if k != "median_s"}
+    assert readable_bench_records([skipped], "bench.jsonl") == ([skipped], [])

@@ -218,3 +218,32 @@ def test_a_store_refused_names_its_path_and_run_id_exactly_whatever_they_hold(tm
         "or mistyped: task, variant, seed, status, steps, wall_s, config, metrics)); expected the directory that "
         f"fwbench run, reproduce or bench wrote to; nothing was written to {str(tmp_path / 'out')!r}\n")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("records_file", ["runs.jsonl", "bench.jsonl"])
+def test_a_records_file_that_is_a_directory_is_refused_in_one_line(tmp_path, capsys, records_file):
+    """Break-it finding (h-breakA): R/runs.jsonl (or R/bench.jsonl) a directory (``mkdir -p R/runs.jsonl``) made
+    ``fwbench report`` a traceback, IsADirectoryError, from its check of an empty store; it is refused in one line
+    naming the file, before --out is made."""
+    results = tmp_path / "results"
+    (results / records_file).mkdir(parents=True)
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot read {str(results / records_file)!r}: Is a directory; expected a file "
+        "of records, one JSON line each (move the directory or file away)\n")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
+def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
+    """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
+    newline split the one-line error in two ('the first R' / 'new/runs.jsonl:1'). Each character that is not
+    printable is written as repr writes it, as the quoted --results-dir at the start of the message is."""
+    results = tmp_path / name
+    results.mkdir()
+    (results / "runs.jsonl").write_text('not json\n{"run_id": "x"}\n')
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    shown = f"{tmp_path}/{repr(name)[1:-1]}/runs.jsonl"
+    assert err.count("\n") == 1 and err.startswith(f"fwbench: error: --results-dir: {str(results)!r} holds no run ")
+    assert f"the first {shown}:1; 1 record(s) skipped as no run record, the first {shown}: record 'x' (" in err

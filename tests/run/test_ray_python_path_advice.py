@@ -41,10 +41,13 @@ def test_a_dollar_from_the_working_directory_still_advises_another_working_direc
     monkeypatch.setenv("PYTHONPATH", "lib")
     assert refusal() == (f"$PYTHONPATH: got 'lib' with --launcher ray, whose entry 'lib' is '{where / 'lib'}' from "
                          f"this working directory; expected directories without '$' ({DOLLAR_WHY}; run from a "
-                         "directory without '$', or reach it through a link)")
+                         f"directory without '$', or {LINKED})")
 
 
 UTF8_WHY = "Ray cannot give its workers other bytes: each worker would crash"
+#: the way round a fault the working directory brings in (a link to the working directory is none)
+LINKED = ("give the entry as an absolute path through a link (running from a link does not help: the working "
+          "directory is read with its links resolved)")
 COLON_WHY = f"a {os.pathsep!r} in an entry splits it in two"
 
 
@@ -104,7 +107,7 @@ def test_the_advice_names_every_cause_of_a_refused_entry_and_only_those(case, tm
     whose = "" if from_cwd is None else (f", whose entry {from_cwd!r} is {os.path.normpath(os.path.join(cwd, from_cwd))!r} "
                                          "from this working directory")
     assert refusal() == (f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
-                         f"{without} ({why}; {advice} reach it through a link)")
+                         f"{without} ({why}; {advice} {'reach it through a link' if from_cwd is None else LINKED})")
 
 
 @pytest.mark.parametrize("python_path", ["../lib", f"/abs/lib{os.pathsep}.."])
@@ -112,4 +115,21 @@ def test_a_relative_entry_that_climbs_out_of_the_working_directorys_fault_is_acc
     """'../lib' run from /x/a$b is /x/lib: the working directory's '$' does not reach the workers."""
     monkeypatch.chdir(directory(tmp_path, b"a$b"))
     monkeypatch.setenv("PYTHONPATH", python_path)
+    check_ray_resources(OPTIONS)
+
+
+def test_the_way_round_a_working_directorys_fault_is_one_that_works(tmp_path, monkeypatch):
+    """Break-it finding (h-breakA): a '$' the working directory brought in was told "run from a directory without
+    '$', or reach it through a link", but running from a link to it (cd link, $PWD without '$') was refused again
+    with the same advice: os.getcwd(), which the workers' entries are joined to, resolves links. The advice names
+    what works: an absolute entry through a link."""
+    where = tmp_path / "a$b"
+    (where / "lib").mkdir(parents=True)
+    link = tmp_path / "plain"
+    link.symlink_to(where)
+    monkeypatch.chdir(link)
+    monkeypatch.setenv("PWD", str(link))
+    monkeypatch.setenv("PYTHONPATH", "lib")
+    assert refusal().endswith(f"; run from a directory without '$', or {LINKED})")
+    monkeypatch.setenv("PYTHONPATH", str(link / "lib"))  # what the advice says: accepted
     check_ray_resources(OPTIONS)
