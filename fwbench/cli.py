@@ -196,7 +196,7 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     """
     from fwbench.analysis.records import run_record_faults
     from fwbench.bench.suite import BENCH_RECORDS
-    from fwbench.bench.summary import bench_record_faults
+    from fwbench.bench.summary import SUMMARY_KIND, bench_record_faults
     from fwbench.run.store import RECORDS_FILE, ResultsStore
 
     runs_store, bench_store = ResultsStore(results_dir), ResultsStore(results_dir, BENCH_RECORDS)
@@ -206,8 +206,11 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     # readable through, to a report of "no runs yet" in every section over the one in --out
     no_bench_record = [(record["run_id"], fields) for record in benches.records
                        if (fields := bench_record_faults(record))]
-    if len(no_run_record) < len(runs.records) or len(no_bench_record) < len(benches.records):
+    # a session's summary alone is no measurement: the speed section draws only cases ("bench" records)
+    measured = [record for record in benches.records if record.get("kind") == "bench" and not bench_record_faults(record)]
+    if len(no_run_record) < len(runs.records) or measured:
         return
+    summaries = [record for record in benches.records if record.get("kind") == SUMMARY_KIND and not bench_record_faults(record)]
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable;
     # a record that parsed but is no run record is no corrupt line, and what is wrong with it is named, as in the
     # report. Built from the parts, not read back out of the problems' text: a --results-dir holding ': ' was cut
@@ -221,7 +224,8 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
         f"; {len(no_run_record)} record(s) skipped as no run record, the first {runs_path}: record "
         f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else "",
         f"; {len(no_bench_record)} record(s) skipped as no benchmark record, the first {bench_path}: record "
-        f"{no_bench_record[0][0]!r} (missing or mistyped: {', '.join(no_bench_record[0][1])})" if no_bench_record else ""])
+        f"{no_bench_record[0][0]!r} (missing or mistyped: {', '.join(no_bench_record[0][1])})" if no_bench_record else "",
+        f"; {len(summaries)} session summary record(s) in {bench_path} but no measured case" if summaries else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
         f"{found}); expected the directory that fwbench run, reproduce or bench wrote to; "
@@ -365,8 +369,8 @@ def _cmd_capacity(args: argparse.Namespace) -> int:
     if rows.empty:
         # a run whose record is skipped is not retrained (its run id is stored): say so, or the message
         # reads as if the grid had no fast-weight variant
-        why = (f" ({len(unreadable)} of its runs have a record skipped as no run record, named above; delete "
-               "those lines from the store to retrain them)" if unreadable else "")
+        why = (f" ({len(unreadable)} of its runs {'has' if len(unreadable) == 1 else 'have'} a record skipped as no "
+               "run record, named above; delete those lines from the store to retrain them)" if unreadable else "")
         raise FwbenchError(f"grid {name}: no fast-weight runs to estimate a capacity from{why}")
     table = capacity_intervals(rows, threshold=args.threshold)
     table.insert(0, "setting", int(rows["setting"].iloc[0]))

@@ -116,3 +116,20 @@ def test_a_measured_case_without_its_median_alone_is_named_not_a_traceback(tmp_p
     assert "No benchmark records yet" in markdown
     skipped = {k: v for k, v in {**_readable()[0], "status": "skipped", "reason": "capped"}.items() if k != "median_s"}
     assert readable_bench_records([skipped], "bench.jsonl") == ([skipped], [])
+
+
+def test_a_store_of_a_session_summary_alone_is_refused(tmp_path, capsys):
+    """bench.jsonl holding only a session's summary (its cases lost, or never written) passed the empty-store
+    check, and the report over --out drew no benchmark at all ("No benchmark records yet")."""
+    from fwbench.cli import main
+
+    (tmp_path / BENCH_RECORDS).write_text(json.dumps(summary_record("s1", {}, [], {})) + "\n")
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert (f"(no record in runs.jsonl or bench.jsonl; 1 session summary record(s) in {tmp_path / BENCH_RECORDS} "
+            "but no measured case)") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # beside one measured case it is drawn as before
+    (tmp_path / BENCH_RECORDS).write_text(json.dumps(summary_record("s1", {}, [], {})) + "\n"
+                                          + json.dumps(_readable()[0]) + "\n")
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
