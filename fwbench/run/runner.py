@@ -97,6 +97,14 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         return summary
     bar, progress = _progress_bar(len(todo), quiet)
 
+    def not_settled(claimed: list[RunSpec]) -> list[RunSpec]:
+        """``claimed`` but for the runs another process stored since the to-do list was read (counted skipped)."""
+        settled = store.finished_ids()
+        fresh = [spec for spec in claimed if spec.run_id not in settled]
+        summary["skipped"] += len(claimed) - len(fresh)
+        bar.update(len(claimed) - len(fresh))
+        return fresh
+
     def progress_for(spec: RunSpec):
         if quiet:
             return None
@@ -113,9 +121,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         bar.update(1)
 
     def run_claimed(spec: RunSpec) -> None:
-        if spec.run_id in store.finished_ids():  # stored by another process since we looked
-            summary["skipped"] += 1
-            bar.update(1)
+        if not not_settled([spec]):
             return
         for record in launch([spec], options, progress_for):
             store_record(record)
@@ -143,24 +149,19 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                         for spec in mine:
                             run_claimed(spec)
                         continue
-                    fresh = [spec for spec in mine if spec.run_id not in store.finished_ids()]
-                    summary["skipped"] += len(mine) - len(fresh)  # stored by another process since we looked
-                    bar.update(len(mine) - len(fresh))
-                    run_pack(fresh)
+                    run_pack(not_settled(mine))
         else:
             with ExitStack() as claims:
                 mine = []
                 for spec in todo:
                     (mine if claims.enter_context(store.claim(spec.run_id, wait=False)) else held_elsewhere).append(spec)
-                for record in launch(mine, options, progress_for):
+                # a run another process stored and let go of between the read and the claim: it was trained again
+                for record in launch(not_settled(mine), options, progress_for):
                     store_record(record)
         # a held run is stored only if its holder gets that far: it may die or let go without a record, after
         # this driver's own runs are done; so wait for each, and run here what was not stored
         for released in released_by_holders(store, held_elsewhere):
-            finished = store.finished_ids()
-            fresh = [spec for spec in released if spec.run_id not in finished]
-            summary["skipped"] += len(released) - len(fresh)
-            bar.update(len(released) - len(fresh))
+            fresh = not_settled(released)
             if fresh:
                 for record in launch(fresh, options, progress_for):
                     store_record(record)

@@ -137,3 +137,33 @@ def test_a_run_held_elsewhere_is_trained_by_a_torchrun_group_once_its_holder_die
     assert set(records) == {spec.run_id for spec in specs}
     assert records[held]["distributed"]["world_size"] == 2
     assert f"{len(specs)} trained now, 0 already" in out
+
+
+class StoredByAnotherAfterTheRead(ResultsStore):
+    """A store on which another process stores ``run_id`` (with ``status``) and lets go of it between this
+    driver's read of the store and its claim of the run: the record appears as the claim is asked for."""
+
+    def __init__(self, directory, run_id: str, status: str):
+        super().__init__(directory)
+        self.pending = {"run_id": run_id, "status": status, "stored_by": "another"}
+
+    def claim(self, run_id, wait=True):
+        if self.pending and run_id == self.pending["run_id"]:
+            ResultsStore(self.directory).append(self.pending)
+            self.pending = None
+        return super().claim(run_id, wait)
+
+
+@pytest.mark.parametrize("launcher", ["serial", "jobs"])
+def test_a_run_stored_elsewhere_after_the_read_is_not_trained_again(launcher, tmp_path, request):
+    """--jobs N (and Ray) launched every run it claimed without looking at the store again: a run another process
+    stored and let go of after this driver read the store was trained twice and counted as trained here
+    ({'skipped': 0, 'ran': 3})."""
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("after", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")[:3]
+    store = StoredByAnotherAfterTheRead(tmp_path / "r", specs[1].run_id, "ok")
+    summary = run_grid(specs, store, options_for(launcher, request), quiet=True, pack=False)
+    records = ResultsStore(store.directory).records()
+    assert [record.get("stored_by") for record in records if record["run_id"] == specs[1].run_id] == ["another"]
+    assert len(records) == 3
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
