@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -45,6 +46,26 @@ def _progress_bar(total: int, quiet: bool):
             bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
 
     return bar, progress
+
+
+def record_counts(store: ResultsStore) -> Counter:
+    """How many records ``store`` holds of each run id (any status), for :func:`settled_elsewhere`."""
+    return Counter(record["run_id"] for record in store.records())
+
+
+def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
+    """Run ids that this driver must not train: those with a finished record, and those given any record, a
+    ``failed`` one included, since ``read`` (:func:`record_counts`, taken when the to-do list was read).
+
+    The second set is another process's try of a run in this same sweep (its holder's, or a process that
+    stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
+    one sweep and its failure went unreported; a failed record already stored when the driver started is
+    retried, as ever.
+    """
+    records = store.records()
+    counts = Counter(record["run_id"] for record in records)
+    return ({record["run_id"] for record in records if record.get("status") != "failed"}
+            | {run_id for run_id, count in counts.items() if count > read[run_id]})
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -90,6 +111,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     # absolute: a Ray worker runs in another working directory
     options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
     store.check_writable()
+    read = record_counts(store)
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
@@ -99,7 +121,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
 
     def not_settled(claimed: list[RunSpec]) -> list[RunSpec]:
         """``claimed`` but for the runs another process stored since the to-do list was read (counted skipped)."""
-        settled = store.finished_ids()
+        settled = settled_elsewhere(store, read)
         fresh = [spec for spec in claimed if spec.run_id not in settled]
         summary["skipped"] += len(claimed) - len(fresh)
         bar.update(len(claimed) - len(fresh))
@@ -187,6 +209,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     """
     store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
     if context.is_main:
+        read = record_counts(store)
         done = store.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
@@ -202,7 +225,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
             if not claims.enter_context(store.claim(spec.run_id, wait=False)):
                 decision = "held"
             else:
-                decision = "stored" if spec.run_id in store.finished_ids() else "train"
+                decision = "stored" if spec.run_id in settled_elsewhere(store, read) else "train"
         return context.broadcast(decision if context.is_main else None)
 
     def settle(spec: RunSpec, decision: str) -> None:
