@@ -2103,6 +2103,29 @@ def _(ctx):
     return answer
 
 
+@row("C207")
+def _(ctx):
+    """Numbers the Ray checks refuse were written with :g, six digits: a refused 2.0000000001 GPUs read "got 2",
+    which the same check accepts; likewise a request just above the local instance's CPUs ("got 1; expected at
+    most 1") and one just below Ray's unit."""
+    from fwbench.run.launchers import LaunchOptions, check_fits_local_ray, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert "--cpus-per-run: got 1.0000001; expected at most 1," in raised(
+        FwbenchError, check_fits_local_ray, LaunchOptions(launcher="ray", cpus_per_run=1.0000001), {"CPU": 1.0})
+    assert "--cpus-per-run: got 9.99999999e-05; expected a number in [0.0001," in raised(
+        FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu", cpus_per_run=9.99999999e-05))
+    for gpus, shown in ((1.5, "1.5"), (2.0000000001, "2.0000000001")):  # the short form where it is the number
+        assert f"--gpus-per-run: got {shown}; expected a fraction" in raised(
+            FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus,
+                                                             ray_address="10.0.0.1:6379"))
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--gpus-per-run", "2.0000000001", "--results-dir",
+                 str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C118")
 def _(ctx):
     ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")

@@ -183,6 +183,13 @@ def _import_ray():
     return ray
 
 
+def _as_given(value: float) -> str:
+    """``value`` as short as ``:g`` writes it where that is the same number, else every digit (``repr``): ``:g``
+    keeps six, so a refused 2.0000000001 GPUs read "got 2", a value the same message accepts."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 def check_ray_resources(options: LaunchOptions) -> None:
     """Refuse Ray resources that Ray itself answers with a traceback, a crash or a hang: CPUs per run
     that are not a finite number > 0, GPUs per run not a finite number >= 0, a non-zero request
@@ -242,22 +249,25 @@ def check_ray_resources(options: LaunchOptions) -> None:
         )
     for name, value in (("--cpus-per-run", options.cpus_per_run), ("--gpus-per-run", options.gpus_per_run)):
         if value and not RAY_RESOURCE_UNIT <= value <= RAY_RESOURCE_MAX:
-            raise FwbenchError(f"{name}: got {value:g}; expected {'0 or ' if name == '--gpus-per-run' else ''}a number "
-                               f"in [{RAY_RESOURCE_UNIT:g}, {RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
+            raise FwbenchError(f"{name}: got {_as_given(value)}; expected "
+                               f"{'0 or ' if name == '--gpus-per-run' else ''}a number in [{RAY_RESOURCE_UNIT:g}, "
+                               f"{RAY_RESOURCE_MAX:g}] (Ray counts resources in units of "
                                f"{RAY_RESOURCE_UNIT:g})")
     if options.gpus_per_run > 1 and not float(options.gpus_per_run).is_integer():
         # a GPU is one of Ray's unit resources: a task may share one GPU or hold whole ones, never 1.5
-        raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g}; expected a fraction of one GPU (at most 1) "
-                           "or a whole number of GPUs (Ray gives a run more than one GPU only in whole GPUs)")
+        raise FwbenchError(f"--gpus-per-run: got {_as_given(options.gpus_per_run)}; expected a fraction of one GPU "
+                           "(at most 1) or a whole number of GPUs (Ray gives a run more than one GPU only in whole GPUs)")
     index = options.device.partition(":")[2] if options.device.startswith("cuda:") else ""
     visible = math.ceil(options.gpus_per_run)
     if options.gpus_per_run > 0 and index.isascii() and index.isdigit() and int(index) >= visible:
-        raise FwbenchError(f"--device: got {options.device!r} with --launcher ray --gpus-per-run {options.gpus_per_run:g}; "
+        raise FwbenchError(f"--device: got {options.device!r} with --launcher ray --gpus-per-run "
+                           f"{_as_given(options.gpus_per_run)}; "
                            f"expected cuda{' or cuda:0' if visible == 1 else f' or cuda:N with N < {visible}'} (Ray "
                            f"gives each run {visible} GPU{'s' if visible > 1 else ''} of its own, numbered from cuda:0 "
                            "in its worker, whatever their number on the machine)")
     if options.gpus_per_run > 0 and options.device.partition(":")[0] == "cpu":
-        raise FwbenchError(f"--gpus-per-run: got {options.gpus_per_run:g} with --device {options.device}; expected 0 "
+        raise FwbenchError(f"--gpus-per-run: got {_as_given(options.gpus_per_run)} with --device {options.device}; "
+                           "expected 0 "
                            "(a run on the CPU uses no GPU; --device cuda or auto runs on the GPUs it reserves)")
     # the workers get each entry made absolute against this working directory (ray_worker_env), so what is
     # checked is what they get: '.', a relative entry or an empty one run from /home/me/$lib reached them as
@@ -338,7 +348,8 @@ def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) ->
                              ("--gpus-per-run", "GPU", options.gpus_per_run)):
         held = resources.get(key, math.inf)
         if value > held:
-            raise FwbenchError(f"{name}: got {value:g}; expected at most {held:g}, the {key}s of the local Ray instance "
+            raise FwbenchError(f"{name}: got {_as_given(value)}; expected at most {held:g}, the {key}s of the local Ray "
+                               "instance "
                                "(no run could ever be scheduled; lower it, or start the instance with more)")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -45,6 +46,26 @@ def _progress_bar(total: int, quiet: bool):
             bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
 
     return bar, progress
+
+
+def record_counts(store: ResultsStore) -> Counter:
+    """How many records ``store`` holds of each run id (any status), for :func:`settled_elsewhere`."""
+    return Counter(record["run_id"] for record in store.records())
+
+
+def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
+    """Run ids that this driver must not train: those with a finished record, and those given any record, a
+    ``failed`` one included, since ``read`` (:func:`record_counts`, taken when the to-do list was read).
+
+    The second set is another process's try of a run in this same sweep (its holder's, or a process that
+    stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
+    one sweep and its failure went unreported; a failed record already stored when the driver started is
+    retried, as ever.
+    """
+    records = store.records()
+    counts = Counter(record["run_id"] for record in records)
+    return ({record["run_id"] for record in records if record.get("status") != "failed"}
+            | {run_id for run_id, count in counts.items() if count > read[run_id]})
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -90,12 +111,21 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     # absolute: a Ray worker runs in another working directory
     options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
     store.check_writable()
+    read = record_counts(store)
     done = store.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
         return summary
     bar, progress = _progress_bar(len(todo), quiet)
+
+    def not_settled(claimed: list[RunSpec]) -> list[RunSpec]:
+        """``claimed`` but for the runs another process stored since the to-do list was read (counted skipped)."""
+        settled = settled_elsewhere(store, read)
+        fresh = [spec for spec in claimed if spec.run_id not in settled]
+        summary["skipped"] += len(claimed) - len(fresh)
+        bar.update(len(claimed) - len(fresh))
+        return fresh
 
     def progress_for(spec: RunSpec):
         if quiet:
@@ -113,9 +143,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         bar.update(1)
 
     def run_claimed(spec: RunSpec) -> None:
-        if spec.run_id in store.finished_ids():  # stored by another process since we looked
-            summary["skipped"] += 1
-            bar.update(1)
+        if not not_settled([spec]):
             return
         for record in launch([spec], options, progress_for):
             store_record(record)
@@ -143,24 +171,19 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                         for spec in mine:
                             run_claimed(spec)
                         continue
-                    fresh = [spec for spec in mine if spec.run_id not in store.finished_ids()]
-                    summary["skipped"] += len(mine) - len(fresh)  # stored by another process since we looked
-                    bar.update(len(mine) - len(fresh))
-                    run_pack(fresh)
+                    run_pack(not_settled(mine))
         else:
             with ExitStack() as claims:
                 mine = []
                 for spec in todo:
                     (mine if claims.enter_context(store.claim(spec.run_id, wait=False)) else held_elsewhere).append(spec)
-                for record in launch(mine, options, progress_for):
+                # a run another process stored and let go of between the read and the claim: it was trained again
+                for record in launch(not_settled(mine), options, progress_for):
                     store_record(record)
         # a held run is stored only if its holder gets that far: it may die or let go without a record, after
         # this driver's own runs are done; so wait for each, and run here what was not stored
         for released in released_by_holders(store, held_elsewhere):
-            finished = store.finished_ids()
-            fresh = [spec for spec in released if spec.run_id not in finished]
-            summary["skipped"] += len(released) - len(fresh)
-            bar.update(len(released) - len(fresh))
+            fresh = not_settled(released)
             if fresh:
                 for record in launch(fresh, options, progress_for):
                     store_record(record)
@@ -186,6 +209,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     """
     store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
     if context.is_main:
+        read = record_counts(store)
         done = store.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
@@ -201,7 +225,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
             if not claims.enter_context(store.claim(spec.run_id, wait=False)):
                 decision = "held"
             else:
-                decision = "stored" if spec.run_id in store.finished_ids() else "train"
+                decision = "stored" if spec.run_id in settled_elsewhere(store, read) else "train"
         return context.broadcast(decision if context.is_main else None)
 
     def settle(spec: RunSpec, decision: str) -> None:

@@ -36,8 +36,10 @@ from fwbench.run.store import ResultsStore
 store = ResultsStore(sys.argv[1])
 with store.claim(sys.argv[2]):
     print("held", flush=True)
-    if sys.stdin.readline().strip() == "store":
-        store.append({"run_id": sys.argv[2], "status": "ok", "stored_by": "holder"})
+    line = sys.stdin.readline().strip()
+    if line in ("store", "store failed"):
+        store.append({"run_id": sys.argv[2], "status": "failed" if line == "store failed" else "ok",
+                      "stored_by": "holder"})
 """
 
 
@@ -137,3 +139,93 @@ def test_a_run_held_elsewhere_is_trained_by_a_torchrun_group_once_its_holder_die
     assert set(records) == {spec.run_id for spec in specs}
     assert records[held]["distributed"]["world_size"] == 2
     assert f"{len(specs)} trained now, 0 already" in out
+
+
+class StoredByAnotherAfterTheRead(ResultsStore):
+    """A store on which another process stores ``run_id`` (with ``status``) and lets go of it between this
+    driver's read of the store and its claim of the run: the record appears as the claim is asked for."""
+
+    def __init__(self, directory, run_id: str, status: str):
+        super().__init__(directory)
+        self.pending = {"run_id": run_id, "status": status, "stored_by": "another"}
+
+    def claim(self, run_id, wait=True):
+        if self.pending and run_id == self.pending["run_id"]:
+            ResultsStore(self.directory).append(self.pending)
+            self.pending = None
+        return super().claim(run_id, wait)
+
+
+@pytest.mark.parametrize("status", ["ok", "failed"])
+@pytest.mark.parametrize("launcher", ["serial", "jobs"])
+def test_a_run_stored_elsewhere_after_the_read_is_not_trained_again(launcher, status, tmp_path, request):
+    """--jobs N (and Ray) launched every run it claimed without looking at the store again: a run another process
+    stored and let go of after this driver read the store was trained twice and counted as trained here
+    ({'skipped': 0, 'ran': 3}). A failed record so stored is that process's try in this sweep, not one to repeat
+    (every launcher retried it at once, its failure unreported)."""
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("after", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")[:3]
+    store = StoredByAnotherAfterTheRead(tmp_path / "r", specs[1].run_id, status)
+    summary = run_grid(specs, store, options_for(launcher, request), quiet=True, pack=False)
+    records = ResultsStore(store.directory).records()
+    assert [record.get("stored_by") for record in records if record["run_id"] == specs[1].run_id] == ["another"]
+    assert len(records) == 3
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+
+
+@pytest.mark.parametrize("launcher", ["serial", "jobs"])
+def test_a_held_run_its_holder_stored_as_failed_is_not_trained_again(launcher, tmp_path, request):
+    """The holder's failed record of a held run was read as no record: the run was trained a second time here, in
+    the same sweep ({'ran': 3}, two records of it), and the holder's failure went unreported."""
+    options = options_for(launcher, request)
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("held", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")[:3]
+    held, others = specs[0].run_id, {spec.run_id for spec in specs[1:]}
+    store = ResultsStore(tmp_path / "r")
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(store.directory), held], cwd=ROOT,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+
+    def store_failed_once_the_others_are_stored() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not others <= ResultsStore(store.directory).finished_ids():
+            time.sleep(0.1)
+        holder.stdin.write("store failed\n")
+        holder.stdin.flush()
+
+    watcher = threading.Thread(target=store_failed_once_the_others_are_stored, daemon=True)
+    watcher.start()
+    try:
+        summary = run_grid(specs, store, options, quiet=True)
+    finally:
+        watcher.join()
+        holder.communicate()
+    records = ResultsStore(store.directory).records()
+    assert [(record["status"], record.get("stored_by")) for record in records if record["run_id"] == held] == [
+        ("failed", "holder")]
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+
+
+def test_a_torchrun_group_does_not_train_again_a_run_another_process_stored_as_failed(tmp_path, monkeypatch):
+    """run_grid_distributed read a failed record that another process stored after the group's read as no record,
+    and trained that run again (one rank, the broadcast its identity, stands for the group)."""
+    from fwbench.run import runner
+    from fwbench.run.distributed import DistributedContext
+
+    class Alone(DistributedContext):
+        def broadcast(self, value):
+            return value
+
+    trained = []
+
+    def fake_execute(spec, *args, **kwargs):
+        trained.append(spec.run_id)
+        return {"run_id": spec.run_id, "status": "ok"}
+
+    monkeypatch.setattr(runner, "execute", fake_execute)
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("group", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")[:3]
+    store = StoredByAnotherAfterTheRead(tmp_path / "r", specs[1].run_id, "failed")
+    summary = runner.run_grid_distributed(specs, store, Alone(0, 0, 1, "gloo"), device=None, quiet=True)
+    assert trained == [specs[0].run_id, specs[2].run_id]
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
