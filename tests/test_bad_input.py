@@ -1988,6 +1988,22 @@ def _(ctx):  # an "ok" bench record whose null median_s non_finite lists as 10**
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
 
 
+@row("C213")
+def _(ctx):  # a bench record whose status is none fwbench bench writes: drawn nowhere, named nowhere
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "OK", "median_s": 0.002}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    readable = _record("s", {**case, "T": 64, "status": "ok", "median_s": 0.001}, {})
+    bad = {**_record("s", case, {}), "run_id": "x"}
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps(bad) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
 @row("C201")
 def _(ctx):  # fwbench estimate --against a store whose record of the grid's run holds wall_s "3"
     import fwbench.bench.estimate_command as command

@@ -44,14 +44,17 @@ BENCH_RECORD_FIELDS = {"session": str, "finished_at": str, "device": str, "statu
 OPTIONAL_BENCH_FIELDS = {"sweep": str, "median_s": NUMBER, "peak_mem_bytes": NUMBER, "gflops_per_s": NUMBER,
                          "chunk_size": int, "fraction_of_peak": NUMBER}
 
+#: The statuses ``fwbench bench`` gives a case (``suite._Runner``): measured, out of memory, not run.
+BENCH_STATUSES = ("ok", "oom", "skipped")
+
 #: The fields of each entry of a summary record's ``ratios`` (:func:`summary_record`); ``value`` may be null.
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
 
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
-    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "median_s" for a
-    measured case, status "ok", without one); empty for one."""
+    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status" for one
+    not in :data:`BENCH_STATUSES`; "median_s" for a measured case, status "ok", without one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
         ratios = record.get("ratios")
@@ -63,7 +66,9 @@ def bench_record_faults(record: dict) -> list[str]:
         return wrong
     if record.get("kind") != "bench":
         return ["kind"]
-    wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
+    wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)
+             # a status of no case's ("OK", "done") was drawn nowhere, without a word: only "ok" is drawn
+             or (name == "status" and record[name] not in BENCH_STATUSES)]
     wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
               if record.get(name) is not None and not is_of_kind(record[name], kind)]
     if record.get("status") == "ok" and "median_s" not in wrong and not is_of_kind(record.get("median_s"), NUMBER):

@@ -42,6 +42,9 @@ MISTYPED = [
     # a measured case ("ok") without its median: beside a measured T its cell read "nan", alone a TypeError
     (lambda r: {**r, "median_s": None}, "median_s"),
     (lambda r: _without(r, "median_s"), "median_s"),
+    # a status no case has (fwbench bench writes ok, oom, skipped): drawn nowhere and named nowhere (h-breakC)
+    (lambda r: {**r, "status": "OK"}, "status"),
+    (lambda r: {**r, "status": "done"}, "status"),
 ]
 
 
