@@ -1690,6 +1690,17 @@ def _(ctx):
     return answer
 
 
+@row("C214")
+def _(ctx):
+    """A records file that is a link looping back to itself: read as no file, the store was called empty."""
+    results, out = ctx.tmp_path / "R", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("runs.jsonl")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
 @row("C205")
 def _(ctx):
     """A --results-dir holding a newline: the refusal's places split its one line in two."""

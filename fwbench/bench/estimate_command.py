@@ -111,18 +111,21 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     other line is named in a warning.
 
     Raises:
-        FwbenchError: it is empty (which would read the working directory) or holds no records file.
+        FwbenchError: it is empty (which would read the working directory) or holds no records file, or one
+            that cannot be read (:meth:`ResultsStore.load`).
     """
     from fwbench.analysis.records import is_of_kind
     from fwbench.run.store import ResultsStore
 
     refuse_empty_path("--against", results_dir, "a results directory that fwbench run wrote")
 
-    store = ResultsStore(results_dir)
+    store = ResultsStore(results_dir, option="--against")
+    # read first: a records file that is a directory or a link looping back to itself is named as it is
+    # (ResultsStore.load), not called missing
+    loaded = store.load()
     if not store.path.is_file():
         raise FwbenchError(f"--against: no records file {str(store.path)!r}; expected a results directory "
                            "that fwbench run wrote")
-    loaded = store.load()
     for problem in loaded.problems:
         print(f"fwbench: warning: {problem}", file=sys.stderr)
     readable = {}

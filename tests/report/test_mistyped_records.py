@@ -234,6 +234,24 @@ def test_a_records_file_that_is_a_directory_is_refused_in_one_line(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("records_file", ["runs.jsonl", "bench.jsonl"])
+def test_a_records_file_that_is_a_link_looping_back_is_refused_in_one_line(tmp_path, capsys, records_file):
+    """Break-it finding (h-breakC): R/runs.jsonl a link that loops (``ln -s runs.jsonl R/runs.jsonl``) was read as no
+    file (Path.exists says False for it): ``fwbench report`` called the store empty ("holds no run records"), and a
+    bench.jsonl so made, beside a readable runs.jsonl, was drawn as "No benchmark records yet", without a word. Each
+    is named in one line, as C204 names a directory, before --out is made."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.jsonl").write_text(json.dumps(run_record("retrieval")) + "\n")
+    (results / records_file).unlink(missing_ok=True)
+    (results / records_file).symlink_to(records_file)
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot read {str(results / records_file)!r}: Too many levels of symbolic "
+        "links; expected a file of records, one JSON line each (remove the link or point it at the records file)\n")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
