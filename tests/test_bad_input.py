@@ -1612,6 +1612,17 @@ def _(ctx):
     return answer
 
 
+@row("C215")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to(directory)  # a link that loops: its target exists, and no directory can be made there
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
