@@ -1836,8 +1836,8 @@ def _(ctx):
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
         assert raised(FwbenchError, check_ray_resources, options).endswith(
             "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
-            "crash; run from a directory whose name is UTF-8, or give the entry as an absolute path through a link "
-            "(running from a link does not help: the working directory is read with its links resolved))")
+            "crash; run from a directory whose name is UTF-8: neither a link to it nor an absolute entry through one "
+            "helps (the working directory is read with its links resolved, and Ray sends it to its workers too))")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
