@@ -2026,6 +2026,20 @@ def _(ctx):  # a bench record whose status is none fwbench bench writes: drawn n
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
 
 
+@row("C216")
+def _(ctx):  # bench.jsonl of cases none measured (oom): the report drew an empty figure over --out
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "oom", "reason": "OutOfMemoryError: CUDA out of memory"}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / BENCH_RECORDS).write_text(json.dumps(_record("s", case, {})) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
 @row("C201")
 def _(ctx):  # fwbench estimate --against a store whose record of the grid's run holds wall_s "3"
     import fwbench.bench.estimate_command as command

@@ -136,3 +136,22 @@ def test_a_store_of_a_session_summary_alone_is_refused(tmp_path, capsys):
     (tmp_path / BENCH_RECORDS).write_text(json.dumps(summary_record("s1", {}, [], {})) + "\n"
                                           + json.dumps(_readable()[0]) + "\n")
     assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize("status", ["oom", "skipped"])
+def test_a_store_of_cases_none_measured_is_refused(tmp_path, capsys, status):
+    """Break-it finding (h-breakC): bench.jsonl whose cases all ran out of memory (or were skipped), no runs.jsonl,
+    passed the empty-store check, and the report over --out drew an empty figure and no table: the speed section
+    draws measured cases (status ok) only. It is refused as a session's summary alone is."""
+    from fwbench.cli import main
+
+    cases = [{k: v for k, v in {**r, "status": status, "reason": "x"}.items() if k != "median_s"} for r in _readable()]
+    (tmp_path / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in cases))
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert (f"(no record in runs.jsonl or bench.jsonl; 2 benchmark case(s) in {tmp_path / BENCH_RECORDS}, none measured "
+            f"(status oom or skipped)); ") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # beside one measured case it is drawn as before
+    (tmp_path / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in [*cases, _record("s2", _case(32), {})]))
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
