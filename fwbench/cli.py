@@ -146,7 +146,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
             launcher = f"torchrun, {context.world_size} processes, {context.backend}"
         print(
             f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} trained now, {summary['skipped']} "
-            f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
+            f"already in {_one_line(store.path)}, {summary['diverged']} diverged, {summary['failed']} failed "
             f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
@@ -177,7 +177,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         path = render_report(args.results_dir, args.out)
     except VariantError as exc:
-        raise FwbenchError(f"{exc} (a record in {args.results_dir} names a variant this process does not know: "
+        raise FwbenchError(f"{exc} (a record in {_one_line(args.results_dir)} names a variant this process does not know: "
                            "if your own module registers it, pass --variant-module PATH_OR_MODULE)") from None
     print(f"report written to {path}")
     return 0
@@ -238,10 +238,10 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
 
 
 def _one_line(path: str | Path) -> str:
-    """``path`` as text for a one-line message: each character that is not printable (a newline, a tab, a lone
-    surrogate from bytes that are not UTF-8) escaped as ``repr`` escapes it ('\\n'), every other one as it is (a
-    space, ': ', 'é'), so that a plain path reads as it did."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
+    """``path`` as text for a one-line message (:func:`fwbench.errors.one_line`)."""
+    from fwbench.errors import one_line
+
+    return one_line(path)
 
 
 def _make_out_dir(out: str | Path) -> Path:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from fwbench.analysis.records import NUMBER, is_of_kind
 from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, OFFICIAL_SETTING2_STEPS_PER_S
+from fwbench.errors import one_line
 from fwbench.run.strict_json import restore_non_finite
 
 #: Records of this kind hold one session's side measurements and ratios.
@@ -90,7 +91,7 @@ def readable_bench_records(records: list[dict], source: str | Path) -> tuple[lis
     for record in records:
         wrong = bench_record_faults(record)
         if wrong:
-            problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
+            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no benchmark record "
                             f"(missing or mistyped: {', '.join(wrong)})")
         else:
             readable.append(restore_non_finite(record))

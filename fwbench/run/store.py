@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fwbench.errors import FwbenchError, refuse_empty_path
+from fwbench.errors import FwbenchError, one_line, refuse_empty_path
 from fwbench.run.strict_json import strict_dumps
 
 RECORDS_FILE = "runs.jsonl"
@@ -181,7 +181,7 @@ class ResultsStore:
                 # ValueError: an integer of more than 4300 digits (JSONDecodeError is one too); RecursionError:
                 # arrays nested past the recursion limit; both are lines that are not records, and raised a traceback
                 except (ValueError, RecursionError, KeyError, TypeError):
-                    problems.append(f"{self.path}:{number}: corrupt or truncated record skipped")
+                    problems.append(f"{one_line(self.path)}:{number}: corrupt or truncated record skipped")
                     skipped_lines.append(number)
                     continue
                 records[run_id] = record
