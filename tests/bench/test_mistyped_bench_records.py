@@ -155,3 +155,23 @@ def test_a_store_of_cases_none_measured_is_refused(tmp_path, capsys, status):
     # beside one measured case it is drawn as before
     (tmp_path / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in [*cases, _record("s2", _case(32), {})]))
     assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_each_devices_figure_is_linked_by_a_name_that_is_its_file(tmp_path):
+    """Break-it finding (h-breakC): a figure was named after its device with ':' written '_' only: a device "cuda/0"
+    (a hand-edited record, another tool's JSON) wrote bench_cuda/0.png and linked "0.png", a broken link; "NVIDIA
+    H100" a link with spaces, which Markdown does not show as an image; "cuda:0" and "cuda_0" one file, the first
+    figure overwritten. Each link is now a file of its own in --out, with no space."""
+    import re
+
+    devices = ["cuda:0", "cuda_0", "cuda/0", "NVIDIA H100"]
+    records = [_record(f"s{i}", {**_case(32), "device": device}, {}) for i, device in enumerate(devices)]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    links = dict(re.findall(r"!\[benchmark (.+)\]\((.+)\)", markdown))
+    assert sorted(links) == sorted(devices)
+    assert len(set(links.values())) == len(devices)
+    for name in links.values():
+        assert " " not in name and "/" not in name and (out / name).is_file(), name
+    assert links["cuda:0"] == "bench_cuda_0.png"  # a name as before where it was one
