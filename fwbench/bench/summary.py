@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fwbench.analysis.records import NUMBER, is_of_kind
-from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, OFFICIAL_SETTING2_STEPS_PER_S
+from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, MODES, OFFICIAL_SETTING2_STEPS_PER_S
 from fwbench.errors import one_line
 from fwbench.run.strict_json import restore_non_finite
 
@@ -48,14 +48,19 @@ OPTIONAL_BENCH_FIELDS = {"sweep": str, "median_s": NUMBER, "peak_mem_bytes": NUM
 #: The statuses ``fwbench bench`` gives a case (``suite._Runner``): measured, out of memory, not run.
 BENCH_STATUSES = ("ok", "oom", "skipped")
 
+#: The values a ``bench`` record's field may hold where the report draws only some (any other, "OK" or "Forward",
+#: was drawn in no table or figure, and named nowhere); ``sweep`` may also be absent or null (the main cases).
+BENCH_FIELD_VALUES = {"status": BENCH_STATUSES, "mode": MODES, "sweep": ("chunk_size",)}
+
 #: The fields of each entry of a summary record's ``ratios`` (:func:`summary_record`); ``value`` may be null.
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
 
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
-    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status" for one
-    not in :data:`BENCH_STATUSES`; "median_s" for a measured case, status "ok", without one); empty for one."""
+    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status", "mode",
+    "sweep" for a value not in :data:`BENCH_FIELD_VALUES`; "median_s" for a measured case, status "ok", without
+    one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
         ratios = record.get("ratios")
@@ -68,10 +73,11 @@ def bench_record_faults(record: dict) -> list[str]:
     if record.get("kind") != "bench":
         return ["kind"]
     wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)
-             # a status of no case's ("OK", "done") was drawn nowhere, without a word: only "ok" is drawn
-             or (name == "status" and record[name] not in BENCH_STATUSES)]
+             # a status or mode of no case's ("OK", "Forward") was drawn nowhere, without a word
+             or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],))]
     wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
-              if record.get(name) is not None and not is_of_kind(record[name], kind)]
+              if record.get(name) is not None and (not is_of_kind(record[name], kind)
+                                                   or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],)))]
     if record.get("status") == "ok" and "median_s" not in wrong and not is_of_kind(record.get("median_s"), NUMBER):
         # a measured case is its median (the suite writes one with every "ok"): without it, the time table
         # multiplied None (TypeError traceback), or, beside a measured T, wrote its cell "nan"

@@ -45,6 +45,9 @@ MISTYPED = [
     # a status no case has (fwbench bench writes ok, oom, skipped): drawn nowhere and named nowhere (h-breakC)
     (lambda r: {**r, "status": "OK"}, "status"),
     (lambda r: {**r, "status": "done"}, "status"),
+    # the same kind in the other fields of a set of values: a mode or sweep of none drawn
+    (lambda r: {**r, "mode": "Forward"}, "mode"),
+    (lambda r: {**r, "sweep": "chunk"}, "sweep"),
 ]
 
 
