@@ -669,6 +669,22 @@ def test_a_baselines_directory_that_is_a_looping_link_is_told_so(tmp_path, kind)
         assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
+def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_link(tmp_path):
+    """Break-it finding (h-breakC): results/baselines -> b -> gone was refused as "a link to 'b', which does not exist",
+    advising "create the link's target": b exists (a link), and mkdir b fails. Each link is named, to the missing end."""
+    (tmp_path / "b").symlink_to(tmp_path / "gone")
+    directory = tmp_path / "baselines"
+    directory.symlink_to(tmp_path / "b")
+    expected = (f"baseline directory {directory}: got a link to {str(tmp_path / 'b')!r}, a link to "
+                f"{str(tmp_path / 'gone')!r}, which does not exist; expected the directory of the baseline files "
+                f"(perf_baseline*.json), or no such path (create {str(tmp_path / 'gone')!r} or remove the links)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not
