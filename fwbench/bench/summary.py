@@ -52,6 +52,10 @@ BENCH_STATUSES = ("ok", "oom", "skipped")
 #: was drawn in no table or figure, and named nowhere); ``sweep`` may also be absent or null (the main cases).
 BENCH_FIELD_VALUES = {"status": BENCH_STATUSES, "mode": MODES, "sweep": ("chunk_size",)}
 
+#: The sizes of a ``bench`` record, each a positive int64 as the report computes with it: a T of 2**1023 (json reads
+#: any number of digits) made the figure's O(T²) guide raise OverflowError, a traceback; 0 or -5 was drawn on a log axis.
+BENCH_SIZES = ("T", "B", "H", "d_head")
+
 #: The fields of each entry of a summary record's ``ratios`` (:func:`summary_record`); ``value`` may be null.
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
@@ -59,7 +63,8 @@ RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "de
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
     read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status", "mode",
-    "sweep" for a value not in :data:`BENCH_FIELD_VALUES`; "median_s" for a measured case, status "ok", without
+    "sweep" for a value not in :data:`BENCH_FIELD_VALUES`; a size of :data:`BENCH_SIZES` below 1 or
+    beyond an int64; "median_s" for a measured case, status "ok", without
     one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
@@ -74,7 +79,8 @@ def bench_record_faults(record: dict) -> list[str]:
         return ["kind"]
     wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)
              # a status or mode of no case's ("OK", "Forward") was drawn nowhere, without a word
-             or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],))]
+             or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],))
+             or (name in BENCH_SIZES and not 1 <= record[name] < 2**63)]
     wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
               if record.get(name) is not None and (not is_of_kind(record[name], kind)
                                                    or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],)))]

@@ -48,6 +48,11 @@ MISTYPED = [
     # the same kind in the other fields of a set of values: a mode or sweep of none drawn
     (lambda r: {**r, "mode": "Forward"}, "mode"),
     (lambda r: {**r, "sweep": "chunk"}, "sweep"),
+    # a size the report cannot draw: T 2**1023 (308 digits) raised OverflowError in the figure's O(T²) guide, a
+    # traceback; T 0 was drawn on a log axis (h-breakC)
+    (lambda r: {**r, "T": 2**1023}, "T"),
+    (lambda r: {**r, "T": 0}, "T"),
+    (lambda r: {**r, "B": -1}, "B"),
 ]
 
 
