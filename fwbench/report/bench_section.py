@@ -18,6 +18,7 @@ import pandas as pd  # noqa: E402
 
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
 from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, readable_bench_records, time_table  # noqa: E402
+from fwbench.errors import one_line  # noqa: E402
 from fwbench.report.figure_style import save  # noqa: E402
 from fwbench.report.markdown import markdown_table  # noqa: E402
 from fwbench.run.store import ResultsStore  # noqa: E402
@@ -102,10 +103,13 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     taken: set[str] = set()
     latest = measured.sort_values("finished_at").groupby("device")["session"].last()
     for device, session in latest.items():
+        # a heading and a sentence of one line each: a device (or session) holding a newline from a hand-edited
+        # record ended the heading there, the rest read as text
+        device, session_shown = one_line(device), one_line(session)
         rows = main_rows(measured[measured["session"] == session])
         first = rows.iloc[0] if not rows.empty else measured[measured["session"] == session].iloc[0]
         where = (f"{device}, B={first['B']}, H={first['H']}, d_head={first['d_head']}, fp32, "
-                 f"session {session} ({first['finished_at'][:10]})")
+                 f"session {session_shown} ({one_line(first['finished_at'][:10])})")
         name = _figure_name(device, taken)
         figure = bench_figure(rows, out_dir / name, f"fwbench bench: {where}")
         lines += [f"### {device}", "", f"Median wall time and peak memory against T ({where}). Solid: chunk form; "

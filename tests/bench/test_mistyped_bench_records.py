@@ -183,3 +183,12 @@ def test_each_devices_figure_is_linked_by_a_name_that_is_its_file(tmp_path):
     for name in links.values():
         assert " " not in name and "/" not in name and (out / name).is_file(), name
     assert links["cuda:0"] == "bench_cuda_0.png"  # a name as before where it was one
+
+
+def test_a_device_or_session_holding_a_newline_stays_on_its_line(tmp_path):
+    """Break-it finding (h-breakC): a device "cpu\\n## Injected" (or a session holding a newline) ended the section's
+    '### device' heading and its sentence there, the rest read as a heading of its own; each is written escaped."""
+    records = [_record("s\n1", {**_case(T), "device": "cpu\n## Injected"}, {}) for T in (32, 64)]
+    markdown = _section(tmp_path, records, tmp_path)
+    assert "### cpu\\n## Injected" in markdown and "session s\\n1 (" in markdown
+    assert not [line for line in markdown.splitlines() if line.startswith(("## Injected", "1 ("))]
