@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
@@ -60,11 +61,24 @@ BENCH_SIZES = ("T", "B", "H", "d_head")
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
 
+def finished_instant(text: str) -> float | None:
+    """Seconds since the epoch of a record's ``finished_at`` (ISO 8601, as ``fwbench bench`` writes it, in UTC; one
+    without a zone is read as UTC); None where it is none."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    try:
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    except (OverflowError, ValueError):
+        return None
+
+
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
     read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status", "mode",
     "sweep" for a value not in :data:`BENCH_FIELD_VALUES`; a size of :data:`BENCH_SIZES` below 1 or
-    beyond an int64; "median_s" for a measured case, status "ok", without
+    beyond an int64; a ``finished_at`` that is no ISO 8601 time; "median_s" for a measured case, status "ok", without
     one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
@@ -80,7 +94,9 @@ def bench_record_faults(record: dict) -> list[str]:
     wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)
              # a status or mode of no case's ("OK", "Forward") was drawn nowhere, without a word
              or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],))
-             or (name in BENCH_SIZES and not 1 <= record[name] < 2**63)]
+             or (name in BENCH_SIZES and not 1 <= record[name] < 2**63)
+             # the latest session is found by it: "yesterday" sorted after every date and hid the real latest one
+             or (name == "finished_at" and finished_instant(record[name]) is None)]
     wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
               if record.get(name) is not None and (not is_of_kind(record[name], kind)
                                                    or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],)))]

@@ -17,7 +17,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
-from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, readable_bench_records, time_table  # noqa: E402
+from fwbench.bench.summary import (  # noqa: E402
+    SUMMARY_KIND,
+    bench_frame,
+    finished_instant,
+    main_rows,
+    readable_bench_records,
+    time_table,
+)
 from fwbench.errors import one_line  # noqa: E402
 from fwbench.report.figure_style import save  # noqa: E402
 from fwbench.report.markdown import markdown_table  # noqa: E402
@@ -101,7 +108,9 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     summaries = {r["session"]: r for r in records if r.get("kind") == SUMMARY_KIND}
     lines = ["## Speed and memory", "", *skipped_lines]
     taken: set[str] = set()
-    latest = measured.sort_values("finished_at").groupby("device")["session"].last()
+    # by the instant, not the text: "…T23:00:00-05:00" is later than "…T01:00:00+00:00" of the next day's date
+    measured["finished_s"] = measured["finished_at"].map(finished_instant)
+    latest = measured.sort_values("finished_s", kind="stable").groupby("device")["session"].last()
     for device, session in latest.items():
         # a heading and a sentence of one line each: a device (or session) holding a newline from a hand-edited
         # record ended the heading there, the rest read as text

@@ -192,3 +192,16 @@ def test_a_device_or_session_holding_a_newline_stays_on_its_line(tmp_path):
     markdown = _section(tmp_path, records, tmp_path)
     assert "### cpu\\n## Injected" in markdown and "session s\\n1 (" in markdown
     assert not [line for line in markdown.splitlines() if line.startswith(("## Injected", "1 ("))]
+
+
+def test_the_latest_session_is_found_by_its_time_not_its_text(tmp_path):
+    """Break-it finding (h-breakC): the latest session of a device was the last by finished_at's text: a hand-edited
+    "yesterday" sorted after every date and hid the real latest session (now skipped and named: no time), and a
+    time in another zone, "2026-12-06T23:00:00-05:00" (04:00 UTC on the 7th), lost to "2026-12-07T01:00:00+00:00"."""
+    early = [{**_record("early", _case(T), {}), "finished_at": "2026-12-07T01:00:00+00:00"} for T in (32, 64)]
+    late = [{**_record("late", _case(T), {}), "finished_at": "2026-12-06T23:00:00-05:00"} for T in (32, 64)]
+    assert "session late (" in _section(tmp_path, [*late, *early], tmp_path)
+    bad = {**_record("bad", _case(128), {}), "run_id": "bad", "finished_at": "yesterday"}
+    markdown = _section(tmp_path, [*early, bad], tmp_path)
+    assert "session early (" in markdown
+    assert "record 'bad' skipped: no benchmark record (missing or mistyped: finished_at)" in markdown
