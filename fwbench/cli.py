@@ -146,7 +146,7 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
             launcher = f"torchrun, {context.world_size} processes, {context.backend}"
         print(
             f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} trained now, {summary['skipped']} "
-            f"already in {store.path}, {summary['diverged']} diverged, {summary['failed']} failed "
+            f"already in {_one_line(store.path)}, {summary['diverged']} diverged, {summary['failed']} failed "
             f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )
@@ -177,7 +177,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         path = render_report(args.results_dir, args.out)
     except VariantError as exc:
-        raise FwbenchError(f"{exc} (a record in {args.results_dir} names a variant this process does not know: "
+        raise FwbenchError(f"{exc} (a record in {_one_line(args.results_dir)} names a variant this process does not know: "
                            "if your own module registers it, pass --variant-module PATH_OR_MODULE)") from None
     print(f"report written to {path}")
     return 0
@@ -192,7 +192,8 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
         FwbenchError: no record in ``results_dir``'s runs.jsonl or bench.jsonl; where lines were
             skipped as corrupt, their number and the first one's place (PATH:LINE) are named; where
             records were skipped as no run record or no benchmark record (a field missing or mistyped),
-            their number, the first one's run id and its fields.
+            their number, the first one's run id and its fields; benchmark cases none of them measured (status
+            oom or skipped), their number.
     """
     from fwbench.analysis.records import run_record_faults
     from fwbench.bench.suite import BENCH_RECORDS
@@ -206,8 +207,10 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     # readable through, to a report of "no runs yet" in every section over the one in --out
     no_bench_record = [(record["run_id"], fields) for record in benches.records
                        if (fields := bench_record_faults(record))]
-    # a session's summary alone is no measurement: the speed section draws only cases ("bench" records)
-    measured = [record for record in benches.records if record.get("kind") == "bench" and not bench_record_faults(record)]
+    # a session's summary alone is no measurement: the speed section draws only cases ("bench" records), and of
+    # those only the measured ones (status ok): a store of oom or skipped cases drew an empty figure, no table
+    cases = [record for record in benches.records if record.get("kind") == "bench" and not bench_record_faults(record)]
+    measured = [record for record in cases if record["status"] == "ok"]
     if len(no_run_record) < len(runs.records) or measured:
         return
     summaries = [record for record in benches.records if record.get("kind") == SUMMARY_KIND and not bench_record_faults(record)]
@@ -225,6 +228,7 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
         f"{no_run_record[0][0]!r} (missing or mistyped: {', '.join(no_run_record[0][1])})" if no_run_record else "",
         f"; {len(no_bench_record)} record(s) skipped as no benchmark record, the first {bench_path}: record "
         f"{no_bench_record[0][0]!r} (missing or mistyped: {', '.join(no_bench_record[0][1])})" if no_bench_record else "",
+        f"; {len(cases)} benchmark case(s) in {bench_path}, none measured (status oom or skipped)" if cases else "",
         f"; {len(summaries)} session summary record(s) in {bench_path} but no measured case" if summaries else ""])
     raise FwbenchError(
         f"--results-dir: {str(results_dir)!r} holds no run records (no record in {RECORDS_FILE} or {BENCH_RECORDS}"
@@ -234,10 +238,10 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
 
 
 def _one_line(path: str | Path) -> str:
-    """``path`` as text for a one-line message: each character that is not printable (a newline, a tab, a lone
-    surrogate from bytes that are not UTF-8) escaped as ``repr`` escapes it ('\\n'), every other one as it is (a
-    space, ': ', 'é'), so that a plain path reads as it did."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
+    """``path`` as text for a one-line message (:func:`fwbench.errors.one_line`)."""
+    from fwbench.errors import one_line
+
+    return one_line(path)
 
 
 def _make_out_dir(out: str | Path) -> Path:

@@ -10,6 +10,13 @@ class FwbenchError(ValueError):
     """
 
 
+def one_line(path: object) -> str:
+    """``path`` (a path, or any text) for a one-line message: each character that is not printable (a newline, a
+    tab, a lone surrogate from bytes that are not UTF-8) escaped as ``repr`` escapes it ('\\n'), every other one
+    as it is (a space, ': ', 'é'), so that a plain path reads as it did and a message stays one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
+
+
 def refuse_empty_path(option: str, value: object, expected: str) -> None:
     """Refuse ``''`` for a path option (``--out "$UNSET"``): ``Path("")`` is the working directory, so
     records, reports or data would be written to, or read from, wherever the command was started.

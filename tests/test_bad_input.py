@@ -1612,6 +1612,17 @@ def _(ctx):
     return answer
 
 
+@row("C215")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to(directory)  # a link that loops: its target exists, and no directory can be made there
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
@@ -1685,6 +1696,17 @@ def _(ctx):
     """A records file that is a directory: the report's check of an empty store raised IsADirectoryError."""
     results, out = ctx.tmp_path / "R", ctx.tmp_path / "out"
     (results / "runs.jsonl").mkdir(parents=True)
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
+
+
+@row("C214")
+def _(ctx):
+    """A records file that is a link looping back to itself: read as no file, the store was called empty."""
+    results, out = ctx.tmp_path / "R", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("runs.jsonl")
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     assert not out.exists()
     return answer
@@ -1814,8 +1836,8 @@ def _(ctx):
         ctx.monkeypatch.setenv("PYTHONPATH", python_path)
         assert raised(FwbenchError, check_ray_resources, options).endswith(
             "expected directories whose names are UTF-8 (Ray cannot give its workers other bytes: each worker would "
-            "crash; run from a directory whose name is UTF-8, or give the entry as an absolute path through a link "
-            "(running from a link does not help: the working directory is read with its links resolved))")
+            "crash; run from a directory whose name is UTF-8: neither a link to it nor an absolute entry through one "
+            "helps (the working directory is read with its links resolved, and Ray sends it to its workers too))")
     ctx.monkeypatch.setenv("PYTHONPATH", ".")
     answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--results-dir", str(ctx.tmp_path / "r"))
     assert not (ctx.tmp_path / "r").exists()
@@ -1970,6 +1992,52 @@ def _(ctx):  # an "ok" bench record whose median_s is null: the time table raise
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
     return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
+@row("C212")
+def _(ctx):  # an "ok" bench record whose null median_s non_finite lists as 10**400: OverflowError restoring it
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "ok", "median_s": None}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    readable = _record("s", {**case, "T": 64, "median_s": 0.001}, {})
+    bad = {**_record("s", case, {}), "run_id": "x", "non_finite": {"median_s": 10**400}}
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps(bad) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
+@row("C213")
+def _(ctx):  # a bench record whose status is none fwbench bench writes: drawn nowhere, named nowhere
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "OK", "median_s": 0.002}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    readable = _record("s", {**case, "T": 64, "status": "ok", "median_s": 0.001}, {})
+    bad = {**_record("s", case, {}), "run_id": "x"}
+    (results / BENCH_RECORDS).write_text(json.dumps(readable) + "\n" + json.dumps(bad) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    skipped = [line for line in (out / "REPORT.md").read_text().splitlines() if "skipped: no benchmark" in line]
+    return f"{answer.split(':')[0]}; REPORT.md, under Benchmark records skipped: {skipped[0]}"
+
+
+@row("C216")
+def _(ctx):  # bench.jsonl of cases none measured (oom): the report drew an empty figure over --out
+    from fwbench.bench.suite import BENCH_RECORDS, FORWARD, _record
+
+    case = {"B": 1, "H": 2, "d_head": 8, "device": "cpu", "variant": "linear", "form": "chunk", "mode": FORWARD, "T": 32,
+            "status": "oom", "reason": "OutOfMemoryError: CUDA out of memory"}
+    results, out = ctx.tmp_path / "bench", ctx.tmp_path / "out"
+    results.mkdir()
+    (results / BENCH_RECORDS).write_text(json.dumps(_record("s", case, {})) + "\n")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
+    assert not out.exists()
+    return answer
 
 
 @row("C201")

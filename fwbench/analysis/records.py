@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from fwbench.errors import one_line
 from fwbench.run.strict_json import restore_non_finite
 
 #: Best eval loss at or below which a memory counts as retrieving (the capacity threshold).
@@ -207,7 +208,7 @@ def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[
     for record in records:
         wrong = run_record_faults(record)
         if wrong:
-            problems.append(f"{source}: record {record['run_id']!r} skipped: no run record "
+            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no run record "
                             f"(missing or mistyped: {', '.join(wrong)})")
         else:
             readable.append(record)

@@ -27,6 +27,7 @@ from datetime import datetime
 from fwbench.bench.estimate import CellEstimate, cell_key, cell_key_of, run_seconds
 from fwbench.bench.schedule import makespan
 from fwbench.bench.summary import markdown_cell
+from fwbench.errors import one_line
 from fwbench.run.grid import RunSpec
 
 
@@ -151,7 +152,8 @@ def _minutes(seconds: float) -> str:
 
 def format_comparison(parts: list[Comparison], whole: Comparison, jobs: int, results_dir: str) -> str:
     """The per-grid and total table of predicted against measured core and wall time."""
-    lines = [f"### Predicted vs measured ({results_dir}; ratio = measured / predicted)", "",
+    # the heading is one line: a --against holding a newline ended it there
+    lines = [f"### Predicted vs measured ({one_line(results_dir)}; ratio = measured / predicted)", "",
              "| grid | runs with records | predicted core-h | measured run-h (Σ wall_s) | ratio | steps ratio | "
              "s/step ratio | training s/step ratio | outside training steps: predicted / measured | "
              f"predicted wall (--jobs {jobs}) | measured wall (first start → last end) | ratio |",

@@ -18,7 +18,7 @@ import sys
 from fwbench.bench.estimate import estimate, format_estimate, measure_eval_seconds, measure_step_seconds, run_seconds
 from fwbench.bench.estimate_against import compare, format_cells, format_comparison, total
 from fwbench.bench.schedule import grids_wall_seconds
-from fwbench.errors import FwbenchError, refuse_empty_path
+from fwbench.errors import FwbenchError, one_line, refuse_empty_path
 from fwbench.run.environment import set_torch_threads, use_data_dir
 
 #: The grid name that stands for every grid ``fwbench reproduce`` runs.
@@ -111,18 +111,21 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     other line is named in a warning.
 
     Raises:
-        FwbenchError: it is empty (which would read the working directory) or holds no records file.
+        FwbenchError: it is empty (which would read the working directory) or holds no records file, or one
+            that cannot be read (:meth:`ResultsStore.load`).
     """
     from fwbench.analysis.records import is_of_kind
     from fwbench.run.store import ResultsStore
 
     refuse_empty_path("--against", results_dir, "a results directory that fwbench run wrote")
 
-    store = ResultsStore(results_dir)
+    store = ResultsStore(results_dir, option="--against")
+    # read first: a records file that is a directory or a link looping back to itself is named as it is
+    # (ResultsStore.load), not called missing
+    loaded = store.load()
     if not store.path.is_file():
         raise FwbenchError(f"--against: no records file {str(store.path)!r}; expected a results directory "
                            "that fwbench run wrote")
-    loaded = store.load()
     for problem in loaded.problems:
         print(f"fwbench: warning: {problem}", file=sys.stderr)
     readable = {}
@@ -133,7 +136,7 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
         wrong += [name for name, kind in OPTIONAL_COMPARED_FIELDS.items()
                   if record.get(name) is not None and not is_of_kind(record[name], kind)]
         if wrong:
-            print(f"fwbench: warning: {store.path}: record {record['run_id']!r} left out of the comparison "
+            print(f"fwbench: warning: {one_line(store.path)}: record {record['run_id']!r} left out of the comparison "
                   f"(missing or mistyped: {', '.join(wrong)})", file=sys.stderr)
         else:
             # summed as floats: each int within a float's range (is_of_kind), the sum of two of 308 digits was not,

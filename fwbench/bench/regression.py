@@ -33,9 +33,11 @@ lasts through all of them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
+import os
 import re
 import statistics
 import time
@@ -471,11 +473,32 @@ def _cut_slug(slug: str) -> str:
 
 
 _MOVE_THE_FILE, _MEND_THE_LINK = "move the file away", "create the link's target or remove the link"
+_BREAK_THE_LOOP = "remove the link or point it at a directory"
+
+
+def _link_chain(path: Path) -> list[str]:
+    """The targets of the links from ``path`` on, as each link names it, the last one no link (``path`` a link
+    that does not loop, :func:`_loops`)."""
+    hops, current = [], path
+    while current.is_symlink():
+        target = current.readlink()
+        hops.append(str(target))
+        current = target if target.is_absolute() else current.parent / target
+    return hops
+
+
+def _loops(path: Path) -> bool:
+    """Whether following the links of ``path`` never ends (``ln -s b a; ln -s a b``: ELOOP)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
 
 
 def _directory_fault(directory: Path) -> tuple[str, str] | None:
     """(why, what to do) where ``directory`` can be neither read as the baselines directory nor created by
-    ``--update-baseline`` (its ``mkdir(parents=True, exist_ok=True)``): a file; a link to nothing (no
+    ``--update-baseline`` (its ``mkdir(parents=True, exist_ok=True)``): a file; a link to nothing or one that loops (no
     directory, and none can be made there); a path under a file or under a link to nothing (one of its
     parents). None where it is a directory or can be made one. Each of these was called missing ("nothing is
     judged", advising ``--update-baseline``, which measured every case before failing to write)."""
@@ -484,7 +507,15 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
     for path in (directory, *directory.parents):
         if path.is_symlink() and not path.exists():
             where = "a link" if path == directory else f"a path under {path}, a link"
-            return f"{where} to {str(path.readlink())!r}, which does not exist", _MEND_THE_LINK
+            if _loops(path):
+                # its target exists (a link leading back): "which does not exist" and "create the link's
+                # target" were false, and mkdir on that target fails as the link did
+                return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
+            # a link to a link to nothing was 'a link to 'b', which does not exist': b exists, and 'create the
+            # link's target' there failed (mkdir b: it is a link); each link is named, to the missing end
+            chain = _link_chain(path)
+            return (f"{where} to {', a link to '.join(repr(hop) for hop in chain)}, which does not exist",
+                    _MEND_THE_LINK if len(chain) == 1 else f"create {chain[-1]!r} or remove the links")
         if path.exists():
             return None if path.is_dir() else (f"a path under {path}, a file", _MOVE_THE_FILE)
     return None

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 
 from fwbench.analysis.records import NUMBER, is_of_kind
-from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, OFFICIAL_SETTING2_STEPS_PER_S
+from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, MODES, OFFICIAL_SETTING2_STEPS_PER_S
+from fwbench.errors import one_line
 from fwbench.run.strict_json import restore_non_finite
 
 #: Records of this kind hold one session's side measurements and ratios.
@@ -44,14 +46,40 @@ BENCH_RECORD_FIELDS = {"session": str, "finished_at": str, "device": str, "statu
 OPTIONAL_BENCH_FIELDS = {"sweep": str, "median_s": NUMBER, "peak_mem_bytes": NUMBER, "gflops_per_s": NUMBER,
                          "chunk_size": int, "fraction_of_peak": NUMBER}
 
+#: The statuses ``fwbench bench`` gives a case (``suite._Runner``): measured, out of memory, not run.
+BENCH_STATUSES = ("ok", "oom", "skipped")
+
+#: The values a ``bench`` record's field may hold where the report draws only some (any other, "OK" or "Forward",
+#: was drawn in no table or figure, and named nowhere); ``sweep`` may also be absent or null (the main cases).
+BENCH_FIELD_VALUES = {"status": BENCH_STATUSES, "mode": MODES, "sweep": ("chunk_size",)}
+
+#: The sizes of a ``bench`` record, each a positive int64 as the report computes with it: a T of 2**1023 (json reads
+#: any number of digits) made the figure's O(T²) guide raise OverflowError, a traceback; 0 or -5 was drawn on a log axis.
+BENCH_SIZES = ("T", "B", "H", "d_head")
+
 #: The fields of each entry of a summary record's ``ratios`` (:func:`summary_record`); ``value`` may be null.
 RATIO_FIELDS = {"name": str, "value": NUMBER, "target": str, "verdict": str, "detail": str}
 
 
+def finished_instant(text: str) -> float | None:
+    """Seconds since the epoch of a record's ``finished_at`` (ISO 8601, as ``fwbench bench`` writes it, in UTC; one
+    without a zone is read as UTC); None where it is none."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    try:
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    except (OverflowError, ValueError):
+        return None
+
+
 def bench_record_faults(record: dict) -> list[str]:
     """The fields of a record (a parsed line of bench.jsonl) that make it no benchmark record the report can
-    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "median_s" for a
-    measured case, status "ok", without one); empty for one."""
+    read, missing or mistyped ("kind" for a record of another kind, "finished_at", "ratios"; "status", "mode",
+    "sweep" for a value not in :data:`BENCH_FIELD_VALUES`; a size of :data:`BENCH_SIZES` below 1 or
+    beyond an int64; a ``finished_at`` that is no ISO 8601 time; "median_s" for a measured case, status "ok", without
+    one); empty for one."""
     record = restore_non_finite(record)
     if record.get("kind") == SUMMARY_KIND:
         ratios = record.get("ratios")
@@ -63,9 +91,15 @@ def bench_record_faults(record: dict) -> list[str]:
         return wrong
     if record.get("kind") != "bench":
         return ["kind"]
-    wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)]
+    wrong = [name for name, kind in BENCH_RECORD_FIELDS.items() if not is_of_kind(record.get(name), kind)
+             # a status or mode of no case's ("OK", "Forward") was drawn nowhere, without a word
+             or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],))
+             or (name in BENCH_SIZES and not 1 <= record[name] < 2**63)
+             # the latest session is found by it: "yesterday" sorted after every date and hid the real latest one
+             or (name == "finished_at" and finished_instant(record[name]) is None)]
     wrong += [name for name, kind in OPTIONAL_BENCH_FIELDS.items()
-              if record.get(name) is not None and not is_of_kind(record[name], kind)]
+              if record.get(name) is not None and (not is_of_kind(record[name], kind)
+                                                   or record[name] not in BENCH_FIELD_VALUES.get(name, (record[name],)))]
     if record.get("status") == "ok" and "median_s" not in wrong and not is_of_kind(record.get("median_s"), NUMBER):
         # a measured case is its median (the suite writes one with every "ok"): without it, the time table
         # multiplied None (TypeError traceback), or, beside a measured T, wrote its cell "nan"
@@ -85,7 +119,7 @@ def readable_bench_records(records: list[dict], source: str | Path) -> tuple[lis
     for record in records:
         wrong = bench_record_faults(record)
         if wrong:
-            problems.append(f"{source}: record {record['run_id']!r} skipped: no benchmark record "
+            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no benchmark record "
                             f"(missing or mistyped: {', '.join(wrong)})")
         else:
             readable.append(restore_non_finite(record))

@@ -6,6 +6,8 @@ and shows the latest ``fwbench bench`` session of each device.
 
 from __future__ import annotations
 
+import hashlib
+import re
 from pathlib import Path
 
 import matplotlib
@@ -15,7 +17,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from fwbench.bench.suite import BENCH_RECORDS, FORWARD, FORWARD_BACKWARD, MODES  # noqa: E402
-from fwbench.bench.summary import SUMMARY_KIND, bench_frame, main_rows, readable_bench_records, time_table  # noqa: E402
+from fwbench.bench.summary import (  # noqa: E402
+    SUMMARY_KIND,
+    bench_frame,
+    finished_instant,
+    main_rows,
+    readable_bench_records,
+    time_table,
+)
+from fwbench.errors import one_line  # noqa: E402
 from fwbench.report.figure_style import save  # noqa: E402
 from fwbench.report.markdown import markdown_table  # noqa: E402
 from fwbench.run.store import ResultsStore  # noqa: E402
@@ -65,6 +75,21 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     return save(fig, path, rect=(0, 0, 0.8, 0.96))
 
 
+def _figure_name(device: object, taken: set[str]) -> str:
+    """The file name of ``device``'s figure, ``bench_cuda_0.png``, added to ``taken``: every character but a letter,
+    digit, '.', '_' or '-' written '_' (a device "cuda/0" from a hand-edited record wrote bench_cuda/0.png and linked
+    "0.png", a broken link; "NVIDIA H100" a link with spaces, which Markdown does not show), and 8 hex digits of a hash
+    of the device added where a character other than ':' was replaced or another device's figure took that name
+    ("cuda:0" and "cuda_0": one figure lost)."""
+    name = "bench_" + re.sub(r"[^A-Za-z0-9._-]", "_", str(device))
+    # a name as before for a device of those characters and ':' (cuda:0); any other replaced character, or a name
+    # taken, gets the hash, so that "cuda/0" never takes cuda:0's name whichever comes first
+    if f"{name}.png" in taken or re.search(r"[^A-Za-z0-9._:-]", str(device)):
+        name += "-" + hashlib.sha1(str(device).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    taken.add(f"{name}.png")
+    return f"{name}.png"
+
+
 def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     """Speed and memory: the latest ``fwbench bench`` session per device (figures, table, ratios)."""
     results_dir = frame.attrs.get("results_dir")
@@ -82,13 +107,19 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
                           "", *skipped_lines])
     summaries = {r["session"]: r for r in records if r.get("kind") == SUMMARY_KIND}
     lines = ["## Speed and memory", "", *skipped_lines]
-    latest = measured.sort_values("finished_at").groupby("device")["session"].last()
+    taken: set[str] = set()
+    # by the instant, not the text: "…T23:00:00-05:00" is later than "…T01:00:00+00:00" of the next day's date
+    measured["finished_s"] = measured["finished_at"].map(finished_instant)
+    latest = measured.sort_values("finished_s", kind="stable").groupby("device")["session"].last()
     for device, session in latest.items():
+        # a heading and a sentence of one line each: a device (or session) holding a newline from a hand-edited
+        # record ended the heading there, the rest read as text
+        device, session_shown = one_line(device), one_line(session)
         rows = main_rows(measured[measured["session"] == session])
         first = rows.iloc[0] if not rows.empty else measured[measured["session"] == session].iloc[0]
         where = (f"{device}, B={first['B']}, H={first['H']}, d_head={first['d_head']}, fp32, "
-                 f"session {session} ({first['finished_at'][:10]})")
-        name = f"bench_{str(device).replace(':', '_')}.png"
+                 f"session {session_shown} ({one_line(first['finished_at'][:10])})")
+        name = _figure_name(device, taken)
         figure = bench_figure(rows, out_dir / name, f"fwbench bench: {where}")
         lines += [f"### {device}", "", f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
                   "dashed: parallel; dotted: recurrent; dash-dot: anchors (torch SDPA, fla-core).", "",

@@ -44,7 +44,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, one_line
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
@@ -187,36 +187,38 @@ def load_grid(name_or_path: str | Path) -> Grid:
             names ``fwbench capacity``'s files), a bad variant spec, or a profile without runs.
     """
     path = grid_path(name_or_path)
+    # every message below names the grid on its one line: a file name holding a newline split it
+    shown = one_line(path)
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
-        raise FwbenchError(f"grid {path}: malformed TOML: {exc}") from None
+        raise FwbenchError(f"grid {shown}: malformed TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise FwbenchError(f"grid {path}: cannot read: {exc}") from None
+        raise FwbenchError(f"grid {shown}: cannot read: {exc}") from None
     unknown = set(data) - TOP_LEVEL_KEYS
     if unknown:
         raise FwbenchError(
-            f"grid {path}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}"
+            f"grid {shown}: unknown top-level key {sorted(unknown)[0]!r}; allowed: {', '.join(sorted(TOP_LEVEL_KEYS))}"
         )
     task = data.get("task")
     if task not in TASKS:
-        raise FwbenchError(f"grid {path}: task: got {task!r}; expected one of {', '.join(TASKS)}")
+        raise FwbenchError(f"grid {shown}: task: got {task!r}; expected one of {', '.join(TASKS)}")
     profiles = data.get("profiles")
     if not isinstance(profiles, dict) or not profiles:
-        raise FwbenchError(f"grid {path}: needs at least one [profiles.NAME] table")
+        raise FwbenchError(f"grid {shown}: needs at least one [profiles.NAME] table")
     defaults = data.get("defaults", {})
     if not isinstance(defaults, dict):
-        raise FwbenchError(f"grid {path}: [defaults] must be a table")
+        raise FwbenchError(f"grid {shown}: [defaults] must be a table")
     for profile, table in profiles.items():
         blocks = table if isinstance(table, list) and table else [table]
         if not all(isinstance(block, dict) for block in blocks):
             raise FwbenchError(
-                f"grid {path}: profiles.{profile}: got {table!r} ({type(table).__name__}); expected a table "
+                f"grid {shown}: profiles.{profile}: got {table!r} ({type(table).__name__}); expected a table "
                 f"[profiles.{profile}] of keys (or an array of tables [[profiles.{profile}]])"
             )
     for key in ("name", "description"):
         if key in data and not isinstance(data[key], str):
-            raise FwbenchError(f"grid {path}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
+            raise FwbenchError(f"grid {shown}: {key}: got {data[key]!r} ({type(data[key]).__name__}); expected str")
     name = data.get("name", path.stem)
     # the name names files: `fwbench capacity` writes OUT/NAME.csv and OUT/NAME.png, so "/tmp/x" or "../x"
     # wrote outside --out, "" wrote the hidden files .csv and .png.png, a NUL raised a traceback, and a
@@ -224,17 +226,17 @@ def load_grid(name_or_path: str | Path) -> Grid:
     # less the suffix) raised "File name too long" after every run had trained
     if name in ("", ".", "..") or any(c in name for c in "/\\") or not name.isprintable() \
             or len(name.encode("utf-8")) > GRID_NAME_MAX_BYTES:
-        raise FwbenchError(f"grid {path}: name: got {_shown(name)}; expected a name that is a file name: not empty, not "
+        raise FwbenchError(f"grid {shown}: name: got {_shown(name)}; expected a name that is a file name: not empty, not "
                            f"'.' or '..', without '/', '\\' or control characters, at most {GRID_NAME_MAX_BYTES} bytes "
                            "in UTF-8 (fwbench capacity writes NAME.csv and NAME.png into --out)")
     modules = data.get("variant_modules", [])
     if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
-        raise FwbenchError(f"grid {path}: variant_modules: got {modules!r}; expected a list of strings "
+        raise FwbenchError(f"grid {shown}: variant_modules: got {modules!r}; expected a list of strings "
                            "(paths to .py files relative to the grid file, or module names)")
     try:
         modules = import_variant_modules(modules, relative_to=path.resolve().parent)
     except VariantError as exc:
-        raise FwbenchError(f"grid {path}: {exc}") from None
+        raise FwbenchError(f"grid {shown}: {exc}") from None
     grid = Grid(name, task, data.get("description", ""), defaults, profiles, path, modules)
     notes = []
     for profile in profiles:

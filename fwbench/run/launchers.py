@@ -297,13 +297,19 @@ def check_ray_resources(options: LaunchOptions) -> None:
         fixes = []
         if entry_faults:
             fixes.append("rename the entry's directory" if cwd_faults else "rename the directory")
-        if cwd_faults:
-            fixes.append(f"run from a directory {_without(cwd_faults, plural=False)},")
         # a link to the working directory is no way round a fault it brings in: os.getcwd(), which the workers'
         # entries are joined to, names it without its links (cd through one, and the same '$' was refused again)
-        around = LINKED_ENTRY if cwd_faults else "reach it through a link"
+        around = " or " + LINKED_ENTRY if cwd_faults else " or reach it through a link"
+        if NOT_UTF8 in cwd_faults and "://" not in (address or ""):
+            # nor is an absolute entry through a link, here: Ray sends the working directory itself to its workers
+            # (ray_driver_directories), and the entry so given was refused next, as C188's working directory
+            fixes.append(f"run from a directory {_without(cwd_faults, plural=False)}")
+            around = (": neither a link to it nor an absolute entry through one helps (the working directory is read "
+                      "with its links resolved, and Ray sends it to its workers too)")
+        elif cwd_faults:
+            fixes.append(f"run from a directory {_without(cwd_faults, plural=False)},")
         raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
-                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)} or {around})")
+                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)}{around})")
     for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
         # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
         # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address

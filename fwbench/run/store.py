@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fwbench.errors import FwbenchError, refuse_empty_path
+from fwbench.errors import FwbenchError, one_line, refuse_empty_path
 from fwbench.run.strict_json import strict_dumps
 
 RECORDS_FILE = "runs.jsonl"
@@ -59,8 +59,10 @@ class ResultsStore:
             directory cannot be created or written.
     """
 
-    def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE):
-        refuse_empty_path("--results-dir", directory, "a directory path")
+    def __init__(self, directory: str | Path, records_file: str = RECORDS_FILE, *, option: str = "--results-dir"):
+        # option: the argument that named ``directory``, for the refusals of :meth:`load` (--against reads a store)
+        self.option = option
+        refuse_empty_path(option, directory, "a directory path")
         self.directory = Path(directory)
         self.path = self.directory / records_file
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
@@ -125,15 +127,38 @@ class ResultsStore:
         skipped and reported in ``problems`` as ``PATH:LINE: corrupt or truncated record skipped``.
 
         Raises:
-            FwbenchError: the records file exists but cannot be opened (a directory, no permission).
+            FwbenchError: the records file exists but cannot be opened (a directory, no permission, a link
+                that loops).
         """
-        if not self.path.exists():
+        if not self._records_file_exists():
             return LoadedRecords([])
         with self._locked(shared=True):
             return self._load_unlocked()
 
+    def _records_file_exists(self) -> bool:
+        """Whether the records file is there (a link to nothing is not: a write creates its target).
+
+        Raises:
+            FwbenchError: it cannot be looked at, a link that loops back to itself (``Path.exists`` says False
+                for it, and the report called such a store empty, "holds no run records", its bench.jsonl
+                "No benchmark records yet", without naming the link).
+        """
+        try:
+            os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except OSError as exc:
+            raise self._unreadable(exc) from None
+        return True
+
+    def _unreadable(self, exc: OSError) -> FwbenchError:
+        remedy = "remove the link or point it at the records file" if self.path.is_symlink() else \
+            "move the directory or file away"
+        return FwbenchError(f"{self.option}: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
+                            f"records, one JSON line each ({remedy})")
+
     def _load_unlocked(self) -> LoadedRecords:
-        if not self.path.exists():
+        if not self._records_file_exists():
             return LoadedRecords([])
         records: dict[str, dict] = {}
         problems, skipped_lines = [], []
@@ -142,8 +167,7 @@ class ResultsStore:
         except OSError as exc:
             # a records file that is a directory (mkdir -p R/runs.jsonl) or cannot be opened: fwbench report
             # ended in a traceback (IsADirectoryError) from its check of an empty store
-            raise FwbenchError(f"--results-dir: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
-                               "records, one JSON line each (move the directory or file away)") from None
+            raise self._unreadable(exc) from None
         with handle:
             for number, raw in enumerate(handle, start=1):
                 text = _line_text(raw, first=number == 1)
@@ -157,7 +181,7 @@ class ResultsStore:
                 # ValueError: an integer of more than 4300 digits (JSONDecodeError is one too); RecursionError:
                 # arrays nested past the recursion limit; both are lines that are not records, and raised a traceback
                 except (ValueError, RecursionError, KeyError, TypeError):
-                    problems.append(f"{self.path}:{number}: corrupt or truncated record skipped")
+                    problems.append(f"{one_line(self.path)}:{number}: corrupt or truncated record skipped")
                     skipped_lines.append(number)
                     continue
                 records[run_id] = record

@@ -21,6 +21,8 @@ import torch
 
 #: The record key listing the values written as ``null`` because they were NaN or infinite.
 NON_FINITE_KEY = "non_finite"
+#: What ``non_finite`` says a value was (``repr`` of the float): the only values it restores.
+NON_FINITE_VALUES = frozenset({"nan", "inf", "-inf"})
 
 
 def _replace_non_finite(value: Any, path: str, replaced: dict[str, str]) -> Any:
@@ -57,13 +59,17 @@ def restore_non_finite(record: dict[str, Any]) -> dict[str, Any]:
     back as the float it was (``nan``, ``inf``, ``-inf``), so that the analysis computes with an
     overflowed perplexity as it was measured (inf / inf is NaN, a ratio of null and null a TypeError
     traceback in ``fwbench report``). A path that no longer leads to a value, or leads to one that is not
-    null, is left as it is.
+    null, is left as it is; so is one whose listed value is not one this module writes (``"nan"``, ``"inf"``,
+    ``"-inf"``): a hand-edited ``non_finite`` of ``10**400`` raised OverflowError (a traceback in ``fwbench
+    report``), and one of ``"0.5"`` or ``true`` turned a value never measured into a finite number.
     """
     replaced = record.get(NON_FINITE_KEY)
     if not isinstance(replaced, dict) or not replaced:
         return record
     restored = json.loads(json.dumps(record))  # a deep copy: the caller's record is unchanged
     for path, value in replaced.items():
+        if not isinstance(value, str) or value not in NON_FINITE_VALUES:  # a list is unhashable
+            continue
         *parents, last = str(path).split(".")
         container: Any = restored
         try:

@@ -641,6 +641,50 @@ def test_a_baselines_directory_that_cannot_be_made_is_refused_in_one_line(tmp_pa
     assert not target.exists()
 
 
+@pytest.mark.parametrize("kind", ["link to itself", "two links to each other", "under a looping link"])
+def test_a_baselines_directory_that_is_a_looping_link_is_told_so(tmp_path, kind):
+    """Break-it finding (h-breakC): results/baselines a link that loops (``ln -s baselines baselines``, or two links
+    to each other) was refused as "a link to 'baselines', which does not exist" advising "create the link's target"
+    (it exists: it is the link, and mkdir there fails as the gate did). It is called a loop, to be removed."""
+    link = tmp_path / ("results" if kind == "under a looping link" else "baselines")
+    if kind == "two links to each other":
+        (tmp_path / "other").symlink_to(link)
+        link.symlink_to(tmp_path / "other")
+        target = tmp_path / "other"
+    else:
+        link.symlink_to(link)
+        target = link
+    directory = tmp_path / "results" / "baselines" if kind == "under a looping link" else link
+    where = "a link" if link == directory else f"a path under {link}, a link"
+    expected = (f"baseline directory {directory}: got {where} to {str(target)!r}, which leads back to it (a loop); "
+                "expected the directory of the baseline files (perf_baseline*.json), or no such path (remove the link or "
+                "point it at a directory)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    if kind == "link to itself":
+        done = _gate(tmp_path, directory, "--update-baseline")
+        assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
+
+
+def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_link(tmp_path):
+    """Break-it finding (h-breakC): results/baselines -> b -> gone was refused as "a link to 'b', which does not exist",
+    advising "create the link's target": b exists (a link), and mkdir b fails. Each link is named, to the missing end."""
+    (tmp_path / "b").symlink_to(tmp_path / "gone")
+    directory = tmp_path / "baselines"
+    directory.symlink_to(tmp_path / "b")
+    expected = (f"baseline directory {directory}: got a link to {str(tmp_path / 'b')!r}, a link to "
+                f"{str(tmp_path / 'gone')!r}, which does not exist; expected the directory of the baseline files "
+                f"(perf_baseline*.json), or no such path (create {str(tmp_path / 'gone')!r} or remove the links)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not

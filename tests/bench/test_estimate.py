@@ -400,3 +400,43 @@ def test_against_sums_integers_whose_sum_is_beyond_a_float(tmp_path, monkeypatch
     (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
     assert "| total | 4 of 4 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["directory", "link looping back"])
+def test_against_a_records_file_it_cannot_read_is_named_as_it_is_before_any_timing(tmp_path, capsys, kind):
+    """Break-it finding (h-breakC): --against R whose runs.jsonl is a directory, or a link looping back to itself, was
+    told "no records file 'R/runs.jsonl'" (the file is there, unreadable); it is named as ResultsStore.load names it,
+    under --against, before any step is timed."""
+    path = tmp_path / "grid.toml"
+    path.write_text(AGAINST_GRID)
+    records = tmp_path / "results" / "runs.jsonl"
+    if kind == "directory":
+        records.mkdir(parents=True)
+    else:
+        records.parent.mkdir()
+        records.symlink_to("runs.jsonl")
+    why, remedy = (("Is a directory", "move the directory or file away") if kind == "directory" else
+                   ("Too many levels of symbolic links", "remove the link or point it at the records file"))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(records.parent)]) == 2
+    assert capsys.readouterr().err == (f"fwbench: error: --against: cannot read {str(records)!r}: {why}; expected a "
+                                       f"file of records, one JSON line each ({remedy})\n")
+
+
+def test_against_a_directory_holding_a_newline_is_named_on_the_headings_one_line(tmp_path, monkeypatch, capsys):
+    """Break-it finding (h-breakC): --against $'R\\nnew' ended the comparison's heading there
+    ('### Predicted vs measured (R' / 'new; ratio = ...)'); it is written escaped, as C205's places are."""
+    import json
+
+    import fwbench.bench.estimate_command as command
+
+    monkeypatch.setattr(command, "measure_step_seconds", lambda spec, steps: 0.01)
+    monkeypatch.setattr(command, "measure_eval_seconds", lambda spec: (0.5, 0.0))
+    path = tmp_path / "grid.toml"
+    path.write_text(AGAINST_GRID)
+    results = tmp_path / "R\nnew"
+    results.mkdir()
+    lines = [{"run_id": spec.run_id, "status": "plateau", "steps": 100, "wall_s": 3.0}
+             for spec in expand(load_grid(path), "quick")]
+    (results / "runs.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert main(["estimate", str(path), "--profile", "quick", "--against", str(results)]) == 0
+    assert f"### Predicted vs measured ({tmp_path}/R\\nnew; ratio = measured / predicted)" in capsys.readouterr().out

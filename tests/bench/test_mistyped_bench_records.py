@@ -42,6 +42,17 @@ MISTYPED = [
     # a measured case ("ok") without its median: beside a measured T its cell read "nan", alone a TypeError
     (lambda r: {**r, "median_s": None}, "median_s"),
     (lambda r: _without(r, "median_s"), "median_s"),
+    # a status no case has (fwbench bench writes ok, oom, skipped): drawn nowhere and named nowhere (h-breakC)
+    (lambda r: {**r, "status": "OK"}, "status"),
+    (lambda r: {**r, "status": "done"}, "status"),
+    # the same kind in the other fields of a set of values: a mode or sweep of none drawn
+    (lambda r: {**r, "mode": "Forward"}, "mode"),
+    (lambda r: {**r, "sweep": "chunk"}, "sweep"),
+    # a size the report cannot draw: T 2**1023 (308 digits) raised OverflowError in the figure's O(T²) guide, a
+    # traceback; T 0 was drawn on a log axis (h-breakC)
+    (lambda r: {**r, "T": 2**1023}, "T"),
+    (lambda r: {**r, "T": 0}, "T"),
+    (lambda r: {**r, "B": -1}, "B"),
 ]
 
 
@@ -133,3 +144,64 @@ def test_a_store_of_a_session_summary_alone_is_refused(tmp_path, capsys):
     (tmp_path / BENCH_RECORDS).write_text(json.dumps(summary_record("s1", {}, [], {})) + "\n"
                                           + json.dumps(_readable()[0]) + "\n")
     assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+
+
+@pytest.mark.parametrize("status", ["oom", "skipped"])
+def test_a_store_of_cases_none_measured_is_refused(tmp_path, capsys, status):
+    """Break-it finding (h-breakC): bench.jsonl whose cases all ran out of memory (or were skipped), no runs.jsonl,
+    passed the empty-store check, and the report over --out drew an empty figure and no table: the speed section
+    draws measured cases (status ok) only. It is refused as a session's summary alone is."""
+    from fwbench.cli import main
+
+    cases = [{k: v for k, v in {**r, "status": status, "reason": "x"}.items() if k != "median_s"} for r in _readable()]
+    (tmp_path / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in cases))
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2
+    assert (f"(no record in runs.jsonl or bench.jsonl; 2 benchmark case(s) in {tmp_path / BENCH_RECORDS}, none measured "
+            f"(status oom or skipped)); ") in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    # beside one measured case it is drawn as before
+    (tmp_path / BENCH_RECORDS).write_text("".join(json.dumps(r) + "\n" for r in [*cases, _record("s2", _case(32), {})]))
+    assert main(["report", "--results-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 0
+
+
+def test_each_devices_figure_is_linked_by_a_name_that_is_its_file(tmp_path):
+    """Break-it finding (h-breakC): a figure was named after its device with ':' written '_' only: a device "cuda/0"
+    (a hand-edited record, another tool's JSON) wrote bench_cuda/0.png and linked "0.png", a broken link; "NVIDIA
+    H100" a link with spaces, which Markdown does not show as an image; "cuda:0" and "cuda_0" one file, the first
+    figure overwritten. Each link is now a file of its own in --out, with no space."""
+    import re
+
+    devices = ["cuda:0", "cuda_0", "cuda/0", "NVIDIA H100"]
+    records = [_record(f"s{i}", {**_case(32), "device": device}, {}) for i, device in enumerate(devices)]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    links = dict(re.findall(r"!\[benchmark (.+)\]\((.+)\)", markdown))
+    assert sorted(links) == sorted(devices)
+    assert len(set(links.values())) == len(devices)
+    for name in links.values():
+        assert " " not in name and "/" not in name and (out / name).is_file(), name
+    assert links["cuda:0"] == "bench_cuda_0.png"  # a name as before where it was one
+
+
+def test_a_device_or_session_holding_a_newline_stays_on_its_line(tmp_path):
+    """Break-it finding (h-breakC): a device "cpu\\n## Injected" (or a session holding a newline) ended the section's
+    '### device' heading and its sentence there, the rest read as a heading of its own; each is written escaped."""
+    records = [_record("s\n1", {**_case(T), "device": "cpu\n## Injected"}, {}) for T in (32, 64)]
+    markdown = _section(tmp_path, records, tmp_path)
+    assert "### cpu\\n## Injected" in markdown and "session s\\n1 (" in markdown
+    assert not [line for line in markdown.splitlines() if line.startswith(("## Injected", "1 ("))]
+
+
+def test_the_latest_session_is_found_by_its_time_not_its_text(tmp_path):
+    """Break-it finding (h-breakC): the latest session of a device was the last by finished_at's text: a hand-edited
+    "yesterday" sorted after every date and hid the real latest session (now skipped and named: no time), and a
+    time in another zone, "2026-12-06T23:00:00-05:00" (04:00 UTC on the 7th), lost to "2026-12-07T01:00:00+00:00"."""
+    early = [{**_record("early", _case(T), {}), "finished_at": "2026-12-07T01:00:00+00:00"} for T in (32, 64)]
+    late = [{**_record("late", _case(T), {}), "finished_at": "2026-12-06T23:00:00-05:00"} for T in (32, 64)]
+    assert "session late (" in _section(tmp_path, [*late, *early], tmp_path)
+    bad = {**_record("bad", _case(128), {}), "run_id": "bad", "finished_at": "yesterday"}
+    markdown = _section(tmp_path, [*early, bad], tmp_path)
+    assert "session early (" in markdown
+    assert "record 'bad' skipped: no benchmark record (missing or mistyped: finished_at)" in markdown

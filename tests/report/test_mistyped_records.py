@@ -234,6 +234,24 @@ def test_a_records_file_that_is_a_directory_is_refused_in_one_line(tmp_path, cap
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("records_file", ["runs.jsonl", "bench.jsonl"])
+def test_a_records_file_that_is_a_link_looping_back_is_refused_in_one_line(tmp_path, capsys, records_file):
+    """Break-it finding (h-breakC): R/runs.jsonl a link that loops (``ln -s runs.jsonl R/runs.jsonl``) was read as no
+    file (Path.exists says False for it): ``fwbench report`` called the store empty ("holds no run records"), and a
+    bench.jsonl so made, beside a readable runs.jsonl, was drawn as "No benchmark records yet", without a word. Each
+    is named in one line, as C204 names a directory, before --out is made."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "runs.jsonl").write_text(json.dumps(run_record("retrieval")) + "\n")
+    (results / records_file).unlink(missing_ok=True)
+    (results / records_file).symlink_to(records_file)
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot read {str(results / records_file)!r}: Too many levels of symbolic "
+        "links; expected a file of records, one JSON line each (remove the link or point it at the records file)\n")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
@@ -247,3 +265,36 @@ def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, 
     shown = f"{tmp_path}/{repr(name)[1:-1]}/runs.jsonl"
     assert err.count("\n") == 1 and err.startswith(f"fwbench: error: --results-dir: {str(results)!r} holds no run ")
     assert f"the first {shown}:1; 1 record(s) skipped as no run record, the first {shown}: record 'x' (" in err
+
+
+def test_every_line_naming_a_path_that_holds_a_newline_stays_one_line(tmp_path, capsys):
+    """Break-it finding (h-breakC), the kind of C205 beyond the empty store: a --results-dir (or grid file) whose name
+    holds a newline split other one-line messages in two, 'a record in R' / 'new names a variant ...' (the refusal
+    of a variant this process does not know), 'grid g' / 'rid.toml: malformed TOML', and the store's skipped lines
+    and records, in warnings and in REPORT.md's lists. Each path is written escaped, 'R\\nnew'."""
+    from fwbench.bench.suite import BENCH_RECORDS
+
+    results = tmp_path / "R\nnew"
+    results.mkdir()
+    unknown = run_record("retrieval", run_id="u")
+    unknown["variant"]["spec"] = "nosuch"
+    (results / "runs.jsonl").write_text(json.dumps(unknown) + "\n")
+    capsys.readouterr()
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"(a record in {tmp_path}/R\\nnew names a variant" in err
+    grid = tmp_path / "g\nrid.toml"
+    grid.write_text("name = [")
+    assert main(["run", str(grid), "--results-dir", str(tmp_path / "r")]) == 2
+    assert capsys.readouterr().err == (f"fwbench: error: grid {tmp_path}/g\\nrid.toml: malformed TOML: Invalid value "
+                                       "(at end of document)\n")
+    (results / "runs.jsonl").write_text(json.dumps(run_record("retrieval")) + "\nnot json\n"
+                                        + json.dumps(changed("retrieval", "seed", "1")) + "\n")
+    (results / BENCH_RECORDS).write_text('{"run_id": "b"}\n')
+    assert main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 0
+    report = (tmp_path / "out" / "REPORT.md").read_text()
+    for line in (f"{tmp_path}/R\\nnew/runs.jsonl:2: corrupt or truncated record skipped",
+                 f"{tmp_path}/R\\nnew/runs.jsonl: record 'retrieval:seed' skipped: no run record",
+                 f"{tmp_path}/R\\nnew/bench.jsonl: record 'b' skipped: no benchmark record (missing or mistyped: kind)"):
+        assert line in report, line
+    assert not [line for line in report.splitlines() if line.startswith(("new/runs.jsonl", "new/bench.jsonl"))]

@@ -11,6 +11,8 @@ import json
 import math
 from dataclasses import asdict
 
+import pytest
+
 from fwbench.analysis.records import records_frame
 from fwbench.report.render import render_report
 from fwbench.run.store import ResultsStore
@@ -77,3 +79,23 @@ def test_the_report_renders_a_store_whose_perplexities_overflowed(tmp_path):
     assert report.is_file() and "## " in report.read_text()
     frame = records_frame(ResultsStore(tmp_path / "results").records())
     assert list(frame["val_ppl"]) == [INF, INF]
+
+
+@pytest.mark.parametrize("listed", [10**400, "0.5", True, [1], None, "NaN "], ids=["400 digits", "0.5", "true", "list",
+                                                                             "null", "padded"])
+def test_a_non_finite_entry_that_is_no_value_fwbench_writes_leaves_the_null(listed):
+    """Break-it finding (h-breakC): ``non_finite`` lists "nan", "inf" or "-inf" (``repr`` of the float); a hand-edited
+    10**400 there raised OverflowError (a traceback in ``fwbench report``, runs.jsonl and bench.jsonl alike), and
+    "0.5" or true made the null a measured 0.5 or 1.0. Only the three values are restored; the rest stays null."""
+    record = {"run_id": "r", "metrics": {"val_ppl": None}, "non_finite": {"metrics.val_ppl": listed}}
+    assert restore_non_finite(record)["metrics"]["val_ppl"] is None
+
+
+def test_a_store_whose_non_finite_lists_a_400_digit_int_is_reported(tmp_path):
+    """The same record in runs.jsonl: ``fwbench report`` raised OverflowError; now the report is written."""
+    results = tmp_path / "results"
+    results.mkdir()
+    record = sanitize_record(overflowed_lm_record("linear"))
+    record["non_finite"]["metrics.val_ppl"] = 10**400
+    (results / "runs.jsonl").write_text(json.dumps(record) + "\n")
+    assert render_report(results, tmp_path / "out").is_file()

@@ -49,6 +49,9 @@ UTF8_WHY = "Ray cannot give its workers other bytes: each worker would crash"
 LINKED = ("give the entry as an absolute path through a link (running from a link does not help: the working "
           "directory is read with its links resolved)")
 COLON_WHY = f"a {os.pathsep!r} in an entry splits it in two"
+#: a working directory whose name is not UTF-8 has no way round: Ray sends it to its workers itself (C188)
+NO_WAY_ROUND = ("neither a link to it nor an absolute entry through one helps (the working directory is read with its "
+                "links resolved, and Ray sends it to its workers too)")
 
 
 def directory(tmp_path, name: bytes):
@@ -79,10 +82,10 @@ COMBINATIONS = {
     "absolute entry not UTF-8, with a trailing '/'": (b"plain", os.fsdecode(b"/abs/x\xffy/"), None,
                                                        "whose names are UTF-8", UTF8_WHY, "rename the directory or"),
     "working directory not UTF-8": (b"n\xffu", ".", ".", "whose names are UTF-8", UTF8_WHY,
-                                    "run from a directory whose name is UTF-8, or"),
+                                    "run from a directory whose name is UTF-8:"),
     "entry '$', working directory not UTF-8": (
         b"n\xffu", "lib$x", "lib$x", "without '$' and whose names are UTF-8", f"{DOLLAR_WHY}; {UTF8_WHY}",
-        "rename the entry's directory and run from a directory whose name is UTF-8, or"),
+        "rename the entry's directory and run from a directory whose name is UTF-8:"),
     "entry not UTF-8, working directory '$'": (
         b"a$b", os.fsdecode(b"x\xffy"), os.fsdecode(b"x\xffy"), "without '$' and whose names are UTF-8",
         f"{DOLLAR_WHY}; {UTF8_WHY}", "rename the entry's directory and run from a directory without '$', or"),
@@ -106,8 +109,9 @@ def test_the_advice_names_every_cause_of_a_refused_entry_and_only_those(case, tm
     monkeypatch.setenv("PYTHONPATH", python_path)
     whose = "" if from_cwd is None else (f", whose entry {from_cwd!r} is {os.path.normpath(os.path.join(cwd, from_cwd))!r} "
                                          "from this working directory")
+    around = "reach it through a link" if from_cwd is None else NO_WAY_ROUND if advice.endswith(":") else LINKED
     assert refusal() == (f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
-                         f"{without} ({why}; {advice} {'reach it through a link' if from_cwd is None else LINKED})")
+                         f"{without} ({why}; {advice} {around})")
 
 
 @pytest.mark.parametrize("python_path", ["../lib", f"/abs/lib{os.pathsep}.."])
@@ -133,3 +137,25 @@ def test_the_way_round_a_working_directorys_fault_is_one_that_works(tmp_path, mo
     assert refusal().endswith(f"; run from a directory without '$', or {LINKED})")
     monkeypatch.setenv("PYTHONPATH", str(link / "lib"))  # what the advice says: accepted
     check_ray_resources(OPTIONS)
+
+
+def test_a_working_directory_not_utf8_is_given_no_way_round_that_is_refused_next(tmp_path, monkeypatch):
+    """Break-it finding (h-breakC): '.' run from a directory whose name is not UTF-8 was told "... or give the entry as
+    an absolute path through a link"; followed (PYTHONPATH=/x/link, the link to it), the check refused the working
+    directory itself next (C188: Ray sends it to its workers), so the advice was no way round. It is not offered
+    (but with a Ray client's address, ray://, whose driver sends none: there it works and is still given)."""
+    where = directory(tmp_path, b"n\xffu")
+    link = tmp_path / "plain"
+    link.symlink_to(where)
+    monkeypatch.chdir(where)
+    monkeypatch.setenv("PYTHONPATH", ".")
+    assert refusal().endswith(f"run from a directory whose name is UTF-8: {NO_WAY_ROUND})")
+    monkeypatch.setenv("PYTHONPATH", str(link))  # what the old advice said: refused all the same
+    assert refusal().startswith("the working directory: got ")
+    client = LaunchOptions(launcher="ray", device="cpu", ray_address="ray://host:10001")
+    monkeypatch.setenv("PYTHONPATH", ".")
+    with pytest.raises(FwbenchError) as caught:
+        check_ray_resources(client)
+    assert str(caught.value).endswith(f"run from a directory whose name is UTF-8, or {LINKED})")
+    monkeypatch.setenv("PYTHONPATH", str(link))
+    check_ray_resources(client)
