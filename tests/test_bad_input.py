@@ -2194,6 +2194,32 @@ def _(ctx):
     return answer
 
 
+@row("C217")
+def _(ctx):
+    """The numbers of the Ray resource messages were written with :g (the bound a local instance holds) or repr (the
+    request, where :g was not the same number): an instance of 1234567 CPUs read "expected at most 1.23457e+06", a
+    bound above the refused request, which read "got 1234568.0"; 5e-324 read "got 4.94066e-324"."""
+    from fwbench.run.launchers import LaunchOptions, check_fits_local_ray, check_ray_resources
+
+    ctx.monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ctx.monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert "--gpus-per-run: got 3; expected at most 2.5, the GPUs" in raised(
+        FwbenchError, check_fits_local_ray, LaunchOptions(launcher="ray", gpus_per_run=3.0), {"GPU": 2.5})
+    assert "--cpus-per-run: got 100000; expected at most 2, the CPUs" in raised(  # :g's form where it is as short
+        FwbenchError, check_fits_local_ray, LaunchOptions(launcher="ray", cpus_per_run=1e5), {"CPU": 2})
+    for cpus, shown in ((5e-324, "5e-324"), (1e-300, "1e-300"), (1e16, "1e+16")):
+        assert f"--cpus-per-run: got {shown}; expected a number in [0.0001," in raised(
+            FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cpu", cpus_per_run=cpus))
+    for gpus, shown in ((123456789.123, "123456789.123"), (1.0000000000000002, "1.0000000000000002")):
+        assert f"--gpus-per-run: got {shown}; expected a fraction" in raised(
+            FwbenchError, check_ray_resources, LaunchOptions(launcher="ray", device="cuda", gpus_per_run=gpus,
+                                                             ray_address="10.0.0.1:6379"))
+    answer = cli(ctx, "run", "capacity", "--launcher", "ray", "--ray-num-cpus", "1234567", "--cpus-per-run", "1234568",
+                 "--results-dir", str(ctx.tmp_path / "r"))
+    assert not (ctx.tmp_path / "r").exists()
+    return answer
+
+
 @row("C118")
 def _(ctx):
     ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", "~nosuchuser-fwbench/data")

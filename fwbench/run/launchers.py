@@ -184,10 +184,15 @@ def _import_ray():
 
 
 def _as_given(value: float) -> str:
-    """``value`` as short as ``:g`` writes it where that is the same number, else every digit (``repr``): ``:g``
-    keeps six, so a refused 2.0000000001 GPUs read "got 2", a value the same message accepts."""
-    short = f"{value:g}"
-    return short if float(short) == value else repr(value)
+    """``value`` (a float or an int) in the ``:g`` style with as few digits as still read back as the same number:
+    ``:g`` keeps six, so a refused 2.0000000001 GPUs read "got 2", a value the same message accepts, and an
+    instance of 1234567 CPUs "at most 1.23457e+06", more than it holds; ``repr`` where it is shorter, as for
+    5e-324 (``:g``: 4.94066e-324, the same number). Returns 2, 1.5, 100000, 2.0000000001, 1234568, 5e-324, 1e+16."""
+    for digits in range(6, 18):  # from :g's six (100000, not 1e+05); 17 significant digits write any double exactly
+        short = f"{value:.{digits}g}"
+        if float(short) == value:
+            return min(short, repr(value), key=len)
+    return repr(value)  # nan, or an int beyond a double's 17 digits
 
 
 def check_ray_resources(options: LaunchOptions) -> None:
@@ -354,7 +359,7 @@ def check_fits_local_ray(options: LaunchOptions, resources: dict[str, float]) ->
                              ("--gpus-per-run", "GPU", options.gpus_per_run)):
         held = resources.get(key, math.inf)
         if value > held:
-            raise FwbenchError(f"{name}: got {_as_given(value)}; expected at most {held:g}, the {key}s of the local Ray "
+            raise FwbenchError(f"{name}: got {_as_given(value)}; expected at most {_as_given(held)}, the {key}s of the local Ray "
                                "instance "
                                "(no run could ever be scheduled; lower it, or start the instance with more)")
 

@@ -49,8 +49,9 @@ def _progress_bar(total: int, quiet: bool):
 
 
 def record_counts(store: ResultsStore) -> Counter:
-    """How many records ``store`` holds of each run id (any status), for :func:`settled_elsewhere`."""
-    return Counter(record["run_id"] for record in store.records())
+    """How many records ``store`` holds of each run id (any status, every line: a run retried after a failed
+    record has several), for :func:`settled_elsewhere`."""
+    return store.load().counts
 
 
 def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
@@ -62,10 +63,11 @@ def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
     one sweep and its failure went unreported; a failed record already stored when the driver started is
     retried, as ever.
     """
-    records = store.records()
-    counts = Counter(record["run_id"] for record in records)
-    return ({record["run_id"] for record in records if record.get("status") != "failed"}
-            | {run_id for run_id, count in counts.items() if count > read[run_id]})
+    loaded = store.load()
+    # counted over every line, not over load's records (one per run id, the last): a run that had a failed
+    # record before the read and was tried again elsewhere since, and failed again, read as one record as before
+    return ({record["run_id"] for record in loaded.records if record.get("status") != "failed"}
+            | {run_id for run_id, count in loaded.counts.items() if count > read[run_id]})
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:

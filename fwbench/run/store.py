@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class LoadedRecords:
     #: the number (from 1) of each line that could not be parsed, in the order of ``problems``: a caller that
     #: names a line reads it here, not back out of the message (whose path may hold ": ")
     skipped_lines: list[int] = field(default_factory=list)
+    #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
+    #: last), so a run tried again after a failed record reads there as one record, however many lines it has
+    counts: Counter = field(default_factory=Counter)
 
 
 class ResultsStore:
@@ -161,6 +165,7 @@ class ResultsStore:
         if not self._records_file_exists():
             return LoadedRecords([])
         records: dict[str, dict] = {}
+        counts: Counter = Counter()
         problems, skipped_lines = [], []
         try:
             handle = open(self.path, "rb")
@@ -185,7 +190,8 @@ class ResultsStore:
                     skipped_lines.append(number)
                     continue
                 records[run_id] = record
-        return LoadedRecords(list(records.values()), problems, skipped_lines)
+                counts[run_id] += 1
+        return LoadedRecords(list(records.values()), problems, skipped_lines, counts)
 
     def records(self) -> list[dict]:
         return self.load().records

@@ -8,6 +8,7 @@ One Ray instance for the file, started in a private temporary directory and stop
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -228,4 +229,37 @@ def test_a_torchrun_group_does_not_train_again_a_run_another_process_stored_as_f
     store = StoredByAnotherAfterTheRead(tmp_path / "r", specs[1].run_id, "failed")
     summary = runner.run_grid_distributed(specs, store, Alone(0, 0, 1, "gloo"), device=None, quiet=True)
     assert trained == [specs[0].run_id, specs[2].run_id]
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+
+
+@pytest.mark.parametrize("status", ["failed", "ok"])
+@pytest.mark.parametrize("launcher", ["serial", "jobs", "ray", "torchrun"])
+def test_a_run_failed_before_the_read_and_stored_again_elsewhere_since_is_not_trained_again(
+        launcher, status, tmp_path, request, monkeypatch):
+    """A run with a failed record from before this driver's read, tried again by another process since: the store's
+    records keep one record per run id (the last), so counting them read two records of it as one, as at the read,
+    and the run was trained a third time in this sweep ({'skipped': 0, 'ran': 3}, three lines of it)."""
+    from fwbench.run import runner
+    from fwbench.run.distributed import DistributedContext
+
+    (tmp_path / "g.toml").write_text(tiny_retrieval_grid("again", slow_max_steps=20))
+    specs = expand(load_grid(tmp_path / "g.toml"), "quick")[:3]
+    retried = specs[1].run_id
+    ResultsStore(tmp_path / "r").append({"run_id": retried, "status": "failed", "stored_by": "an earlier command"})
+    store = StoredByAnotherAfterTheRead(tmp_path / "r", retried, status)
+    if launcher == "torchrun":
+        class Alone(DistributedContext):
+            def broadcast(self, value):
+                return value
+
+        def fake_execute(spec, *args, **kwargs):
+            return {"run_id": spec.run_id, "status": "ok"}
+
+        monkeypatch.setattr(runner, "execute", fake_execute)
+        summary = runner.run_grid_distributed(specs, store, Alone(0, 0, 1, "gloo"), device=None, quiet=True)
+    else:
+        summary = run_grid(specs, store, options_for(launcher, request), quiet=True, pack=False)
+    lines = [json.loads(line) for line in (store.path).read_text().splitlines()]
+    assert [line.get("stored_by") for line in lines if line["run_id"] == retried] == ["an earlier command", "another"]
+    assert len(lines) == 4
     assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}

@@ -6,6 +6,7 @@ Needs Ray (`pip install 'fwbench[ray]'`); skipped without it, since the default 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -51,16 +52,74 @@ def test_a_ray_record_names_the_drivers_command_line_not_the_workers(tmp_path, m
 
 
 def _kill_ray_processes_of(temp_dir: str) -> None:
-    """SIGKILL the processes of the Ray instance kept in ``temp_dir`` (its GCS, raylet and workers name their
-    session directory there), not every Ray process of the machine as ``ray stop --force`` would: another
-    user's instance, or a test run beside this one, is left alone."""
+    """SIGKILL the processes of the Ray instance kept in ``temp_dir`` and wait (10 s at most) until they are gone,
+    not every Ray process of the machine as ``ray stop --force`` would: another user's instance, or a test run
+    beside this one, is left alone. Its GCS and raylet name their session directory there; its workers do not
+    (Ray sets their title to ``ray::<task>``, which replaces their command line) but were given
+    ``RAY_TMPDIR=temp_dir`` by the driver that started them, which is how they are found."""
     psutil = pytest.importorskip("psutil")
-    for process in psutil.process_iter(["cmdline"]):
+    ours = []
+    for process in psutil.process_iter(["cmdline", "environ"]):
         try:
-            if any(temp_dir in part for part in process.info["cmdline"] or ()):
+            named = any(re.search(f"{re.escape(temp_dir)}(/|$)", part) for part in process.info["cmdline"] or ())
+            if named or (process.info["environ"] or {}).get("RAY_TMPDIR") == temp_dir:
                 process.kill()
+                ours.append(process)
         except psutil.Error:  # gone already, or not ours to read
             pass
+    psutil.wait_procs(ours, timeout=10)
+
+
+#: A driver whose two tasks each hold a worker of the instance (its RAY_TMPDIR's) until killed.
+SLEEPING_DRIVER = """
+import time, ray
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+refs = [ray.remote(lambda: time.sleep(600)).remote() for _ in range(2)]
+print("submitted", flush=True)
+ray.get(refs)
+"""
+
+
+@pytest.mark.slow
+def test_the_processes_of_a_killed_drivers_ray_instance_are_killed_and_no_one_elses():
+    """_kill_ray_processes_of killed the processes whose command line names the instance's directory: its workers,
+    titled ray::<task> (Ray overwrites their command line), were left running a task of the killed driver beside the
+    next one (they quit by themselves only later, once they noticed their raylet gone)."""
+    psutil = pytest.importorskip("psutil")
+    temp_dir = tempfile.mkdtemp(prefix="fwray-", dir="/tmp")
+    sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+    # a process of another instance in a directory whose name begins with this one's, and one with another RAY_TMPDIR
+    others = [subprocess.Popen([*sleep, f"{temp_dir}x/session"]),
+              subprocess.Popen(sleep, env={**os.environ, "RAY_TMPDIR": f"{temp_dir}x"})]
+    driver = subprocess.Popen([sys.executable, "-c", SLEEPING_DRIVER], start_new_session=True, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={**os.environ, "RAY_TMPDIR": temp_dir})
+
+    def instance() -> list[str]:
+        alive = []
+        for process in psutil.process_iter(["cmdline", "environ", "status"]):
+            if process.info["status"] == psutil.STATUS_ZOMBIE:
+                continue
+            command = " ".join(process.info["cmdline"] or ())
+            if f"{temp_dir}/" in command or (process.info["environ"] or {}).get("RAY_TMPDIR") == temp_dir:
+                alive.append(command)
+        return alive
+
+    try:
+        assert driver.stdout.readline().strip() == "submitted"
+        deadline = time.monotonic() + 60
+        while sum(command.startswith("ray::") for command in instance()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the two tasks' workers started
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        _kill_ray_processes_of(temp_dir)
+        assert instance() == []
+        assert all(other.poll() is None for other in others)
+    finally:
+        _kill_ray_processes_of(temp_dir)
+        for other in others:
+            other.kill()
+            other.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
