@@ -205,3 +205,24 @@ def test_the_latest_session_is_found_by_its_time_not_its_text(tmp_path):
     markdown = _section(tmp_path, [*early, bad], tmp_path)
     assert "session early (" in markdown
     assert "record 'bad' skipped: no benchmark record (missing or mistyped: finished_at)" in markdown
+
+
+@pytest.mark.parametrize("devices", [["CPU", "cpu"], ["a\nb", "a\\nb"], ["x" * 300], ["cuda_0", "cuda:0", "bench"]],
+                         ids=["case only", "written alike", "300 characters", "cuda_0 first"])
+def test_each_devices_figure_is_a_file_of_its_own_on_any_file_system(tmp_path, devices):
+    """Break-it finding (h-breakE): devices "CPU" and "cpu" were given bench_CPU.png and bench_cpu.png, one file on a
+    case-insensitive file system (macOS's, Windows'), the first figure overwritten; "a\\nb" holding a newline and
+    "a\\\\nb" were named after their one-line form, alike, and wrote one file; a device of 300 characters raised
+    OSError 'File name too long', a traceback. Each figure is now a file of its own, names told apart without case,
+    of at most 255 bytes."""
+    import re
+
+    records = [_record(f"s{i}", {**_case(32), "device": device}, {}) for i, device in enumerate(devices)]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    names = re.findall(r"!\[benchmark .+\]\((.+)\)", markdown)
+    assert len(names) == len(devices)
+    assert len({name.casefold() for name in names}) == len(devices), names
+    for name in names:
+        assert len(name.encode()) <= 255 and (out / name).is_file(), name
