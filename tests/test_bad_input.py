@@ -1712,6 +1712,17 @@ def _(ctx):
     return answer
 
 
+@row("C222")
+def _(ctx):
+    """A results directory that is a link looping back to itself: the advice named R/runs.jsonl, neither a directory nor a
+    file, and left the link as it was."""
+    results = ctx.tmp_path / "R"
+    results.symlink_to("R")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert results.is_symlink() and not (ctx.tmp_path / "runs.jsonl").exists()
+    return answer
+
+
 @row("C205")
 def _(ctx):
     """A --results-dir holding a newline: the refusal's places split its one line in two."""

@@ -39,6 +39,20 @@ CLAIMS_FILE = "claims.lock"
 TORN_FILE = "runs.jsonl.torn"
 
 
+def looping_link(path: Path) -> Path | None:
+    """The first of ``path`` and the directories above it, from the root down, that is a link whose links never end
+    (``ln -s R R``, or two links to each other: ELOOP); None where none is."""
+    for candidate in (*reversed(path.parents), path):
+        try:
+            os.stat(candidate)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and candidate.is_symlink():
+                return candidate
+            if exc.errno != errno.ELOOP:
+                return None  # a missing or unreadable path: nothing below it is reached through a loop
+    return None
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -71,6 +85,13 @@ class ResultsStore:
         self._claims_fd: int | None = None
 
     def _ensure_writable(self) -> None:
+        loop = looping_link(self.directory)
+        if loop is not None:
+            # mkdir said 'File exists' (the link), which no directory named by --results-dir can mend
+            where = "" if loop == self.directory else f" under {str(loop)!r},"
+            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link that leads back to itself "
+                               "(a loop); expected a directory (or a new path) (remove the link or point it at a "
+                               "directory)")
         if self.directory.exists() and not self.directory.is_dir():
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
@@ -152,8 +173,15 @@ class ResultsStore:
         return True
 
     def _unreadable(self, exc: OSError) -> FwbenchError:
-        remedy = "remove the link or point it at the records file" if self.path.is_symlink() else \
-            "move the directory or file away"
+        loop = None if self.path.is_symlink() else looping_link(self.directory)
+        if loop is not None:
+            # the results directory (or a directory above it) loops, not the records file: 'move the directory or
+            # file away' named R/runs.jsonl, which is neither, and left the link as it was
+            remedy = f"{str(loop)!r} is a link that leads back to itself (a loop): remove it or point it at a directory"
+        elif self.path.is_symlink():
+            remedy = "remove the link or point it at the records file"
+        else:
+            remedy = "move the directory or file away"
         return FwbenchError(f"{self.option}: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
                             f"records, one JSON line each ({remedy})")
 

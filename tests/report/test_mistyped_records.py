@@ -252,6 +252,29 @@ def test_a_records_file_that_is_a_link_looping_back_is_refused_in_one_line(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("command", ["run", "estimate", "bench"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
+    """Break-it finding (h-breakE): --results-dir R a link that loops (``ln -s R R``; or R/x/y under such a link):
+    ``fwbench run`` and ``estimate --against`` said "cannot read 'R/runs.jsonl': Too many levels of symbolic links; ...
+    (move the directory or file away)", R/runs.jsonl being neither, and ``fwbench bench`` "cannot create 'R': File
+    exists"; each now names the looping link and how to mend it, before anything is written."""
+    loop = tmp_path / "R"
+    loop.symlink_to("R")
+    results = loop / "x" / "y" if under else loop
+    grid = tmp_path / "grid.toml"
+    grid.write_text('name = "one"\ntask = "retrieval"\n[defaults]\neval_every = 2\nmax_steps = 2\n'
+                    '[profiles.quick]\nvariant = "linear"\nS = 3\nseed = 1\n')
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "move the directory or file away" not in err and "File exists" not in err, err
+    assert f"{str(loop)!r}" in err and "leads back to itself (a loop)" in err and "point it at a directory" in err, err
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
