@@ -106,6 +106,20 @@ def _figure_name(device: object, taken: set[str]) -> str:
     return chosen
 
 
+def _measured_none(measured: pd.DataFrame, session: str, alone: bool) -> str:
+    """The sentence saying that ``session``, a device's latest, measured no case of the section's tables (each
+    status counted, status ok being the chunk-size sweep's), and that no earlier session did either (``alone``)
+    or that the latest one that did is drawn."""
+    rows = measured[measured["session"] == session]
+    counts = rows["status"].value_counts(sort=False)
+    said = ", ".join(f"{count} {'ok in the chunk-size sweep only' if status == 'ok' else status}"
+                     for status, count in counts.items())
+    first = rows.iloc[0]
+    return (f"The latest session, {one_line(session)} ({one_line(first['finished_at'][:10])}), measured no case "
+            f"({said}); " + ("no session of this device measured one." if alone else
+                             "the latest session that measured one is drawn."))
+
+
 def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     """Speed and memory: the latest ``fwbench bench`` session per device (figures, table, ratios)."""
     results_dir = frame.attrs.get("results_dir")
@@ -126,8 +140,17 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     taken: set[str] = set()
     # by the instant, not the text: "…T23:00:00-05:00" is later than "…T01:00:00+00:00" of the next day's date
     measured["finished_s"] = measured["finished_at"].map(finished_instant)
-    latest = measured.sort_values("finished_s", kind="stable").groupby("device")["session"].last()
-    for device, session in latest.items():
+    ordered = measured.sort_values("finished_s", kind="stable")
+    latest = ordered.groupby("device")["session"].last()
+    # the latest session that measured a case is drawn: a later one of none (every case out of memory) was drawn as
+    # an empty figure with no table and no word, and hid the device's measured session before it
+    drawn = main_rows(ordered).groupby("device")["session"].last()
+    for device, latest_session in latest.items():
+        session = drawn.get(device)
+        unmeasured = [] if session == latest_session else [_measured_none(measured, latest_session, session is None)]
+        if session is None:
+            lines += [f"### {one_line(device)}", "", *unmeasured, ""]
+            continue
         # the figure is named after the device as recorded: named after its one-line form, two devices written
         # alike ("a\\nb" and one holding a newline) wrote one file
         name = _figure_name(device, taken)
@@ -135,11 +158,12 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
         # record ended the heading there, the rest read as text
         device, session_shown = one_line(device), one_line(session)
         rows = main_rows(measured[measured["session"] == session])
-        first = rows.iloc[0] if not rows.empty else measured[measured["session"] == session].iloc[0]
+        first = rows.iloc[0]
         where = (f"{device}, B={first['B']}, H={first['H']}, d_head={first['d_head']}, fp32, "
                  f"session {session_shown} ({one_line(first['finished_at'][:10])})")
         figure = bench_figure(rows, out_dir / name, f"fwbench bench: {where}")
-        lines += [f"### {device}", "", f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
+        lines += [f"### {device}", "", *([unmeasured[0], ""] if unmeasured else []),
+                  f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
                   "dashed: parallel; dotted: recurrent; dash-dot: anchors (torch SDPA, fla-core).", "",
                   f"![benchmark {device}]({figure.name})", ""]
         for mode in (FORWARD, FORWARD_BACKWARD):
