@@ -1590,6 +1590,18 @@ def _(ctx):
     return raised(ValueError, choose_baseline, "AMD EPYC", ctx.tmp_path)
 
 
+@row("C223")
+def _(ctx):  # results/baselines a link to a file: "move the file away", followed, left a link to nothing (C203)
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    (ctx.tmp_path / "notes.txt").write_text("not a directory\n")
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to("notes.txt")
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C196")
 def _(ctx):
     from fwbench.bench.regression import baseline_path_for, judged_baseline

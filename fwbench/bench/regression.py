@@ -505,7 +505,7 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
     parents). None where it is a directory or can be made one. Each of these was called missing ("nothing is
     judged", advising ``--update-baseline``, which measured every case before failing to write)."""
     if directory.exists():
-        return None if directory.is_dir() else ("a file, not a directory", _MOVE_THE_FILE)
+        return None if directory.is_dir() else _file_fault(directory, "")
     for path in (directory, *directory.parents):
         if path.is_symlink() and not path.exists():
             where = "a link" if path == directory else f"a path under {path}, a link"
@@ -521,8 +521,17 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
             return (f"{where} to {', a link to '.join(repr(hop) for hop in chain)}, which does not exist",
                     _MEND_THE_LINK if len(chain) == 1 else f"create {end!r} or remove the links")
         if path.exists():
-            return None if path.is_dir() else (f"a path under {path}, a file", _MOVE_THE_FILE)
+            return None if path.is_dir() else _file_fault(path, f"a path under {path}, ")
     return None
+
+
+def _file_fault(path: Path, where: str) -> tuple[str, str]:
+    """(why, what to do) for ``path``, a file where a directory is wanted (``where`` says how it is reached): a link to
+    a file is named as one, and advised to be removed: "move the file away", followed, left a link to nothing,
+    refused next (C203)."""
+    if path.is_symlink():
+        return f"{where}a link to {str(path.readlink())!r}, a file, not a directory", _BREAK_THE_LOOP
+    return (f"{where}a file" if where else "a file, not a directory"), _MOVE_THE_FILE
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:

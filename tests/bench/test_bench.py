@@ -704,6 +704,23 @@ def test_a_chain_of_relative_links_to_nothing_advises_the_path_that_mends_it(tmp
     assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
 
 
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, under):
+    """Break-it finding (h-breakE): results/baselines a link to a file (or a path under such a link) was refused as "a
+    file, not a directory" advising "move the file away": followed, the link led to nothing, refused next (C203).
+    The link is named, and removing it, as advised, lets the gate go on."""
+    (tmp_path / "notes.txt").write_text("not a directory")
+    link = tmp_path / "baselines"
+    link.symlink_to("notes.txt")
+    directory = link / "cpu" if under else link
+    with pytest.raises(ValueError) as caught:
+        baseline_path_for(NO_BASELINE_CPU, directory)
+    assert "a link to 'notes.txt', a file, not a directory" in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith("(remove the link or point it at a directory)"), str(caught.value)
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not
