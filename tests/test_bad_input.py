@@ -1735,6 +1735,17 @@ def _(ctx):
     return answer
 
 
+@row("C224")
+def _(ctx):
+    """A records file that is a link into a missing directory: the refusal named R/runs.jsonl, R being there."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("../nodir/x.jsonl")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
 @row("C205")
 def _(ctx):
     """A --results-dir holding a newline: the refusal's places split its one line in two."""

@@ -113,7 +113,7 @@ class ResultsStore:
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
             except OSError as exc:
-                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+                raise self._unwritable(exc) from None
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
@@ -185,6 +185,17 @@ class ResultsStore:
         return FwbenchError(f"{self.option}: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
                             f"records, one JSON line each ({remedy})")
 
+    def _unwritable(self, exc: OSError) -> FwbenchError:
+        """The refusal of a records file that cannot be opened for appending. A records file that is a link to nothing
+        is written through (a run creates its target); where the target's directory is missing, the error said only
+        "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its target are named."""
+        if self.path.is_symlink() and not self.path.exists() and exc.errno == errno.ENOENT:
+            target = Path(os.path.realpath(self.path))
+            return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}, a link to {str(self.path.readlink())!r}: "
+                                f"{exc.strerror}; expected a records file or a link to one that can be made (create "
+                                f"{str(target.parent)!r} or point the link elsewhere)")
+        return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}")
+
     def _load_unlocked(self) -> LoadedRecords:
         if not self._records_file_exists():
             return LoadedRecords([])
@@ -239,7 +250,7 @@ class ResultsStore:
                 self._set_aside_torn_tail()
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+                raise self._unwritable(exc) from None
             try:
                 size_before = os.fstat(fd).st_size
                 try:

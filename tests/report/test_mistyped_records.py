@@ -252,6 +252,32 @@ def test_a_records_file_that_is_a_link_looping_back_is_refused_in_one_line(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+#: A grid of one retrieval run of two steps, for the refusals of ``fwbench run``'s store.
+TINY_GRID = ('name = "one"\ntask = "retrieval"\n[defaults]\neval_every = 2\nmax_steps = 2\n[profiles.quick]\n'
+             'variant = "linear"\nS = 3\nseed = 1\n')
+
+
+def test_a_records_file_linked_into_a_missing_directory_names_the_link(tmp_path, capsys):
+    """Break-it finding (h-breakE): R/runs.jsonl a link to ../nodir/x.jsonl (a link to nothing, which a run writes
+    through, its target's directory missing): ``fwbench run`` said "cannot write 'R/runs.jsonl': No such file or
+    directory", R being there, and no remedy. The link and its target's directory are named; the advice followed,
+    the run writes its record through the link."""
+    results = tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("../nodir/x.jsonl")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot write {str(results / 'runs.jsonl')!r}, a link to '../nodir/x.jsonl': "
+        "No such file or directory; expected a records file or a link to one that can be made (create "
+        f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)\n")
+    (tmp_path / "nodir").mkdir()  # the advice followed
+    assert main(argv) == 0
+    assert len((tmp_path / "nodir" / "x.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("command", ["run", "estimate", "bench"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
@@ -263,8 +289,7 @@ def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys,
     loop.symlink_to("R")
     results = loop / "x" / "y" if under else loop
     grid = tmp_path / "grid.toml"
-    grid.write_text('name = "one"\ntask = "retrieval"\n[defaults]\neval_every = 2\nmax_steps = 2\n'
-                    '[profiles.quick]\nvariant = "linear"\nS = 3\nseed = 1\n')
+    grid.write_text(TINY_GRID)
     argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
             "estimate": ["estimate", str(grid), "--against", str(results)],
             "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
