@@ -1746,6 +1746,16 @@ def _(ctx):
     return answer
 
 
+@row("C225")
+def _(ctx):
+    """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""
+    results = ctx.tmp_path / "R"
+    results.symlink_to("gone")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "gone").exists()
+    return answer
+
+
 @row("C205")
 def _(ctx):
     """A --results-dir holding a newline: the refusal's places split its one line in two."""

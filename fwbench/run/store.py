@@ -96,6 +96,14 @@ class ResultsStore:
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
             )
+        for candidate in (*reversed(self.directory.parents), self.directory):
+            if candidate.is_symlink() and not candidate.exists():
+                # mkdir said 'File exists' (the link): a directory is made at a link's target, not in its place
+                where = "" if candidate == self.directory else f" under {str(candidate)!r},"
+                target = os.path.realpath(candidate)
+                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to "
+                                   f"{str(candidate.readlink())!r}, which does not exist; expected a directory (or a "
+                                   f"new path) (create {target!r} or remove the link)")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

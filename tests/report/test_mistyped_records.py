@@ -278,6 +278,30 @@ def test_a_records_file_linked_into_a_missing_directory_names_the_link(tmp_path,
     assert len((tmp_path / "nodir" / "x.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_that_is_a_link_to_nothing_is_told_so(tmp_path, capsys, command, under):
+    """Break-it finding (h-breakE): --results-dir R a link to nothing (``ln -s gone R``; or R/x under it): ``fwbench
+    run`` and ``fwbench bench`` said "cannot create 'R': File exists" (mkdir meets the link). The link is named with
+    the directory to create; the advice followed, the run stores its record."""
+    link = tmp_path / "R"
+    link.symlink_to("gone")
+    results = link / "x" if under else link
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    assert main(argv) == 2
+    under_text = f" under {str(link)!r}," if under else ""
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(results)!r},{under_text} a link to 'gone', which does not exist; "
+        f"expected a directory (or a new path) (create {str(tmp_path / 'gone')!r} or remove the link)\n")
+    if command == "run":
+        (tmp_path / "gone").mkdir()  # the advice followed
+        assert main(argv) == 0 and (results / "runs.jsonl").is_file()
+
+
 @pytest.mark.parametrize("command", ["run", "estimate", "bench"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
