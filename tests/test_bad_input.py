@@ -1590,6 +1590,18 @@ def _(ctx):
     return raised(ValueError, choose_baseline, "AMD EPYC", ctx.tmp_path)
 
 
+@row("C223")
+def _(ctx):  # results/baselines a link to a file: "move the file away", followed, left a link to nothing (C203)
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    (ctx.tmp_path / "notes.txt").write_text("not a directory\n")
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to("notes.txt")
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C196")
 def _(ctx):
     from fwbench.bench.regression import baseline_path_for, judged_baseline
@@ -1709,6 +1721,38 @@ def _(ctx):
     (results / "runs.jsonl").symlink_to("runs.jsonl")
     answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(out))
     assert not out.exists()
+    return answer
+
+
+@row("C222")
+def _(ctx):
+    """A results directory that is a link looping back to itself: the advice named R/runs.jsonl, neither a directory nor a
+    file, and left the link as it was."""
+    results = ctx.tmp_path / "R"
+    results.symlink_to("R")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert results.is_symlink() and not (ctx.tmp_path / "runs.jsonl").exists()
+    return answer
+
+
+@row("C224")
+def _(ctx):
+    """A records file that is a link into a missing directory: the refusal named R/runs.jsonl, R being there."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("../nodir/x.jsonl")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
+@row("C225")
+def _(ctx):
+    """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""
+    results = ctx.tmp_path / "R"
+    results.symlink_to("gone")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "gone").exists()
     return answer
 
 

@@ -476,15 +476,17 @@ _MOVE_THE_FILE, _MEND_THE_LINK = "move the file away", "create the link's target
 _BREAK_THE_LOOP = "remove the link or point it at a directory"
 
 
-def _link_chain(path: Path) -> list[str]:
-    """The targets of the links from ``path`` on, as each link names it, the last one no link (``path`` a link
-    that does not loop, :func:`_loops`)."""
+def _link_chain(path: Path) -> tuple[list[str], str]:
+    """(the targets of the links from ``path`` on, as each link names it, the last one no link; the path of that last
+    one as a command run anywhere reaches it: a relative target is read from its link's directory, ``ls -l``'s
+    'gone' in results/ is results/gone). ``path`` is a link that does not loop (:func:`_loops`)."""
     hops, current = [], path
     while current.is_symlink():
         target = current.readlink()
         hops.append(str(target))
-        current = target if target.is_absolute() else current.parent / target
-    return hops
+        # the link's directory with its own links resolved, so that '..' in a target climbs from where it lives
+        current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+    return hops, os.path.normpath(current)
 
 
 def _loops(path: Path) -> bool:
@@ -503,7 +505,7 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
     parents). None where it is a directory or can be made one. Each of these was called missing ("nothing is
     judged", advising ``--update-baseline``, which measured every case before failing to write)."""
     if directory.exists():
-        return None if directory.is_dir() else ("a file, not a directory", _MOVE_THE_FILE)
+        return None if directory.is_dir() else _file_fault(directory, "")
     for path in (directory, *directory.parents):
         if path.is_symlink() and not path.exists():
             where = "a link" if path == directory else f"a path under {path}, a link"
@@ -513,12 +515,23 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
                 return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
             # a link to a link to nothing was 'a link to 'b', which does not exist': b exists, and 'create the
             # link's target' there failed (mkdir b: it is a link); each link is named, to the missing end
-            chain = _link_chain(path)
+            # the path to create is named as reached from anywhere: 'create 'gone'' for results/b -> gone, run
+            # in the repository's root, made ./gone, and the links still led to nothing
+            chain, end = _link_chain(path)
             return (f"{where} to {', a link to '.join(repr(hop) for hop in chain)}, which does not exist",
-                    _MEND_THE_LINK if len(chain) == 1 else f"create {chain[-1]!r} or remove the links")
+                    _MEND_THE_LINK if len(chain) == 1 else f"create {end!r} or remove the links")
         if path.exists():
-            return None if path.is_dir() else (f"a path under {path}, a file", _MOVE_THE_FILE)
+            return None if path.is_dir() else _file_fault(path, f"a path under {path}, ")
     return None
+
+
+def _file_fault(path: Path, where: str) -> tuple[str, str]:
+    """(why, what to do) for ``path``, a file where a directory is wanted (``where`` says how it is reached): a link to
+    a file is named as one, and advised to be removed: "move the file away", followed, left a link to nothing,
+    refused next (C203)."""
+    if path.is_symlink():
+        return f"{where}a link to {str(path.readlink())!r}, a file, not a directory", _BREAK_THE_LOOP
+    return (f"{where}a file" if where else "a file, not a directory"), _MOVE_THE_FILE
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:

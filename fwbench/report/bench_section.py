@@ -75,19 +75,49 @@ def bench_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     return save(fig, path, rect=(0, 0, 0.8, 0.96))
 
 
+#: The most characters of a device a figure's name keeps (a file name has at most 255 bytes on most file systems);
+#: a longer device is cut and told apart by its hash.
+_DEVICE_NAME_MAX = 100
+
+
 def _figure_name(device: object, taken: set[str]) -> str:
-    """The file name of ``device``'s figure, ``bench_cuda_0.png``, added to ``taken``: every character but a letter,
-    digit, '.', '_' or '-' written '_' (a device "cuda/0" from a hand-edited record wrote bench_cuda/0.png and linked
-    "0.png", a broken link; "NVIDIA H100" a link with spaces, which Markdown does not show), and 8 hex digits of a hash
-    of the device added where a character other than ':' was replaced or another device's figure took that name
-    ("cuda:0" and "cuda_0": one figure lost)."""
-    name = "bench_" + re.sub(r"[^A-Za-z0-9._-]", "_", str(device))
-    # a name as before for a device of those characters and ':' (cuda:0); any other replaced character, or a name
-    # taken, gets the hash, so that "cuda/0" never takes cuda:0's name whichever comes first
-    if f"{name}.png" in taken or re.search(r"[^A-Za-z0-9._:-]", str(device)):
-        name += "-" + hashlib.sha1(str(device).encode("utf-8", "surrogatepass")).hexdigest()[:8]
-    taken.add(f"{name}.png")
-    return f"{name}.png"
+    """The file name of ``device``'s figure, ``bench_cuda_0.png``; ``taken`` holds the names given so far, case-folded,
+    and gets this one. Every character but a letter, digit, '.', '_' or '-' is written '_' (a device "cuda/0" from a
+    hand-edited record wrote bench_cuda/0.png and linked "0.png", a broken link; "NVIDIA H100" a link with spaces,
+    which Markdown does not show), and 8 hex digits of a hash of the device are added where a character other than
+    ':' was replaced, the device is longer than :data:`_DEVICE_NAME_MAX` (a 300-character device raised OSError 'File
+    name too long', a traceback), or the name is taken, compared without case ("cuda:0" and "cuda_0": one figure
+    lost; "CPU" and "cpu" are one file on a case-insensitive file system, macOS's or Windows'); a counter follows
+    where the hashed name is taken too (two devices that differ only where the hash's input is equal never occur,
+    but a device may spell out another's hashed name)."""
+    text = str(device)
+    name = "bench_" + re.sub(r"[^A-Za-z0-9._-]", "_", text[:_DEVICE_NAME_MAX])
+    hashed = f"{name}-{hashlib.sha1(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
+    # a name as before for a device of those characters and ':' (cuda:0); any other, so that "cuda/0" never takes
+    # cuda:0's name whichever comes first
+    plain = not re.search(r"[^A-Za-z0-9._:-]", text) and len(text) <= _DEVICE_NAME_MAX
+    candidates = ([f"{name}.png"] if plain else []) + [f"{hashed}.png"]
+    counter = 2
+    while all(candidate.casefold() in taken for candidate in candidates):
+        candidates.append(f"{hashed}-{counter}.png")
+        counter += 1
+    chosen = next(candidate for candidate in candidates if candidate.casefold() not in taken)
+    taken.add(chosen.casefold())
+    return chosen
+
+
+def _measured_none(measured: pd.DataFrame, session: str, alone: bool) -> str:
+    """The sentence saying that ``session``, a device's latest, measured no case of the section's tables (each
+    status counted, status ok being the chunk-size sweep's), and that no earlier session did either (``alone``)
+    or that the latest one that did is drawn."""
+    rows = measured[measured["session"] == session]
+    counts = rows["status"].value_counts(sort=False)
+    said = ", ".join(f"{count} {'ok in the chunk-size sweep only' if status == 'ok' else status}"
+                     for status, count in counts.items())
+    first = rows.iloc[0]
+    return (f"The latest session, {one_line(session)} ({one_line(first['finished_at'][:10])}), measured no case "
+            f"({said}); " + ("no session of this device measured one." if alone else
+                             "the latest session that measured one is drawn."))
 
 
 def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
@@ -110,18 +140,30 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     taken: set[str] = set()
     # by the instant, not the text: "…T23:00:00-05:00" is later than "…T01:00:00+00:00" of the next day's date
     measured["finished_s"] = measured["finished_at"].map(finished_instant)
-    latest = measured.sort_values("finished_s", kind="stable").groupby("device")["session"].last()
-    for device, session in latest.items():
+    ordered = measured.sort_values("finished_s", kind="stable")
+    latest = ordered.groupby("device")["session"].last()
+    # the latest session that measured a case is drawn: a later one of none (every case out of memory) was drawn as
+    # an empty figure with no table and no word, and hid the device's measured session before it
+    drawn = main_rows(ordered).groupby("device")["session"].last()
+    for device, latest_session in latest.items():
+        session = drawn.get(device)
+        unmeasured = [] if session == latest_session else [_measured_none(measured, latest_session, session is None)]
+        if session is None:
+            lines += [f"### {one_line(device)}", "", *unmeasured, ""]
+            continue
+        # the figure is named after the device as recorded: named after its one-line form, two devices written
+        # alike ("a\\nb" and one holding a newline) wrote one file
+        name = _figure_name(device, taken)
         # a heading and a sentence of one line each: a device (or session) holding a newline from a hand-edited
         # record ended the heading there, the rest read as text
         device, session_shown = one_line(device), one_line(session)
         rows = main_rows(measured[measured["session"] == session])
-        first = rows.iloc[0] if not rows.empty else measured[measured["session"] == session].iloc[0]
+        first = rows.iloc[0]
         where = (f"{device}, B={first['B']}, H={first['H']}, d_head={first['d_head']}, fp32, "
                  f"session {session_shown} ({one_line(first['finished_at'][:10])})")
-        name = _figure_name(device, taken)
         figure = bench_figure(rows, out_dir / name, f"fwbench bench: {where}")
-        lines += [f"### {device}", "", f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
+        lines += [f"### {device}", "", *([unmeasured[0], ""] if unmeasured else []),
+                  f"Median wall time and peak memory against T ({where}). Solid: chunk form; "
                   "dashed: parallel; dotted: recurrent; dash-dot: anchors (torch SDPA, fla-core).", "",
                   f"![benchmark {device}]({figure.name})", ""]
         for mode in (FORWARD, FORWARD_BACKWARD):

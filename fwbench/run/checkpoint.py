@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, one_line
 
 #: Bump when the checkpoint layout changes; older files are then refused with a clear message.
 #: 2: the retrieval model stores W_k and W_β as their one-hot and embedding blocks.
@@ -76,14 +76,16 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",
     path = Path(path)
     if not path.is_file():
         return None
+    # each refusal names the path by one_line: one holding a newline (a results directory $'R\nnew', --checkpoint
+    # $'c\nk.pt') split the one-line error in two
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises many types for a damaged file
         first_line = (str(exc).strip().splitlines() or [""])[0]
         raise FwbenchError(
-            f"checkpoint {path}: cannot be read ({type(exc).__name__}: {first_line}); {remedy}"
+            f"checkpoint {one_line(path)}: cannot be read ({type(exc).__name__}: {first_line}); {remedy}"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise FwbenchError(f"checkpoint {path}: format {got!r}, expected {CHECKPOINT_FORMAT}; {remedy}")
+        raise FwbenchError(f"checkpoint {one_line(path)}: format {got!r}, expected {CHECKPOINT_FORMAT}; {remedy}")
     return payload

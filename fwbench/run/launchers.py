@@ -313,8 +313,13 @@ def check_ray_resources(options: LaunchOptions) -> None:
                       "with its links resolved, and Ray sends it to its workers too)")
         elif cwd_faults:
             fixes.append(f"run from a directory {_without(cwd_faults, plural=False)},")
+        # an absolute entry run from a working directory not UTF-8: the entry's own fixes, followed, met the working
+        # directory's refusal next (Ray sends it to its workers, C188); that is named here too
+        also = ("; and run from a directory whose name is UTF-8: Ray sends the working directory to its workers "
+                "too, and cannot send other bytes") if (not cwd_faults and not _is_utf8(cwd)
+                                                        and "://" not in (address or "")) else ""
         raise FwbenchError(f"$PYTHONPATH: got {python_path!r} with --launcher ray{whose}; expected directories "
-                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)}{around})")
+                           f"{_without(faults, plural=True)} ({why}; {' and '.join(fixes)}{around}{also})")
     for what, directory in ray_driver_directories() if "://" not in (address or "") else []:
         # Ray itself sends these to every worker in the job's configuration, a protobuf whose strings must be UTF-8:
         # ray.init raised UnicodeEncodeError once its instance had started, which read as a bad --ray-address

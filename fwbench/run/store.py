@@ -40,6 +40,20 @@ CLAIMS_FILE = "claims.lock"
 TORN_FILE = "runs.jsonl.torn"
 
 
+def looping_link(path: Path) -> Path | None:
+    """The first of ``path`` and the directories above it, from the root down, that is a link whose links never end
+    (``ln -s R R``, or two links to each other: ELOOP); None where none is."""
+    for candidate in (*reversed(path.parents), path):
+        try:
+            os.stat(candidate)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and candidate.is_symlink():
+                return candidate
+            if exc.errno != errno.ELOOP:
+                return None  # a missing or unreadable path: nothing below it is reached through a loop
+    return None
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -75,10 +89,25 @@ class ResultsStore:
         self._claims_fd: int | None = None
 
     def _ensure_writable(self) -> None:
+        loop = looping_link(self.directory)
+        if loop is not None:
+            # mkdir said 'File exists' (the link), which no directory named by --results-dir can mend
+            where = "" if loop == self.directory else f" under {str(loop)!r},"
+            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link that leads back to itself "
+                               "(a loop); expected a directory (or a new path) (remove the link or point it at a "
+                               "directory)")
         if self.directory.exists() and not self.directory.is_dir():
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
             )
+        for candidate in (*reversed(self.directory.parents), self.directory):
+            if candidate.is_symlink() and not candidate.exists():
+                # mkdir said 'File exists' (the link): a directory is made at a link's target, not in its place
+                where = "" if candidate == self.directory else f" under {str(candidate)!r},"
+                target = os.path.realpath(candidate)
+                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to "
+                                   f"{str(candidate.readlink())!r}, which does not exist; expected a directory (or a "
+                                   f"new path) (create {target!r} or remove the link)")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -96,7 +125,7 @@ class ResultsStore:
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
             except OSError as exc:
-                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+                raise self._unwritable(exc) from None
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
@@ -156,10 +185,28 @@ class ResultsStore:
         return True
 
     def _unreadable(self, exc: OSError) -> FwbenchError:
-        remedy = "remove the link or point it at the records file" if self.path.is_symlink() else \
-            "move the directory or file away"
+        loop = None if self.path.is_symlink() else looping_link(self.directory)
+        if loop is not None:
+            # the results directory (or a directory above it) loops, not the records file: 'move the directory or
+            # file away' named R/runs.jsonl, which is neither, and left the link as it was
+            remedy = f"{str(loop)!r} is a link that leads back to itself (a loop): remove it or point it at a directory"
+        elif self.path.is_symlink():
+            remedy = "remove the link or point it at the records file"
+        else:
+            remedy = "move the directory or file away"
         return FwbenchError(f"{self.option}: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
                             f"records, one JSON line each ({remedy})")
+
+    def _unwritable(self, exc: OSError) -> FwbenchError:
+        """The refusal of a records file that cannot be opened for appending. A records file that is a link to nothing
+        is written through (a run creates its target); where the target's directory is missing, the error said only
+        "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its target are named."""
+        if self.path.is_symlink() and not self.path.exists() and exc.errno == errno.ENOENT:
+            target = Path(os.path.realpath(self.path))
+            return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}, a link to {str(self.path.readlink())!r}: "
+                                f"{exc.strerror}; expected a records file or a link to one that can be made (create "
+                                f"{str(target.parent)!r} or point the link elsewhere)")
+        return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}")
 
     def _load_unlocked(self) -> LoadedRecords:
         if not self._records_file_exists():
@@ -217,7 +264,7 @@ class ResultsStore:
                 self._set_aside_torn_tail()
                 fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             except OSError as exc:
-                raise FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}") from None
+                raise self._unwritable(exc) from None
             try:
                 size_before = os.fstat(fd).st_size
                 try:

@@ -685,6 +685,42 @@ def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_li
         assert str(caught.value) == expected
 
 
+def test_a_chain_of_relative_links_to_nothing_advises_the_path_that_mends_it(tmp_path, monkeypatch):
+    """Break-it finding (h-breakE): results/baselines -> b -> ../gone/deep, each link relative (as ``ln -s b baselines``
+    makes it), the gate run from the repository's root: it advised "create '../gone/deep'", which, followed there,
+    made a directory beside the repository, and the links still led to nothing. The path to create is named as
+    reached from anywhere, and following the advice mends the directory."""
+    repo = tmp_path / "repo"
+    (repo / "results").mkdir(parents=True)
+    monkeypatch.chdir(repo)
+    directory = Path("results") / "baselines"
+    directory.symlink_to("b")
+    (directory.parent / "b").symlink_to("../gone/deep")
+    with pytest.raises(ValueError) as caught:
+        baseline_path_for(NO_BASELINE_CPU, directory)
+    advised = re.search(r"\(create '([^']+)' or remove the links\)$", str(caught.value))
+    assert advised, str(caught.value)
+    os.makedirs(advised.group(1))  # following the advice, from where the gate ran
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, under):
+    """Break-it finding (h-breakE): results/baselines a link to a file (or a path under such a link) was refused as "a
+    file, not a directory" advising "move the file away": followed, the link led to nothing, refused next (C203).
+    The link is named, and removing it, as advised, lets the gate go on."""
+    (tmp_path / "notes.txt").write_text("not a directory")
+    link = tmp_path / "baselines"
+    link.symlink_to("notes.txt")
+    directory = link / "cpu" if under else link
+    with pytest.raises(ValueError) as caught:
+        baseline_path_for(NO_BASELINE_CPU, directory)
+    assert "a link to 'notes.txt', a file, not a directory" in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith("(remove the link or point it at a directory)"), str(caught.value)
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not

@@ -205,3 +205,54 @@ def test_the_latest_session_is_found_by_its_time_not_its_text(tmp_path):
     markdown = _section(tmp_path, [*early, bad], tmp_path)
     assert "session early (" in markdown
     assert "record 'bad' skipped: no benchmark record (missing or mistyped: finished_at)" in markdown
+
+
+@pytest.mark.parametrize("devices", [["CPU", "cpu"], ["a\nb", "a\\nb"], ["x" * 300], ["cuda_0", "cuda:0", "bench"]],
+                         ids=["case only", "written alike", "300 characters", "cuda_0 first"])
+def test_each_devices_figure_is_a_file_of_its_own_on_any_file_system(tmp_path, devices):
+    """Break-it finding (h-breakE): devices "CPU" and "cpu" were given bench_CPU.png and bench_cpu.png, one file on a
+    case-insensitive file system (macOS's, Windows'), the first figure overwritten; "a\\nb" holding a newline and
+    "a\\\\nb" were named after their one-line form, alike, and wrote one file; a device of 300 characters raised
+    OSError 'File name too long', a traceback. Each figure is now a file of its own, names told apart without case,
+    of at most 255 bytes."""
+    import re
+
+    records = [_record(f"s{i}", {**_case(32), "device": device}, {}) for i, device in enumerate(devices)]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    names = re.findall(r"!\[benchmark .+\]\((.+)\)", markdown)
+    assert len(names) == len(devices)
+    assert len({name.casefold() for name in names}) == len(devices), names
+    for name in names:
+        assert len(name.encode()) <= 255 and (out / name).is_file(), name
+
+
+def _unmeasured(session: str, device: str, finished_at: str) -> dict:
+    dropped = ("median_s", "min_s", "repeats", "tokens_per_s", "peak_mem_bytes")
+    case = {**{k: v for k, v in _case(32).items() if k not in dropped}, "device": device, "status": "oom",
+            "reason": "OutOfMemoryError: CUDA out of memory"}
+    return {**_record(session, case, {}), "finished_at": finished_at}
+
+
+def test_a_later_session_that_measured_nothing_hides_no_measured_session(tmp_path):
+    """Break-it finding (h-breakE, the kind of c0b3164 within a store that has measurements): a device's latest
+    session whose cases all ran out of memory was drawn as its section, an empty figure with no table and no word,
+    and the session before it, measured, was shown nowhere. The latest session that measured a case is drawn, and
+    the later one is named with what became of its cases; a device of no measured case gets that sentence alone."""
+    import re
+
+    measured = [{**_record("s1", {**_case(T), "device": "cuda:0"}, {}), "finished_at": "2026-12-01T00:00:00+00:00"}
+                for T in (32, 64)]
+    records = [*measured, _unmeasured("s2", "cuda:0", "2026-12-02T00:00:00+00:00"),
+               _unmeasured("s3", "cuda:1", "2026-12-02T00:00:00+00:00")]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    cuda0, cuda1 = markdown.split("### cuda:0")[1].split("### cuda:1")
+    assert "session s1 (2026-12-01)" in cuda0 and "| linear | chunk | 1.0 [1] | 2.0 [2] |" in cuda0, cuda0
+    assert "The latest session, s2 (2026-12-02), measured no case (1 oom); the latest session that measured one" \
+        in cuda0, cuda0
+    assert "s3 (2026-12-02), measured no case (1 oom); no session of this device measured one." in cuda1, cuda1
+    assert re.findall(r"\]\((.+)\)", markdown) == ["bench_cuda_0.png"]
+    assert sorted(path.name for path in out.iterdir()) == ["bench_cuda_0.png"]

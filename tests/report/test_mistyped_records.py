@@ -252,6 +252,78 @@ def test_a_records_file_that_is_a_link_looping_back_is_refused_in_one_line(tmp_p
     assert not (tmp_path / "out").exists()
 
 
+#: A grid of one retrieval run of two steps, for the refusals of ``fwbench run``'s store.
+TINY_GRID = ('name = "one"\ntask = "retrieval"\n[defaults]\neval_every = 2\nmax_steps = 2\n[profiles.quick]\n'
+             'variant = "linear"\nS = 3\nseed = 1\n')
+
+
+def test_a_records_file_linked_into_a_missing_directory_names_the_link(tmp_path, capsys):
+    """Break-it finding (h-breakE): R/runs.jsonl a link to ../nodir/x.jsonl (a link to nothing, which a run writes
+    through, its target's directory missing): ``fwbench run`` said "cannot write 'R/runs.jsonl': No such file or
+    directory", R being there, and no remedy. The link and its target's directory are named; the advice followed,
+    the run writes its record through the link."""
+    results = tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("../nodir/x.jsonl")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot write {str(results / 'runs.jsonl')!r}, a link to '../nodir/x.jsonl': "
+        "No such file or directory; expected a records file or a link to one that can be made (create "
+        f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)\n")
+    (tmp_path / "nodir").mkdir()  # the advice followed
+    assert main(argv) == 0
+    assert len((tmp_path / "nodir" / "x.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_that_is_a_link_to_nothing_is_told_so(tmp_path, capsys, command, under):
+    """Break-it finding (h-breakE): --results-dir R a link to nothing (``ln -s gone R``; or R/x under it): ``fwbench
+    run`` and ``fwbench bench`` said "cannot create 'R': File exists" (mkdir meets the link). The link is named with
+    the directory to create; the advice followed, the run stores its record."""
+    link = tmp_path / "R"
+    link.symlink_to("gone")
+    results = link / "x" if under else link
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    assert main(argv) == 2
+    under_text = f" under {str(link)!r}," if under else ""
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(results)!r},{under_text} a link to 'gone', which does not exist; "
+        f"expected a directory (or a new path) (create {str(tmp_path / 'gone')!r} or remove the link)\n")
+    if command == "run":
+        (tmp_path / "gone").mkdir()  # the advice followed
+        assert main(argv) == 0 and (results / "runs.jsonl").is_file()
+
+
+@pytest.mark.parametrize("command", ["run", "estimate", "bench"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
+    """Break-it finding (h-breakE): --results-dir R a link that loops (``ln -s R R``; or R/x/y under such a link):
+    ``fwbench run`` and ``estimate --against`` said "cannot read 'R/runs.jsonl': Too many levels of symbolic links; ...
+    (move the directory or file away)", R/runs.jsonl being neither, and ``fwbench bench`` "cannot create 'R': File
+    exists"; each now names the looping link and how to mend it, before anything is written."""
+    loop = tmp_path / "R"
+    loop.symlink_to("R")
+    results = loop / "x" / "y" if under else loop
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "move the directory or file away" not in err and "File exists" not in err, err
+    assert f"{str(loop)!r}" in err and "leads back to itself (a loop)" in err and "point it at a directory" in err, err
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a

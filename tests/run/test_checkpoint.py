@@ -27,3 +27,19 @@ def test_a_checkpoint_of_another_format_is_refused_with_one_line(tmp_path):
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(FwbenchError, match="(?s)cannot be read .*delete it to restart"):
         load_checkpoint(path)
+
+
+@pytest.mark.parametrize("content", ["not a checkpoint", "other format"])
+def test_a_checkpoint_path_holding_a_newline_is_named_on_one_line(tmp_path, content):
+    """Break-it finding (h-breakE, the kind of 9588a00): the refusals named the path as it is, so a checkpoint in a
+    results directory $'R\\nnew' (or ``fwbench sample --checkpoint $'c\\nk.pt'``) split the one-line error in two,
+    'checkpoint …/c' / 'k.pt: cannot be read …'; the path is now written as one_line writes it."""
+    path = tmp_path / "c\nk.pt"
+    if content == "other format":
+        torch.save({"format": 1}, path)
+    else:
+        path.write_bytes(b"not a checkpoint")
+    with pytest.raises(FwbenchError) as caught:
+        load_checkpoint(path)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"checkpoint {tmp_path}/c\\nk.pt: "), message

@@ -159,3 +159,25 @@ def test_a_working_directory_not_utf8_is_given_no_way_round_that_is_refused_next
     assert str(caught.value).endswith(f"run from a directory whose name is UTF-8, or {LINKED})")
     monkeypatch.setenv("PYTHONPATH", str(link))
     check_ray_resources(client)
+
+
+@pytest.mark.parametrize("name", [b"n\xffu", b"li$b"], ids=["entry not UTF-8", "entry '$'"])
+def test_an_absolute_entry_run_from_a_working_directory_not_utf8_names_both_fixes(name, tmp_path, monkeypatch):
+    """Break-it finding (h-breakE, the kind of 2e8bceb): an absolute entry of its own fault (not UTF-8, or a '$') run
+    from a working directory whose name is not UTF-8 was told only "rename the directory or reach it through a link";
+    followed (PYTHONPATH=/x/link), the working directory was refused next (C188: Ray sends it to its workers). Both
+    fixes are named at once; with a Ray client's address (ray://), whose driver sends no working directory, only the
+    entry's."""
+    entry = directory(tmp_path, name)
+    link = tmp_path / "plain"
+    link.symlink_to(entry)
+    monkeypatch.chdir(directory(tmp_path, b"w\xffd"))
+    monkeypatch.setenv("PYTHONPATH", str(entry))
+    also = "; and run from a directory whose name is UTF-8: Ray sends the working directory to its workers too"
+    assert also in refusal(), refusal()
+    monkeypatch.setenv("PYTHONPATH", str(link))  # the entry's own fix alone: refused next
+    assert refusal().startswith("the working directory: got ")
+    monkeypatch.setenv("PYTHONPATH", str(entry))
+    with pytest.raises(FwbenchError) as caught:
+        check_ray_resources(LaunchOptions(launcher="ray", device="cpu", ray_address="ray://host:10001"))
+    assert also not in str(caught.value)
