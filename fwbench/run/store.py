@@ -40,6 +40,19 @@ CLAIMS_FILE = "claims.lock"
 TORN_FILE = "runs.jsonl.torn"
 
 
+def link_chain(path: Path) -> tuple[list[str], str]:
+    """(the targets of the links from ``path`` on, as each link names it, the last one no link; the path of that last
+    one as a command run anywhere reaches it: a relative target is read from its link's directory, ``ls -l``'s
+    'gone' in results/ is results/gone). ``path`` is a link that does not loop (:func:`looping_link`)."""
+    hops, current = [], Path(path)
+    while current.is_symlink():
+        target = current.readlink()
+        hops.append(str(target))
+        # the link's directory with its own links resolved, so that '..' in a target climbs from where it lives
+        current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+    return hops, os.path.normpath(current)
+
+
 def looping_link(path: Path) -> Path | None:
     """The first of ``path`` and the directories above it, from the root down, that is a link whose links never end
     (``ln -s R R``, or two links to each other: ELOOP); None where none is."""
@@ -104,10 +117,13 @@ class ResultsStore:
             if candidate.is_symlink() and not candidate.exists():
                 # mkdir said 'File exists' (the link): a directory is made at a link's target, not in its place
                 where = "" if candidate == self.directory else f" under {str(candidate)!r},"
-                target = os.path.realpath(candidate)
-                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to "
-                                   f"{str(candidate.readlink())!r}, which does not exist; expected a directory (or a "
-                                   f"new path) (create {target!r} or remove the link)")
+                # each link is named to the missing end: 'a link to 'mid', which does not exist' was false for a
+                # link to a link to nothing (mid is there, a link)
+                hops, end = link_chain(candidate)
+                named = ", a link to ".join(repr(hop) for hop in hops)
+                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which does "
+                                   f"not exist; expected a directory (or a new path) (create {end!r} or remove the "
+                                   f"link{'s' if len(hops) > 1 else ''})")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

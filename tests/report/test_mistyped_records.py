@@ -302,6 +302,28 @@ def test_a_results_directory_that_is_a_link_to_nothing_is_told_so(tmp_path, caps
         assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_that_is_a_chain_of_links_to_nothing_names_each_link(tmp_path, capsys, under):
+    """Break-it finding (h-breakF): --results-dir R, a link to a link to nothing (``ln -s mid R; ln -s gone mid``):
+    the refusal said "a link to 'mid', which does not exist", and mid is there (a link). Each link is named to the
+    missing end; the advice followed, the run stores its record."""
+    link = tmp_path / "R"
+    link.symlink_to("mid")
+    (tmp_path / "mid").symlink_to("gone")
+    results = link / "x" if under else link
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    under_text = f" under {str(link)!r}," if under else ""
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(results)!r},{under_text} a link to 'mid', a link to 'gone', which "
+        f"does not exist; expected a directory (or a new path) (create {str(tmp_path / 'gone')!r} or remove the "
+        "links)\n")
+    (tmp_path / "gone").mkdir()  # the advice followed
+    assert main(argv) == 0 and (results / "runs.jsonl").is_file()
+
+
 @pytest.mark.parametrize("command", ["run", "estimate", "bench"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
