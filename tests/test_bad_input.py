@@ -1602,6 +1602,18 @@ def _(ctx):  # results/baselines a link to a file: "move the file away", followe
     return answer
 
 
+@row("C228")
+def _(ctx):  # results/baselines a link under a file: "create the link's target", which no one can
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    (ctx.tmp_path / "notes.txt").write_text("not a directory\n")
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to("notes.txt/sub")
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    return answer
+
+
 @row("C196")
 def _(ctx):
     from fwbench.bench.regression import baseline_path_for, judged_baseline
@@ -1743,6 +1755,17 @@ def _(ctx):
     (results / "runs.jsonl").symlink_to("../nodir/x.jsonl")
     answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
     assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
+@row("C227")
+def _(ctx):
+    """A results directory that is a link to a path under a file: advised to create what no one can."""
+    (ctx.tmp_path / "notes.txt").write_text("notes\n")
+    results = ctx.tmp_path / "R"
+    results.symlink_to("notes.txt/sub")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert (ctx.tmp_path / "notes.txt").read_text() == "notes\n"
     return answer
 
 

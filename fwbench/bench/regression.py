@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from fwbench.run.store import blocking_file, link_chain
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -476,19 +477,6 @@ _MOVE_THE_FILE, _MEND_THE_LINK = "move the file away", "create the link's target
 _BREAK_THE_LOOP = "remove the link or point it at a directory"
 
 
-def _link_chain(path: Path) -> tuple[list[str], str]:
-    """(the targets of the links from ``path`` on, as each link names it, the last one no link; the path of that last
-    one as a command run anywhere reaches it: a relative target is read from its link's directory, ``ls -l``'s
-    'gone' in results/ is results/gone). ``path`` is a link that does not loop (:func:`_loops`)."""
-    hops, current = [], path
-    while current.is_symlink():
-        target = current.readlink()
-        hops.append(str(target))
-        # the link's directory with its own links resolved, so that '..' in a target climbs from where it lives
-        current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
-    return hops, os.path.normpath(current)
-
-
 def _loops(path: Path) -> bool:
     """Whether following the links of ``path`` never ends (``ln -s b a; ln -s a b``: ELOOP)."""
     try:
@@ -517,8 +505,14 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
             # link's target' there failed (mkdir b: it is a link); each link is named, to the missing end
             # the path to create is named as reached from anywhere: 'create 'gone'' for results/b -> gone, run
             # in the repository's root, made ./gone, and the links still led to nothing
-            chain, end = _link_chain(path)
-            return (f"{where} to {', a link to '.join(repr(hop) for hop in chain)}, which does not exist",
+            chain, end = link_chain(path)
+            named = ", a link to ".join(repr(hop) for hop in chain)
+            blocked = blocking_file(end)
+            if blocked is not None:
+                # 'create the link's target' (notes.txt/sub), followed, failed: no directory can be made under a file
+                return f"{where} to {named}, which does not exist and cannot be made ({str(blocked)!r} is a file)", \
+                    _BREAK_THE_LOOP
+            return (f"{where} to {named}, which does not exist",
                     _MEND_THE_LINK if len(chain) == 1 else f"create {end!r} or remove the links")
         if path.exists():
             return None if path.is_dir() else _file_fault(path, f"a path under {path}, ")

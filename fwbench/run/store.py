@@ -53,6 +53,15 @@ def link_chain(path: Path) -> tuple[list[str], str]:
     return hops, os.path.normpath(current)
 
 
+def blocking_file(path: str | Path) -> Path | None:
+    """The nearest directory above ``path`` (a path that does not exist) that exists and is no directory (a file),
+    so that ``path`` can never be made (``mkdir -p`` says 'Not a directory'); None where it can be."""
+    for parent in Path(os.path.realpath(path)).parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
 def looping_link(path: Path) -> Path | None:
     """The first of ``path`` and the directories above it, from the root down, that is a link whose links never end
     (``ln -s R R``, or two links to each other: ELOOP); None where none is."""
@@ -121,6 +130,12 @@ class ResultsStore:
                 # link to a link to nothing (mid is there, a link)
                 hops, end = link_chain(candidate)
                 named = ", a link to ".join(repr(hop) for hop in hops)
+                blocked = blocking_file(end)
+                if blocked is not None:
+                    # 'create …/notes.txt/sub', followed, failed: no directory can be made under a file
+                    raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which "
+                                       f"does not exist and cannot be made ({str(blocked)!r} is a file); expected a "
+                                       "directory (or a new path) (remove the link or point it at a directory)")
                 raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which does "
                                    f"not exist; expected a directory (or a new path) (create {end!r} or remove the "
                                    f"link{'s' if len(hops) > 1 else ''})")

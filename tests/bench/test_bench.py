@@ -721,6 +721,31 @@ def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, und
     assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
 
 
+@pytest.mark.parametrize("chained", [False, True], ids=["a link", "a link to a link"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_baselines_directory_linked_under_a_file_is_not_advised_to_be_created(tmp_path, under, chained):
+    """Break-it finding (h-breakF): results/baselines a link to a path under a file (``ln -s notes.txt/sub
+    baselines``) was advised "create the link's target or remove the link" (for a chain, "create '…/notes.txt/sub'"):
+    no one can create it, notes.txt being a file. The file is named and the link advised to be removed or repointed;
+    followed, the gate goes on."""
+    (tmp_path / "notes.txt").write_text("not a directory")
+    link = tmp_path / "baselines"
+    if chained:
+        link.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("notes.txt/sub")
+    else:
+        link.symlink_to("notes.txt/sub")
+    directory = link / "cpu" if under else link
+    with pytest.raises(ValueError) as caught:
+        baseline_path_for(NO_BASELINE_CPU, directory)
+    chain = "'mid', a link to 'notes.txt/sub'" if chained else "'notes.txt/sub'"
+    assert (f"a link to {chain}, which does not exist and cannot be made ({str(tmp_path / 'notes.txt')!r} is a "
+            "file)") in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith("(remove the link or point it at a directory)"), str(caught.value)
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
 def test_a_cpus_own_baseline_is_found_when_an_earlier_file_name_is_free(tmp_path):
     """Break-it finding (h-break14u): the first candidate file name that was free or this CPU's was
     taken, so a CPU's own perf_baseline-<cpu>.json was passed over where perf_baseline.json did not

@@ -324,6 +324,35 @@ def test_a_results_directory_that_is_a_chain_of_links_to_nothing_names_each_link
     assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_linked_under_a_file_is_not_advised_to_be_created(tmp_path, capsys, command, under):
+    """Break-it finding (h-breakF): --results-dir R, a link to a path under a file (``ln -s notes.txt/sub R``):
+    the advice was "create '…/notes.txt/sub'", which no one can (notes.txt is a file). The file is named, and the
+    advice is to remove or repoint the link; followed, the run stores its record."""
+    (tmp_path / "notes.txt").write_text("notes\n")
+    link = tmp_path / "R"
+    link.symlink_to("notes.txt/sub")
+    results = link / "x" if under else link
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    assert main(argv) == 2
+    under_text = f" under {str(link)!r}," if under else ""
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(results)!r},{under_text} a link to 'notes.txt/sub', which does not "
+        f"exist and cannot be made ({str(tmp_path / 'notes.txt')!r} is a file); expected a directory (or a new path) "
+        "(remove the link or point it at a directory)\n")
+    assert (tmp_path / "notes.txt").read_text() == "notes\n"
+    if command == "run":
+        link.unlink()  # the advice followed: the link pointed at a directory
+        (tmp_path / "d").mkdir()
+        link.symlink_to("d")
+        assert main(argv) == 0 and (results / "runs.jsonl").is_file()
+
+
 @pytest.mark.parametrize("command", ["run", "estimate", "bench"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
