@@ -522,9 +522,11 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
 def _file_fault(path: Path, where: str) -> tuple[str, str]:
     """(why, what to do) for ``path``, a file where a directory is wanted (``where`` says how it is reached): a link to
     a file is named as one, and advised to be removed: "move the file away", followed, left a link to nothing,
-    refused next (C203)."""
+    refused next (C203). A chain of links is named link by link."""
     if path.is_symlink():
-        return f"{where}a link to {str(path.readlink())!r}, a file, not a directory", _BREAK_THE_LOOP
+        # each link is named to the file: a link to a link to a file said "a link to 'mid', a file", mid being a link
+        named = ", a link to ".join(repr(hop) for hop in link_chain(path)[0])
+        return f"{where}a link to {named}, a file, not a directory", _BREAK_THE_LOOP
     return (f"{where}a file" if where else "a file, not a directory"), _MOVE_THE_FILE
 
 

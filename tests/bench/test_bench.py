@@ -705,6 +705,24 @@ def test_a_chain_of_relative_links_to_nothing_advises_the_path_that_mends_it(tmp
 
 
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_baselines_directory_that_is_a_link_to_a_link_to_a_file_names_each_link(tmp_path, under):
+    """Break-it finding (h-breakF): results/baselines a link to a link to a file (``ln -s mid baselines; ln -s
+    notes.txt mid``) was "a link to 'mid', a file, not a directory": mid is a link. Each link is named to the file;
+    the advice followed, the gate goes on."""
+    (tmp_path / "notes.txt").write_text("not a directory")
+    (tmp_path / "mid").symlink_to("notes.txt")
+    link = tmp_path / "baselines"
+    link.symlink_to("mid")
+    directory = link / "cpu" if under else link
+    with pytest.raises(ValueError) as caught:
+        baseline_path_for(NO_BASELINE_CPU, directory)
+    assert "a link to 'mid', a link to 'notes.txt', a file, not a directory" in str(caught.value), str(caught.value)
+    assert str(caught.value).endswith("(remove the link or point it at a directory)"), str(caught.value)
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, under):
     """Break-it finding (h-breakE): results/baselines a link to a file (or a path under such a link) was refused as "a
     file, not a directory" advising "move the file away": followed, the link led to nothing, refused next (C203).
