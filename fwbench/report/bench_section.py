@@ -144,7 +144,12 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     latest = ordered.groupby("device")["session"].last()
     # the latest session that measured a case is drawn: a later one of none (every case out of memory) was drawn as
     # an empty figure with no table and no word, and hid the device's measured session before it
-    drawn = main_rows(ordered).groupby("device")["session"].last()
+    # (by its last record of any kind, as ``latest``: by its last measured case, a session that measured some, then
+    # ran on past another's into cases out of memory, was called the latest that "measured no case")
+    main = main_rows(ordered)
+    measuring = set(zip(main["device"], main["session"]))
+    drawn = ordered[[pair in measuring for pair in zip(ordered["device"], ordered["session"])]] \
+        .groupby("device")["session"].last()
     for device, latest_session in latest.items():
         session = drawn.get(device)
         unmeasured = [] if session == latest_session else [_measured_none(measured, latest_session, session is None)]

@@ -256,3 +256,22 @@ def test_a_later_session_that_measured_nothing_hides_no_measured_session(tmp_pat
     assert "s3 (2026-12-02), measured no case (1 oom); no session of this device measured one." in cuda1, cuda1
     assert re.findall(r"\]\((.+)\)", markdown) == ["bench_cuda_0.png"]
     assert sorted(path.name for path in out.iterdir()) == ["bench_cuda_0.png"]
+
+
+def test_a_latest_session_that_measured_cases_is_never_said_to_have_measured_none(tmp_path):
+    """Break-it finding (h-breakF): two sessions of one device overlapping in time (two ``fwbench bench`` at once
+    on one GPU), s2 measuring T=32 and then running out of memory at T=64 after s1's last case: the section said
+    "The latest session, s2 (…), measured no case (1 ok in the chunk-size sweep only, 1 oom)" and drew s1, s2 having
+    measured a main case. The latest session (by its last record) that measured a case is drawn: s2, with no such
+    sentence."""
+    def measured(session, T, finished_at):
+        return {**_record(session, {**_case(T), "device": "cuda:0"}, {}), "finished_at": finished_at}
+
+    records = [measured("s1", 32, "2026-12-01T01:00:00+00:00"), measured("s2", 32, "2026-12-01T02:00:00+00:00"),
+               measured("s1", 64, "2026-12-01T03:00:00+00:00"),
+               _unmeasured("s2", "cuda:0", "2026-12-01T04:00:00+00:00")]
+    out = tmp_path / "out"
+    out.mkdir()
+    markdown = _section(tmp_path, records, out)
+    assert "measured no case" not in markdown, markdown
+    assert "session s2 (2026-12-01)" in markdown and "session s1" not in markdown, markdown
