@@ -162,8 +162,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from fwbench.report.render import render_report
     from fwbench.run.store import ResultsStore
 
-    ResultsStore(args.results_dir)  # refuses --results-dir '' (the working directory) before --out is created
+    store = ResultsStore(args.results_dir)  # refuses --results-dir '' (the working directory) before --out is created
     if not Path(args.results_dir).is_dir():
+        store.refuse_unreachable("the directory that fwbench run wrote to")
         raise FwbenchError(
             f"--results-dir: got {args.results_dir!r}, which is not a directory; expected the directory "
             "that fwbench run wrote to"

@@ -1769,6 +1769,16 @@ def _(ctx):
     return answer
 
 
+@row("C229")
+def _(ctx):
+    """A results directory to report on that is a link to nothing: it was "not a directory", the link unnamed."""
+    results = ctx.tmp_path / "R"
+    results.symlink_to("gone")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

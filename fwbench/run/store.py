@@ -62,6 +62,15 @@ def blocking_file(path: str | Path) -> Path | None:
     return None
 
 
+def dangling_link(path: Path) -> Path | None:
+    """The first of ``path`` and the directories above it, from the root down, that is a link leading to nothing
+    (``ln -s gone R``, or a chain of links ending there); None where none is. Loops are :func:`looping_link`'s."""
+    for candidate in (*reversed(path.parents), path):
+        if candidate.is_symlink() and not candidate.exists():
+            return candidate
+    return None
+
+
 def looping_link(path: Path) -> Path | None:
     """The first of ``path`` and the directories above it, from the root down, that is a link whose links never end
     (``ln -s R R``, or two links to each other: ELOOP); None where none is."""
@@ -122,29 +131,49 @@ class ResultsStore:
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
             )
-        for candidate in (*reversed(self.directory.parents), self.directory):
-            if candidate.is_symlink() and not candidate.exists():
-                # mkdir said 'File exists' (the link): a directory is made at a link's target, not in its place
-                where = "" if candidate == self.directory else f" under {str(candidate)!r},"
-                # each link is named to the missing end: 'a link to 'mid', which does not exist' was false for a
-                # link to a link to nothing (mid is there, a link)
-                hops, end = link_chain(candidate)
-                named = ", a link to ".join(repr(hop) for hop in hops)
-                blocked = blocking_file(end)
-                if blocked is not None:
-                    # 'create …/notes.txt/sub', followed, failed: no directory can be made under a file
-                    raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which "
-                                       f"does not exist and cannot be made ({str(blocked)!r} is a file); expected a "
-                                       "directory (or a new path) (remove the link or point it at a directory)")
-                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which does "
-                                   f"not exist; expected a directory (or a new path) (create {end!r} or remove the "
-                                   f"link{'s' if len(hops) > 1 else ''})")
+        candidate = dangling_link(self.directory)
+        if candidate is not None:
+            # mkdir said 'File exists' (the link): a directory is made at a link's target, not in its place
+            where = "" if candidate == self.directory else f" under {str(candidate)!r},"
+            # each link is named to the missing end: 'a link to 'mid', which does not exist' was false for a
+            # link to a link to nothing (mid is there, a link)
+            hops, end = link_chain(candidate)
+            named = ", a link to ".join(repr(hop) for hop in hops)
+            blocked = blocking_file(end)
+            if blocked is not None:
+                # 'create …/notes.txt/sub', followed, failed: no directory can be made under a file
+                raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which "
+                                   f"does not exist and cannot be made ({str(blocked)!r} is a file); expected a "
+                                   "directory (or a new path) (remove the link or point it at a directory)")
+            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link to {named}, which does "
+                               f"not exist; expected a directory (or a new path) (create {end!r} or remove the "
+                               f"link{'s' if len(hops) > 1 else ''})")
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise FwbenchError(f"--results-dir: cannot create {str(self.directory)!r}: {exc.strerror}") from None
         if not os.access(self.directory, os.W_OK):
             raise FwbenchError(f"--results-dir: {str(self.directory)!r} is not writable; choose a writable directory")
+
+    def refuse_unreachable(self, expected: str) -> None:
+        """Refuse a directory to read (``fwbench report``, ``estimate --against``) that is, or lies under, a link
+        looping back to itself or leading to nothing: they were called "not a directory" and "no records file
+        'R/runs.jsonl'", the link unnamed. ``expected`` says what the option names.
+
+        Raises:
+            FwbenchError: naming :attr:`option`, the link and where it leads; nothing where no link is at fault.
+        """
+        loop = looping_link(self.directory)
+        link = loop if loop is not None else dangling_link(self.directory)
+        if link is None:
+            return
+        where = "" if link == self.directory else f" under {str(link)!r},"
+        if loop is not None:
+            why = "a link that leads back to itself (a loop)"
+        else:
+            why = f"a link to {', a link to '.join(repr(hop) for hop in link_chain(link)[0])}, which does not exist"
+        raise FwbenchError(f"{self.option}: got {str(self.directory)!r},{where} {why}; expected {expected} (point the "
+                           "link at it)")
 
     def check_writable(self) -> None:
         """Fail now, before any training, if records could not be stored here.

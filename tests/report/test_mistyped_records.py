@@ -353,6 +353,52 @@ def test_a_results_directory_linked_under_a_file_is_not_advised_to_be_created(tm
         assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+# estimate --against on a loop is told by ResultsStore.load (62ae02a, test_a_results_directory_that_is_a_looping_link…)
+@pytest.mark.parametrize("command, kind", [("report", "to nothing"), ("report", "a chain to nothing"),
+                                           ("report", "a loop"), ("estimate", "to nothing"),
+                                           ("estimate", "a chain to nothing")])
+@pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
+def test_a_results_directory_to_read_that_is_a_broken_link_names_the_link(tmp_path, capsys, command, kind, under):
+    """Break-it finding (h-breakF): a results directory to read that is (or lies under) a link to nothing or a
+    link looping back to itself: ``fwbench report --results-dir R`` said "got 'R', which is not a directory" and
+    ``fwbench estimate --against R`` "no records file 'R/runs.jsonl'", the link unnamed, where run and bench name it
+    (C222, C225). The link is named; the advice followed (the link pointed at the directory a run wrote), both read
+    its record."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    stored = tmp_path / "stored"
+    assert main(["run", str(grid), "--results-dir", str(stored), "--quiet"]) == 0
+    capsys.readouterr()
+    link = tmp_path / "R"
+    if kind == "a loop":
+        link.symlink_to("R")
+        why = "a link that leads back to itself (a loop)"
+    elif kind == "a chain to nothing":
+        link.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("gone")
+        why = "a link to 'mid', a link to 'gone', which does not exist"
+    else:
+        link.symlink_to("gone")
+        why = "a link to 'gone', which does not exist"
+    results = link / "x" if under else link
+    out = tmp_path / "out"
+    argv = {"report": ["report", "--results-dir", str(results), "--out", str(out)],
+            "estimate": ["estimate", str(grid), "--against", str(results)]}[command]
+    option, expected = {"report": ("--results-dir", "the directory that fwbench run wrote to"),
+                        "estimate": ("--against", "a results directory that fwbench run wrote")}[command]
+    assert main(argv) == 2
+    under_text = f" under {str(link)!r}," if under else ""
+    assert capsys.readouterr().err == (
+        f"fwbench: error: {option}: got {str(results)!r},{under_text} {why}; expected {expected} (point the link at "
+        "it)\n")
+    assert not out.exists()
+    link.unlink()  # the advice followed
+    link.symlink_to(stored / "x" if under else stored)
+    if under:
+        (stored / "x").symlink_to(stored)
+    assert main(argv) == 0
+
+
 @pytest.mark.parametrize("command", ["run", "estimate", "bench"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys, command, under):
