@@ -1779,6 +1779,17 @@ def _(ctx):
     return answer
 
 
+@row("C230")
+def _(ctx):
+    """A lock file that is a link into a missing directory: 'No such file or directory', R being there."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.lock").symlink_to("../nodir/l")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

@@ -203,9 +203,8 @@ class ResultsStore:
             try:
                 lock = open(self.lock_path, "a")
             except OSError as exc:
-                raise FwbenchError(
-                    f"--results-dir: cannot open {str(self.lock_path)!r}: {exc.strerror}"
-                ) from None
+                # a lock file linked into a missing directory said only "No such file or directory", R being there
+                raise self._unwritable(exc, self.lock_path, "open", "a lock file") from None
         with lock:
             fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
             try:
@@ -257,16 +256,19 @@ class ResultsStore:
         return FwbenchError(f"{self.option}: cannot read {str(self.path)!r}: {exc.strerror}; expected a file of "
                             f"records, one JSON line each ({remedy})")
 
-    def _unwritable(self, exc: OSError) -> FwbenchError:
-        """The refusal of a records file that cannot be opened for appending. A records file that is a link to nothing
-        is written through (a run creates its target); where the target's directory is missing, the error said only
-        "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its target are named."""
-        if self.path.is_symlink() and not self.path.exists() and exc.errno == errno.ENOENT:
-            target = Path(os.path.realpath(self.path))
-            return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}, a link to {str(self.path.readlink())!r}: "
-                                f"{exc.strerror}; expected a records file or a link to one that can be made (create "
+    def _unwritable(self, exc: OSError, path: Path | None = None, verb: str = "write",
+                    what: str = "a records file") -> FwbenchError:
+        """The refusal of a records file (or ``path``, the lock file: ``verb`` 'open', ``what`` 'a lock file') that
+        cannot be opened for appending. One that is a link to nothing is written through (a run creates its target);
+        where the target's directory is missing, the error said only "cannot write 'R/runs.jsonl': No such file or
+        directory", R being there: the link and its target are named."""
+        path = self.path if path is None else path
+        if path.is_symlink() and not path.exists() and exc.errno == errno.ENOENT:
+            target = Path(os.path.realpath(path))
+            return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}, a link to {str(path.readlink())!r}: "
+                                f"{exc.strerror}; expected {what} or a link to one that can be made (create "
                                 f"{str(target.parent)!r} or point the link elsewhere)")
-        return FwbenchError(f"--results-dir: cannot write {str(self.path)!r}: {exc.strerror}")
+        return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}: {exc.strerror}")
 
     def _load_unlocked(self) -> LoadedRecords:
         if not self._records_file_exists():

@@ -302,6 +302,31 @@ def test_a_results_directory_that_is_a_link_to_nothing_is_told_so(tmp_path, caps
         assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+@pytest.mark.parametrize("lock", ["runs.lock", "bench.lock"])
+def test_a_lock_file_linked_into_a_missing_directory_names_the_link(tmp_path, capsys, lock):
+    """Break-it finding (h-breakF), the kind of 66ffca6 for the lock file: R/runs.lock a link into a directory that
+    does not exist (``ln -s ../nodir/l R/runs.lock``) said "cannot open 'R/runs.lock': No such file or directory", R
+    being there, and no remedy. The link and the directory to create are named; the advice followed, the run stores
+    its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    (results / lock).symlink_to("../nodir/l")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = {"runs.lock": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "bench.lock": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                           "--results-dir", str(results), "--quiet"]}[lock]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: cannot open {str(results / lock)!r}, a link to '../nodir/l': No such file "
+        f"or directory; expected a lock file or a link to one that can be made (create {str(tmp_path / 'nodir')!r} "
+        "or point the link elsewhere)\n")
+    assert not (tmp_path / "nodir").exists()
+    if lock == "runs.lock":
+        (tmp_path / "nodir").mkdir()  # the advice followed
+        assert main(argv) == 0 and (results / "runs.jsonl").is_file()
+
+
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_chain_of_links_to_nothing_names_each_link(tmp_path, capsys, under):
     """Break-it finding (h-breakF): --results-dir R, a link to a link to nothing (``ln -s mid R; ln -s gone mid``):
