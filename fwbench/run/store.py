@@ -43,14 +43,16 @@ TORN_FILE = "runs.jsonl.torn"
 def link_chain(path: Path) -> tuple[list[str], str]:
     """(the targets of the links from ``path`` on, as each link names it, the last one no link; the path of that last
     one as a command run anywhere reaches it: a relative target is read from its link's directory, ``ls -l``'s
-    'gone' in results/ is results/gone). ``path`` is a link that does not loop (:func:`looping_link`)."""
+    'gone' in results/ is results/gone, and the links of its directories resolved: 'd/sub', d a link to 'gone', is
+    gone/sub). ``path`` is a link that does not loop (:func:`looping_link`)."""
     hops, current = [], Path(path)
     while current.is_symlink():
         target = current.readlink()
         hops.append(str(target))
         # the link's directory with its own links resolved, so that '..' in a target climbs from where it lives
         current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
-    return hops, os.path.normpath(current)
+    # the end with the links of its directories resolved: mkdir -p of d/sub, d a link to nothing, says 'File exists'
+    return hops, os.path.realpath(current)
 
 
 def blocking_file(path: str | Path) -> Path | None:

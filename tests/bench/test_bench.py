@@ -739,6 +739,39 @@ def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, und
     assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
 
 
+@pytest.mark.parametrize("command", ["gate", "run"])
+def test_a_chain_of_links_through_a_directory_link_to_nothing_advises_a_path_that_can_be_made(tmp_path, capsys,
+                                                                                              command):
+    """Break-it finding (h-breakF): a chain of links whose end lies under a link to nothing (``ln -s mid L; ln -s
+    d/sub mid; ln -s gone d``) was advised "create '…/d/sub'": ``mkdir -p`` says 'File exists' (d, a link to
+    nothing). The end is named with its directories' links resolved, '…/gone/sub'; followed, the gate goes on and
+    ``fwbench run --results-dir L`` (told by the same link_chain) stores its record."""
+    from fwbench.cli import main
+
+    link = tmp_path / "L"
+    link.symlink_to("mid")
+    (tmp_path / "mid").symlink_to("d/sub")
+    (tmp_path / "d").symlink_to("gone")
+    end = str(tmp_path / "gone" / "sub")
+    grid = tmp_path / "grid.toml"
+    grid.write_text('name = "one"\ntask = "retrieval"\n[defaults]\neval_every = 2\neval_sequences = 2\n'
+                    'batch_size = 2\nmax_steps = 2\nd_key = 4\n[profiles.quick]\nvariant = "linear"\nS = 3\nseed = 1\n')
+    argv = ["run", str(grid), "--results-dir", str(link), "--quiet"]
+    if command == "gate":
+        with pytest.raises(ValueError) as caught:
+            baseline_path_for(NO_BASELINE_CPU, link)
+        message = str(caught.value)
+    else:
+        assert main(argv) == 2
+        message = capsys.readouterr().err.strip()
+    assert message.endswith(f"(create {end!r} or remove the links)"), message
+    os.makedirs(end)  # the advice followed, as mkdir -p
+    if command == "gate":
+        assert baseline_path_for(NO_BASELINE_CPU, link).parent == link
+    else:
+        assert main(argv) == 0 and (link / "runs.jsonl").is_file()
+
+
 @pytest.mark.parametrize("chained", [False, True], ids=["a link", "a link to a link"])
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_baselines_directory_linked_under_a_file_is_not_advised_to_be_created(tmp_path, under, chained):
