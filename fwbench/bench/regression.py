@@ -512,8 +512,11 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
                 # 'create the link's target' (notes.txt/sub), followed, failed: no directory can be made under a file
                 return f"{where} to {named}, which does not exist and cannot be made ({str(blocked)!r} is a file)", \
                     _BREAK_THE_LOOP
+            # "create the link's target" for one link, unless the target lies under a link to nothing: mkdir -p of
+            # 'd/sub', d a link to nothing, says 'File exists', so the path that can be made is named
+            plain = len(chain) == 1 and end == os.path.normpath(Path(os.path.realpath(path.parent)) / chain[0])
             return (f"{where} to {named}, which does not exist",
-                    _MEND_THE_LINK if len(chain) == 1 else f"create {end!r} or remove the links")
+                    _MEND_THE_LINK if plain else f"create {end!r} or remove the link{'' if len(chain) == 1 else 's'}")
         if path.exists():
             return None if path.is_dir() else _file_fault(path, f"a path under {path}, ")
     return None

@@ -739,18 +739,23 @@ def test_a_baselines_directory_that_is_a_link_to_a_file_is_told_so(tmp_path, und
     assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
 
 
+@pytest.mark.parametrize("chained", [True, False], ids=["a chain", "one link"])
 @pytest.mark.parametrize("command", ["gate", "run"])
 def test_a_chain_of_links_through_a_directory_link_to_nothing_advises_a_path_that_can_be_made(tmp_path, capsys,
-                                                                                              command):
+                                                                                              command, chained):
     """Break-it finding (h-breakF): a chain of links whose end lies under a link to nothing (``ln -s mid L; ln -s
     d/sub mid; ln -s gone d``) was advised "create '…/d/sub'": ``mkdir -p`` says 'File exists' (d, a link to
-    nothing). The end is named with its directories' links resolved, '…/gone/sub'; followed, the gate goes on and
-    ``fwbench run --results-dir L`` (told by the same link_chain) stores its record."""
+    nothing); for one link (``ln -s d/sub L``) the gate said "create the link's target", d/sub. The end is named with
+    its directories' links resolved, '…/gone/sub'; followed, the gate goes on and ``fwbench run --results-dir L``
+    (told by the same link_chain) stores its record."""
     from fwbench.cli import main
 
     link = tmp_path / "L"
-    link.symlink_to("mid")
-    (tmp_path / "mid").symlink_to("d/sub")
+    if chained:
+        link.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("d/sub")
+    else:
+        link.symlink_to("d/sub")
     (tmp_path / "d").symlink_to("gone")
     end = str(tmp_path / "gone" / "sub")
     grid = tmp_path / "grid.toml"
@@ -764,7 +769,7 @@ def test_a_chain_of_links_through_a_directory_link_to_nothing_advises_a_path_tha
     else:
         assert main(argv) == 2
         message = capsys.readouterr().err.strip()
-    assert message.endswith(f"(create {end!r} or remove the links)"), message
+    assert message.endswith(f"(create {end!r} or remove the link{'s' if chained else ''})"), message
     os.makedirs(end)  # the advice followed, as mkdir -p
     if command == "gate":
         assert baseline_path_for(NO_BASELINE_CPU, link).parent == link
