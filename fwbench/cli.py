@@ -206,15 +206,16 @@ def _refuse_empty_store(results_dir: str | Path, out: str | Path) -> None:
     no_run_record = [(record["run_id"], fields) for record in runs.records if (fields := run_record_faults(record))]
     # a bench.jsonl line such as {"run_id": "b"} is no benchmark record either: it let a store of nothing
     # readable through, to a report of "no runs yet" in every section over the one in --out
-    no_bench_record = [(record["run_id"], fields) for record in benches.records
-                       if (fields := bench_record_faults(record))]
+    bench_faults = [(record, bench_record_faults(record)) for record in benches.records]  # each checked once
+    no_bench_record = [(record["run_id"], fields) for record, fields in bench_faults if fields]
+    readable_benches = [record for record, fields in bench_faults if not fields]
     # a session's summary alone is no measurement: the speed section draws only cases ("bench" records), and of
     # those only the measured ones (status ok): a store of oom or skipped cases drew an empty figure, no table
-    cases = [record for record in benches.records if record.get("kind") == "bench" and not bench_record_faults(record)]
+    cases = [record for record in readable_benches if record.get("kind") == "bench"]
     measured = [record for record in cases if record["status"] == "ok"]
     if len(no_run_record) < len(runs.records) or measured:
         return
-    summaries = [record for record in benches.records if record.get("kind") == SUMMARY_KIND and not bench_record_faults(record)]
+    summaries = [record for record in readable_benches if record.get("kind") == SUMMARY_KIND]
     # a store of corrupt lines only is told apart from an empty one: the user's records may be there, unreadable;
     # a record that parsed but is no run record is no corrupt line, and what is wrong with it is named, as in the
     # report. Built from the parts, not read back out of the problems' text: a --results-dir holding ': ' was cut

@@ -204,11 +204,18 @@ def readable_run_records(records: list[dict], source: str | Path) -> tuple[list[
     and counted as the store skips a line that is not a record. Checked: :data:`RUN_RECORD_FIELDS`,
     :data:`OPTIONAL_RECORD_FIELDS`, :data:`ENVIRONMENT_COLUMNS`, every metric a number or null, and the
     config of a known task exactly the fields of its config dataclass, each of its type."""
+    return split_readable(records, source, run_record_faults, "run record")
+
+
+def split_readable(records: list[dict], source: str | Path, faults, what: str) -> tuple[list[dict], list[str]]:
+    """(the records of ``source`` for which ``faults(record)`` names no field, a ``SOURCE: record 'ID' skipped:
+    no WHAT (missing or mistyped: FIELDS)`` problem for each other one), in file order: the one rule by which
+    runs.jsonl (:func:`readable_run_records`) and bench.jsonl (``readable_bench_records``) skip and name a record."""
     readable, problems = [], []
     for record in records:
-        wrong = run_record_faults(record)
+        wrong = faults(record)
         if wrong:
-            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no run record "
+            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no {what} "
                             f"(missing or mistyped: {', '.join(wrong)})")
         else:
             readable.append(record)

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fwbench.analysis.records import NUMBER, is_of_kind
+from fwbench.analysis.records import NUMBER, is_of_kind, split_readable
 from fwbench.bench.suite import FORWARD, FORWARD_BACKWARD, LOW_PRECISION_TOLERANCE, MODES, OFFICIAL_SETTING2_STEPS_PER_S
-from fwbench.errors import one_line
 from fwbench.run.strict_json import restore_non_finite
 
 #: Records of this kind hold one session's side measurements and ratios.
@@ -115,15 +114,8 @@ def readable_bench_records(records: list[dict], source: str | Path) -> tuple[lis
     a word; each is skipped and named, as :func:`~fwbench.analysis.records.readable_run_records` does for
     runs.jsonl. Checked (:func:`bench_record_faults`): ``kind``, :data:`BENCH_RECORD_FIELDS`,
     :data:`OPTIONAL_BENCH_FIELDS`, and a summary's ``session`` and :data:`RATIO_FIELDS`."""
-    readable, problems = [], []
-    for record in records:
-        wrong = bench_record_faults(record)
-        if wrong:
-            problems.append(f"{one_line(source)}: record {record['run_id']!r} skipped: no benchmark record "
-                            f"(missing or mistyped: {', '.join(wrong)})")
-        else:
-            readable.append(restore_non_finite(record))
-    return readable, problems
+    readable, problems = split_readable(records, source, bench_record_faults, "benchmark record")
+    return [restore_non_finite(record) for record in readable], problems
 
 
 def bench_frame(records: list[dict]) -> pd.DataFrame:

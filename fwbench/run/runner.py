@@ -48,15 +48,9 @@ def _progress_bar(total: int, quiet: bool):
     return bar, progress
 
 
-def record_counts(store: ResultsStore) -> Counter:
-    """How many records ``store`` holds of each run id (any status, every line: a run retried after a failed
-    record has several), for :func:`settled_elsewhere`."""
-    return store.load().counts
-
-
 def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
     """Run ids that this driver must not train: those with a finished record, and those given any record, a
-    ``failed`` one included, since ``read`` (:func:`record_counts`, taken when the to-do list was read).
+    ``failed`` one included, since ``read`` (:attr:`LoadedRecords.counts` of the load the to-do list came from).
 
     The second set is another process's try of a run in this same sweep (its holder's, or a process that
     stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
@@ -66,8 +60,7 @@ def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
     loaded = store.load()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed
     # record before the read and was tried again elsewhere since, and failed again, read as one record as before
-    return ({record["run_id"] for record in loaded.records if record.get("status") != "failed"}
-            | {run_id for run_id, count in loaded.counts.items() if count > read[run_id]})
+    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > read[run_id]}
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -113,8 +106,8 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     # absolute: a Ray worker runs in another working directory
     options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
     store.check_writable()
-    read = record_counts(store)
-    done = store.finished_ids()
+    loaded = store.load()  # one read: the to-do list and the counts later checks compare against
+    read, done = loaded.counts, loaded.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
@@ -211,8 +204,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     """
     store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
     if context.is_main:
-        read = record_counts(store)
-        done = store.finished_ids()
+        loaded = store.load()  # one read: the to-do list and the counts later checks compare against
+        read, done = loaded.counts, loaded.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
     todo = [s for s in specs if s.run_id in set(todo_ids)]
@@ -243,27 +236,25 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         summary["diverged"] += record["status"] == "diverged"
         bar.update(1)
 
-    try:
-        waiting = []
-        for spec in todo:
+    def try_each(specs: list[RunSpec]) -> list[RunSpec]:
+        """Decide and settle each of ``specs`` in turn; the ones another process holds, left to wait."""
+        held = []
+        for spec in specs:
             with ExitStack() as claims:
                 decision = decide(spec, claims)
                 if decision == "held":
-                    waiting.append(spec)
+                    held.append(spec)
                 else:
                     settle(spec, decision)
+        return held
+
+    try:
+        waiting = try_each(todo)
         # a held run is stored only if its holder gets that far: it may die or let go without a record after this
         # group's own runs are done; so wait for each and train here what was not stored. Rank 0 polls (each
         # poll a broadcast): a blocking wait would leave the other ranks in a broadcast that times out
         while waiting:
-            still = []
-            for spec in waiting:
-                with ExitStack() as claims:
-                    decision = decide(spec, claims)
-                    if decision == "held":
-                        still.append(spec)
-                    else:
-                        settle(spec, decision)
+            still = try_each(waiting)
             if len(still) == len(waiting):
                 time.sleep(HELD_POLL_S)
             waiting = still

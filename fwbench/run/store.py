@@ -100,6 +100,10 @@ class LoadedRecords:
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
 
+    def finished_ids(self) -> set[str]:
+        """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
+        return {r["run_id"] for r in self.records if r.get("status") != "failed"}
+
 
 class ResultsStore:
     """Append-only JSONL store of run records, keyed by ``run_id`` (``records_file`` in ``directory``;
@@ -309,7 +313,7 @@ class ResultsStore:
 
     def finished_ids(self) -> set[str]:
         """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
-        return {r["run_id"] for r in self.records() if r.get("status") != "failed"}
+        return self.load().finished_ids()
 
     def append(self, record: dict) -> bool:
         """Append ``record`` unless its run_id is already stored. Returns whether it was written.
