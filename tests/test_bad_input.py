@@ -1159,6 +1159,25 @@ def _(ctx):
     return answer
 
 
+@row("L105")
+def _(ctx):
+    """β that is not a tensor (a float, a list) reached beta.shape or beta.device unchecked."""
+    answers = set()
+    for spec in SPECS[1:] + ["linear-fwm"]:  # softmax takes no β
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module = attention(spec, form=form)
+            for beta in 0.5, [0.5] * T:
+                inputs = {**qkvb(), "beta": beta}
+                found = {raised(VariantError, module, **inputs),
+                         raised(VariantError, module.write, inputs["k"], inputs["v"], beta),
+                         raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"], beta)}
+                answers |= {answer.replace("'list'", "'float'") for answer in found}
+    (answer,) = answers
+    return answer
+
+
 @row("L101")
 def _(ctx):
     from fwbench.tasks.retrieval import RetrievalModel

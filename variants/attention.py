@@ -55,7 +55,8 @@ def write_read_path(form: str) -> str:
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
-    """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes."""
+    """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes and β,
+    where given, is a tensor (``needs_beta``: β is required)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not hasattr(x, "dim") or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
@@ -68,6 +69,10 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
         )
     if q.shape[-1] != k.shape[-1]:
         raise VariantError(f"q, k: d_key must agree; got q {q.shape[-1]}, k {k.shape[-1]}")
+    # before the dtype and device checks, which read beta.dtype: a float or a list raised AttributeError
+    # there, for every rule (the sum rule ignores β but checks what it is given)
+    if beta is not None and not isinstance(beta, Tensor):
+        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} or None")
     if needs_beta:
         if beta is None:
             raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the delta rule")
