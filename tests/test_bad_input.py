@@ -1178,6 +1178,26 @@ def _(ctx):
     return answer
 
 
+@row("L106")
+def _(ctx):
+    """write_read's queries were checked against the state written from k, not against k: the fused reads
+    took a meta q beside CPU keys (a CPU output), and float64 q beside float32 keys only in form auto."""
+    answers, dtype_answers = set(), set()
+    for spec in SPECS + ["linear-fwm"]:
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module, inputs = attention(spec, form=form), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"].to("meta"), beta))
+            for dtype in torch.float64, torch.float16:
+                dtype_answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"],
+                                         inputs["q"].to(dtype), beta).split(";")[1])
+    assert dtype_answers == {" expected the dtype of k (torch.float32): q, k and v must share one dtype"}
+    (answer,) = answers
+    return answer
+
+
 @row("L101")
 def _(ctx):
     from fwbench.tasks.retrieval import RetrievalModel

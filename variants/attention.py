@@ -88,6 +88,19 @@ def check_queries(q: Tensor, k: Tensor) -> None:
         raise bad_value("q", shape, f"a tensor of shape (B, H, T_q, d_key) = {expected}")
 
 
+def check_queries_like_keys(q: Tensor, k: Tensor) -> None:
+    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' dtype and device.
+
+    :meth:`Attention.write_read` writes with k and reads with q, so they meet as q and k do in a forward
+    call. Unchecked, the fused sum- and delta-rule reads took q on another device than k (a meta q gave
+    a CPU output; a CUDA q, a deep torch error) and q float64 against float32 keys, which every other
+    form refused by the dtype of the state it had just written, an argument the caller never gave."""
+    if q.device != k.device:
+        raise bad_value("q.device", str(q.device), f"the device of k ({k.device})")
+    if q.dtype != k.dtype:
+        raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share one dtype")
+
+
 def check_form(form: str, chunk_size: int | None) -> None:
     if form not in FORMS:
         raise bad_value("form", form, f"one of {', '.join(FORMS)}")
@@ -129,11 +142,25 @@ class Attention(nn.Module):
         """``read(q, write(k, v, beta, state))``: the memory's answer (B, H, T_q, d_v) to queries q
         after storing every (k_t, v_t), through the module's form: ``parallel`` and ``recurrent``
         write with :meth:`forward` in that form, the others with :meth:`write`. Variants override it
-        with a cheaper fused computation for ``auto``."""
+        with a cheaper fused computation for ``auto``.
+
+        Raises:
+            VariantError: as :meth:`forward` for k, v and β; q not a floating (B, H, T_q, d_key) tensor
+                of the keys' B, H, dtype and device."""
+        self._check_write_read(k, v, q, beta)
         if write_read_path(self.form) in ("parallel", "recurrent"):
             _, state = self(k, k, v, beta=beta, state=state)
             return self.read(q, state)
         return self.read(q, self.write(k, v, beta, state))
+
+    def _check_write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None) -> None:
+        """The checks of every :meth:`write_read`, whatever its path: keys and values as in a write,
+        queries that fit them (:func:`check_queries`, :func:`check_queries_like_keys`)."""
+        check_qkv(k, k, v, beta, self.uses_beta)
+        self._check_inputs(k, k, v, beta)
+        self._check_query(q)
+        check_queries(q, k)
+        check_queries_like_keys(q, k)
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
@@ -306,10 +333,7 @@ class FastWeightAttention(Attention):
         path = write_read_path(self.form)
         if path != "write_read":
             return super().write_read(k, v, q, beta, state)
-        check_qkv(k, k, v, beta, self.uses_beta)
-        self._check_inputs(k, k, v, beta)
-        self._check_query(q)
-        check_queries(q, k)
+        self._check_write_read(k, v, q, beta)
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
@@ -413,6 +437,7 @@ class SoftmaxAttention(Attention):
         parallel or recurrent form, as other variants do, kept ``window − 1`` tokens, what the next
         token's query needs beside its own key, so under a window a read saw one key fewer than after
         :meth:`write`, and the retrieval task's answers changed with the form.)"""
+        self._check_write_read(k, v, q, None)
         return self.read(q, self.write(k, v, beta, state))
 
     def read(self, q: Tensor, state: KVCacheState) -> Tensor:
