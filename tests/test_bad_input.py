@@ -1198,6 +1198,28 @@ def _(ctx):
     return answer
 
 
+@row("L107")
+def _(ctx):
+    """A layer's input was not checked against its weights: a float64 x into a float32 layer raised torch's
+    dtype error from the first projection, a meta x gave softmax a meta output and the others a device error."""
+    x = torch.randn(B, T, 8)
+    answers, dtype_answers = set(), set()
+    for spec in SPECS + ["linear-fwm"]:
+        layer = AttentionLayer(spec, 8, 2)
+        answers.add(raised(VariantError, layer, x.to("meta")))
+        dtype_answers.add(raised(VariantError, layer, x.double()))
+        dtype_answers.add(raised(VariantError, AttentionLayer(spec, 8, 2).to(torch.float64), x).replace("float32", "float64")
+                          .replace("(torch.float64)", "(torch.float32)", 1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts x and the weights for the projections,
+            for dtype in torch.float16, torch.bfloat16:       # but never float64
+                assert layer(x.to(dtype))[0].shape == x.shape
+            dtype_answers.add(raised(VariantError, layer, x.double()))
+    assert dtype_answers == {"VariantError: x.dtype: got torch.float64; expected the layer's dtype (torch.float32); "
+                             "cast x, or the layer with .to(dtype)"}
+    (answer,) = answers
+    return answer
+
+
 @row("L101")
 def _(ctx):
     from fwbench.tasks.retrieval import RetrievalModel
