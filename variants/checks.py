@@ -72,8 +72,9 @@ def all_finite(tensors: Iterable[Tensor]) -> bool:
     One reduction per tensor and one host synchronisation in all: a sum is finite only if every
     element is (NaN and ±inf propagate), so the common case reads each tensor once and writes no
     mask. A sum that overflows on finite values falls through to the exact, per-element check.
+    Tensors on ``meta`` (a shape-only run) hold no values and count as finite.
     """
-    present = [x for x in tensors if x.numel()]
+    present = [x for x in tensors if x.numel() and not x.is_meta]
     if not present:
         return True
     sums = torch.stack([x.sum(dtype=torch.float32) if x.is_floating_point() else x.new_zeros((), dtype=torch.float32)
