@@ -156,6 +156,14 @@ def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp:nu=1.5", d_key=D_KEY)
 
 
+@row("L108")
+def _(ctx):
+    """A parameter given twice: the last one won silently ('dpfp:nu=1,nu=2' built ν = 2)."""
+    for spec in "favor:m=4,m=4", "softmax:window=2, window=3", "dpfp-delta:nu=2,nu=2":
+        assert "given twice" in raised(VariantError, variants.parse_spec, spec)
+    return raised(VariantError, variants.build_attention, "dpfp:nu=1,nu=2", d_key=D_KEY)
+
+
 @row("L04")
 def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp-delta:nu=0", d_key=D_KEY)

@@ -212,7 +212,7 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
 
     Raises:
         VariantError: unknown name (lists the known ones), unknown parameter (lists the allowed
-            ones), or a value that is not a positive integer.
+            ones), a parameter given twice, or a value that is not a positive integer.
     """
     if isinstance(spec, VariantSpec):
         return spec
@@ -223,7 +223,7 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
     if name not in REGISTRY:
         raise bad_value("variant", name, f"one of {_allowed_names()}")
     info = REGISTRY[name]
-    params = dict(info.params)
+    params, given = dict(info.params), {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -232,6 +232,10 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
             raise VariantError(f"variant {name}: unknown parameter {key!r}; allowed parameters: {allowed}")
         if not eq:
             raise bad_value(f"{name}:{key}", item, f"{key}=<positive integer>")
+        if key in given:  # the last one won silently: 'dpfp:nu=1,nu=2' built ν = 2
+            raise VariantError(f"variant {name}: parameter {key!r} given twice ({given[key]} and {value.strip()}); "
+                               "expected each parameter once")
+        given[key] = value.strip()
         try:
             number = int(value.strip())
         except ValueError:
