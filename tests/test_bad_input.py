@@ -164,6 +164,19 @@ def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp:nu=1,nu=2", d_key=D_KEY)
 
 
+@row("L109")
+def _(ctx):
+    """d_dot_of and chunk_size_in_use answered for what build_attention refuses (d_dot_of("dpfp:nu=2", 0) was 0)."""
+    for spec, d_key in ("dpfp:nu=2", -1), ("favor:m=4", 2.0), ("linear", True):
+        assert raised(VariantError, variants.d_dot_of, spec, d_key).startswith("VariantError: d_key:")
+    assert raised(VariantError, variants.d_dot_of, "dpfp:nu=9", 2).startswith("VariantError: nu: got 9")
+    assert raised(VariantError, variants.d_dot_of, "favor:m=70000", 8).startswith("VariantError: m: got 70000")
+    for chunk_size in 0, -2, 2.5:
+        assert raised(VariantError, variants.chunk_size_in_use, "linear", "chunk", chunk_size).startswith(
+            "VariantError: chunk_size:")
+    return raised(VariantError, variants.d_dot_of, "dpfp:nu=2", 0)
+
+
 @row("L04")
 def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp-delta:nu=0", d_key=D_KEY)
