@@ -178,6 +178,14 @@ class Attention(nn.Module):
         check_key_size("q", q, self.d_key)
 
 
+def _beta_for(beta: Tensor | None, x: Tensor) -> Tensor | None:
+    """β in the compute dtype of the keys x (fp32, or float64 for float64 keys). β may come in another
+    floating dtype (:func:`~variants.checks.check_dtype_and_device`), but the kernels compute in the widest
+    dtype they are given: a float64 β beside fp32 q, k, v gave a float64 state, which the next call with
+    the same inputs refused (two calls no longer equalled one) and the other forms' write-then-read too."""
+    return None if beta is None else beta.to(compute_dtype(x))
+
+
 class FastWeightAttention(Attention):
     """Linear attention as a fast-weight programmer: feature map φ plus an update rule.
 
@@ -300,7 +308,7 @@ class FastWeightAttention(Attention):
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         y, W, z = self.update_rule.kernels[kernel_form](
-            self.phi(q, query=True), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
+            self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0, self._chunk_size(kernel_form, chunk_size)
         )
         return y, FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
@@ -316,7 +324,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        W, z = self.update_rule.write(self.phi(k), v, beta, W0, z0, self._chunk_size("write", chunk_size))
+        W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
         return FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -337,7 +345,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, beta, W0, z0,
+        return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, _beta_for(beta, k), W0, z0,
                                            self._chunk_size("write_read", None))
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:

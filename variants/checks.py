@@ -23,7 +23,8 @@ from .errors import NonFiniteError, VariantError, bad_value
 def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
     """q, k and v must share one dtype; q, k, v and β must live on one device.
 
-    β may have another floating dtype (the kernels read it in fp32), but not another device.
+    β may have another floating dtype (the modules read it in the compute dtype of q, k, v: fp32, or
+    float64 for float64 inputs), but not another device.
     """
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
