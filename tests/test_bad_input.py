@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -1178,6 +1179,27 @@ def _(ctx):
                for spec in ("linear", "softmax", "dpfp:nu=1", "dpfp-delta:nu=1")}  # every read path
     (answer,) = answers
     return answer
+
+
+@row("L110")
+def _(ctx):
+    """A floor of 0, a negative one or NaN gave NaN rows silently (0 / 0), inf zero rows, a string a TypeError."""
+    from fwbench.variants.kernels import sum_rule_chunk, sum_rule_parallel, sum_rule_read, sum_rule_recurrent
+    from fwbench.variants.kernels.dpfp import dpfp
+
+    zeros = torch.zeros(1, 1, 3, 2)
+    calls = [lambda floor: variants.sum_normalize(zeros, floor=floor),
+             lambda floor: dpfp(zeros, 1, normalize=True, floor=floor),
+             lambda floor: sum_rule_parallel(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_chunk(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_recurrent(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_read(zeros, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2), floor=floor)]
+    for call in calls:
+        for floor in -1.0, math.nan, math.inf, True, "1e-30":
+            assert raised(VariantError, call, floor).startswith("VariantError: floor: got"), floor
+        out = call(0.5)  # a positive floor is taken: zero rows read 0
+        assert not bool((out[0] if isinstance(out, tuple) else out).any())
+    return raised(VariantError, calls[0], 0)
 
 
 @row("L105")
