@@ -178,6 +178,27 @@ def _(ctx):
     return raised(VariantError, variants.d_dot_of, "dpfp:nu=2", 0)
 
 
+@row("L111")
+def _(ctx):
+    """Feature maps took any x: DPFP(4) of (2, 3) gave (2, 6) features, elu+1 (2, 3), FAVOR+ a matmul error."""
+
+    class Square(variants.ElementwiseFeatureMap):  # a user's map: its forward is checked too
+        def forward(self, x):
+            return x * x
+
+    answers = set()
+    for feature_map in variants.DPFP(4), variants.EluPlusOne(4), variants.Tanh(4), variants.Favor(4, m=3), Square(4):
+        for method in feature_map, feature_map.normalized, feature_map.for_queries:
+            answers.add(raised(VariantError, method, torch.randn(2, 3)))
+            for bad in [1.0] * 4, torch.tensor(1.0):
+                assert raised(VariantError, method, bad).startswith("VariantError: x: got")
+            for dtype in torch.int64, torch.bool:
+                assert raised(VariantError, method, torch.ones(2, 4, dtype=dtype)).startswith("VariantError: x.dtype:")
+            assert method(torch.randn(2, 4)).shape[-1] == feature_map.d_dot
+    (answer,) = answers
+    return answer
+
+
 @row("L04")
 def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp-delta:nu=0", d_key=D_KEY)
