@@ -1223,6 +1223,36 @@ def _(ctx):
     return raised(VariantError, calls[0], 0)
 
 
+@row("L112")
+def _(ctx):
+    """Sparse inputs reached the kernels, which raised NotImplementedError or a reshape error."""
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module, inputs = attention(spec, form=form), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            answers.add(raised(VariantError, module, **{**inputs, "q": inputs["q"].to_sparse()}))
+            _, state = module(**inputs)
+            sparse_state = type(state)(*[x.to_sparse() if isinstance(x, torch.Tensor) else x
+                                         for x in vars(state).values()])
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            for call, args, kwargs in ((module, (q, k, v.to_sparse()), {"beta": beta}),
+                                       (module, (q, k, v), {"beta": beta, "state": sparse_state}),
+                                       (module.read, (q.to_sparse(), state), {}),
+                                       (module.write_read, (k, v, q.to_sparse(), beta), {})):
+                assert ".layout: got torch.sparse_coo" in raised(VariantError, call, *args, **kwargs)
+            if beta is not None:
+                assert raised(VariantError, module, **{**inputs, "beta": beta.to_sparse()}).startswith(
+                    "VariantError: beta.layout:")
+        assert raised(VariantError, AttentionLayer(spec, 8, 2), torch.randn(B, T, 8).to_sparse()).startswith(
+            "VariantError: x.layout:")
+    assert raised(VariantError, variants.Favor(8, m=4), torch.randn(T, 8).to_sparse()).startswith("VariantError: x.layout:")
+    (answer,) = answers
+    return answer
+
+
 @row("L105")
 def _(ctx):
     """β that is not a tensor (a float, a list) reached beta.shape or beta.device unchecked."""

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
+from .checks import check_dense, check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
@@ -63,6 +63,7 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
             raise bad_value(name, shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not x.is_floating_point():
             raise bad_value(f"{name}.dtype", x.dtype, "a floating-point dtype")
+        check_dense(name, x)
     if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3]:
         raise VariantError(
             f"q, k, v: (B, H, T) must agree; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
@@ -73,6 +74,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
     # there, for every rule (the sum rule ignores β but checks what it is given)
     if beta is not None and not isinstance(beta, Tensor):
         raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} or None")
+    if beta is not None:
+        check_dense("beta", beta)
     if needs_beta:
         if beta is None:
             raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the delta rule")
@@ -175,6 +178,7 @@ class Attention(nn.Module):
             raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not q.is_floating_point():
             raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
+        check_dense("q", q)
         check_key_size("q", q, self.d_key)
 
 

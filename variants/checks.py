@@ -20,6 +20,14 @@ from torch import Tensor
 from .errors import NonFiniteError, VariantError, bad_value
 
 
+def check_dense(name: str, x: Tensor) -> None:
+    """Raise :class:`VariantError` unless ``x`` is a dense (strided) tensor: a sparse q, v, β, state or
+    layer input raised NotImplementedError or "reshape is not implemented for sparse tensors" from
+    inside the kernels (and every kernel reshapes, slices and multiplies dense rows)."""
+    if x.layout != torch.strided:
+        raise bad_value(f"{name}.layout", x.layout, "a dense tensor (torch.strided); convert it with .to_dense()")
+
+
 def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
     """q, k and v must share one dtype; q, k, v and β must live on one device.
 
@@ -51,6 +59,7 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
     """A carried state's tensor must be on the inputs' device and of the dtype the module keeps."""
     if not isinstance(x, Tensor):
         raise bad_value(name, type(x).__name__, "a tensor")
+    check_dense(name, x)
     if x.device != device:
         raise bad_value(f"{name}.device", str(x.device), f"the device of q ({device}); move the state with .to()")
     if x.dtype != dtype:

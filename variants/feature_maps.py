@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_dense
 from .errors import bad_value
 from .kernels.dpfp import dpfp
 from .kernels.limits import FP32_LIMITS, floor_for, numeric_limits
@@ -87,6 +88,7 @@ class FeatureMap(nn.Module):
             raise bad_value("x", shape, f"a tensor of shape (…, d_key={self.d_key})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
+        check_dense("x", x)
 
     @classmethod
     def check_parameters(cls, d_key: int, **params: int) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import Attention
-from .checks import check_finite
+from .checks import check_dense, check_finite
 from .errors import VariantError, bad_value
 from .feature_maps import positive_int
 from .registry import VariantSpec, build_attention, parse_spec
@@ -104,6 +104,7 @@ class AttentionLayer(nn.Module):
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
+        check_dense("x", x)
         self._check_like_weights(x)
         if self.attention.check_finite:
             check_finite(x=x)
