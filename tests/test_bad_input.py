@@ -1253,6 +1253,26 @@ def _(ctx):
     return answer
 
 
+@row("L113")
+def _(ctx):
+    """write() and write_read() check their keys as the q of a forward call, and named them q."""
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        module, inputs = attention(spec), qkvb()
+        k, v, q = inputs["k"], inputs["v"], inputs["q"]
+        beta = inputs["beta"] if module.uses_beta else None
+        for call, args in ((module.write, (k, v, beta)), (module.write_read, (k, v, q, beta))):
+            keys, values = args[0], args[1]
+            for bad_keys, bad_values in ((keys[..., :5], values), (keys[0], values), (keys, values.double()),
+                                         (keys, values.to("meta")), (keys, values[:, :, :2])):
+                answer = raised(VariantError, call, bad_keys, bad_values, *args[2:])
+                assert answer.startswith(("VariantError: k", "VariantError: v")), answer
+                assert not any(q_named in answer for q_named in ("of q (", "got q ", "q, k, v:")), answer
+            answers.add(raised(VariantError, call, keys.long(), values, *args[2:]))
+    (answer,) = answers
+    return answer
+
+
 @row("L105")
 def _(ctx):
     """β that is not a tensor (a float, a list) reached beta.shape or beta.device unchecked."""

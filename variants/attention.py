@@ -57,7 +57,10 @@ def write_read_path(form: str) -> str:
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
     """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes and β,
     where given, is a tensor (``needs_beta``: β is required)."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    # write() and write_read() pass their keys as q too: name them k, the argument the caller gave
+    # (a write of integer keys was refused as 'q.dtype', one of the wrong d_key as 'q: got d_key 3')
+    named = (("k", k), ("v", v)) if q is k else (("q", q), ("k", k), ("v", v))
+    for name, x in named:
         if not hasattr(x, "dim") or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
             raise bad_value(name, shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
@@ -65,9 +68,8 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
             raise bad_value(f"{name}.dtype", x.dtype, "a floating-point dtype")
         check_dense(name, x)
     if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3]:
-        raise VariantError(
-            f"q, k, v: (B, H, T) must agree; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+        got = ", ".join(f"{name} {tuple(x.shape)}" for name, x in named)
+        raise VariantError(f"{', '.join(name for name, _ in named)}: (B, H, T) must agree; got {got}")
     if q.shape[-1] != k.shape[-1]:
         raise VariantError(f"q, k: d_key must agree; got q {q.shape[-1]}, k {k.shape[-1]}")
     # before the dtype and device checks, which read beta.dtype: a float or a list raised AttributeError
@@ -167,8 +169,9 @@ class Attention(nn.Module):
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
-        check_dtype_and_device(q, k, v, beta)
-        check_key_size("q", q, self.d_key)
+        check_dtype_and_device(q, k, v, beta, "k" if q is k else "q")
+        if q is not k:  # write() passes its keys as q
+            check_key_size("q", q, self.d_key)
         check_key_size("k", k, self.d_key)
 
     def _check_query(self, q: Tensor) -> None:

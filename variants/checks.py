@@ -28,20 +28,20 @@ def check_dense(name: str, x: Tensor) -> None:
         raise bad_value(f"{name}.layout", x.layout, "a dense tensor (torch.strided); convert it with .to_dense()")
 
 
-def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
-    """q, k and v must share one dtype; q, k, v and β must live on one device.
+def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, reference: str = "q") -> None:
+    """q, k and v must share one dtype; q, k, v and β must live on one device. ``reference``: the name
+    the messages give q (``"k"`` for a write, which passes its keys as q).
 
     β may have another floating dtype (the modules read it in the compute dtype of q, k, v: fp32, or
     float64 for float64 inputs), but not another device.
     """
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
-            raise VariantError(
-                f"{name}.dtype: got {x.dtype}; expected the dtype of q ({q.dtype}): q, k and v must share one dtype"
-            )
+            raise VariantError(f"{name}.dtype: got {x.dtype}; expected the dtype of {reference} ({q.dtype}): "
+                               "q, k and v must share one dtype")
     for name, x in (("k", k), ("v", v), ("beta", beta)):
         if x is not None and x.device != q.device:
-            raise bad_value(f"{name}.device", str(x.device), f"the device of q ({q.device})")
+            raise bad_value(f"{name}.device", str(x.device), f"the device of {reference} ({q.device})")
     if beta is not None and not beta.is_floating_point():
         raise bad_value("beta.dtype", beta.dtype, "a floating-point dtype (write strengths in (0, 1))")
 
