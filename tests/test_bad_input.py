@@ -1273,6 +1273,22 @@ def _(ctx):
     return answer
 
 
+@row("L114")
+def _(ctx):
+    """The model-walking helpers and sum_normalize took anything: an int raised AttributeError ('modules'),
+    a list AttributeError ('to'), and set_check_finite(model, "no") switched the check on."""
+    layer = AttentionLayer("linear", 8, 2)
+    assert raised(VariantError, variants.set_check_finite, 5).startswith("VariantError: module: got 'int'")
+    assert raised(VariantError, variants.set_check_finite, layer, "no").startswith("VariantError: enabled: got 'no'")
+    assert not layer.attention.check_finite
+    assert variants.set_check_finite(layer, True) == 1 and layer.attention.check_finite
+    for phi in [1.0, 2.0], torch.tensor(2.0):
+        assert raised(VariantError, variants.sum_normalize, phi).startswith("VariantError: phi: got")
+    with variants.using_form(layer, "recurrent") as switched:
+        assert switched == 1 and layer.attention.form == "recurrent"
+    return raised(VariantError, lambda: variants.using_form(5, "chunk").__enter__())
+
+
 @row("L105")
 def _(ctx):
     """β that is not a tensor (a float, a list) reached beta.shape or beta.device unchecked."""

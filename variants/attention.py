@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -473,16 +474,30 @@ class SoftmaxAttention(Attention):
         return f"d_key={self.d_key}, window={self.window}, form={self.form}"
 
 
+def check_module(module: object) -> None:
+    """Raise :class:`VariantError` unless ``module`` is an ``nn.Module`` (a model to walk for attention
+    modules): an int or a bare Attention's state raised AttributeError ('modules')."""
+    if not isinstance(module, nn.Module):
+        raise bad_value("module", type(module).__name__, "a torch.nn.Module (a model or an attention module)")
+
+
 def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
     """Switch the NaN/inf input check on (or off) in every attention module inside ``module``.
 
     Returns the number of attention modules changed. The check makes each call raise
     :class:`NonFiniteError` when q, k, v, β or the carried state holds a NaN or ±inf.
+
+    Raises:
+        VariantError: ``module`` not an ``nn.Module``, or ``enabled`` not a bool (``"no"`` switched
+            the check on).
     """
+    check_module(module)
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise bad_value("enabled", enabled, "True or False")
     changed = 0
     for sub in module.modules():
         if isinstance(sub, Attention):
-            sub.check_finite = enabled
+            sub.check_finite = bool(enabled)
             changed += 1
     return changed
 
@@ -494,8 +509,10 @@ def using_form(module: nn.Module, form: str) -> Iterator[int]:
     by token in the recurrent form). Yields the number of attention modules switched.
 
     Raises:
-        VariantError: ``form`` outside :data:`FORMS`, or one a module's rule has no kernel for.
+        VariantError: ``module`` not an ``nn.Module``; ``form`` outside :data:`FORMS`, or one a
+            module's rule has no kernel for.
     """
+    check_module(module)
     check_form(form, None)
     modules = [sub for sub in module.modules() if isinstance(sub, Attention)]
     for sub in modules:

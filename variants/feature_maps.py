@@ -45,7 +45,14 @@ def sum_normalize(phi: Tensor, floor: float | None = None) -> Tensor:
     under the same key k and reading with k returns a(1 − a)·v₁ + a·v₂ with a = ‖φ̂(k)‖₂², which
     is v₂ only when a = 1, i.e. when φ̂(k) is one-hot (a sum-normalised vector has ‖φ̂‖₂ ≤ 1,
     with equality only there). Keys whose φ̂ spreads over many features keep a share of v₁.
+
+    Raises:
+        VariantError: ``phi`` not a tensor of at least one dimension; a ``floor`` that is not a finite
+            number > 0 (:func:`~variants.kernels.limits.floor_for`).
     """
+    if not isinstance(phi, Tensor) or phi.dim() < 1:  # a list raised AttributeError ('to')
+        raise bad_value("phi", tuple(phi.shape) if isinstance(phi, Tensor) else type(phi).__name__,
+                        "a tensor of features (…, d_dot)")
     phi = phi.to(compute_dtype(phi))
     floor = floor_for(phi.dtype, floor)  # 1e-30 in fp32, 1e-300 in float64
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
