@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -154,6 +155,48 @@ def _(ctx):
 @row("L03")
 def _(ctx):
     return raised(VariantError, variants.build_attention, "dpfp:nu=1.5", d_key=D_KEY)
+
+
+@row("L108")
+def _(ctx):
+    """A parameter given twice: the last one won silently ('dpfp:nu=1,nu=2' built ν = 2)."""
+    for spec in "favor:m=4,m=4", "softmax:window=2, window=3", "dpfp-delta:nu=2,nu=2":
+        assert "given twice" in raised(VariantError, variants.parse_spec, spec)
+    return raised(VariantError, variants.build_attention, "dpfp:nu=1,nu=2", d_key=D_KEY)
+
+
+@row("L109")
+def _(ctx):
+    """d_dot_of and chunk_size_in_use answered for what build_attention refuses (d_dot_of("dpfp:nu=2", 0) was 0)."""
+    for spec, d_key in ("dpfp:nu=2", -1), ("favor:m=4", 2.0), ("linear", True):
+        assert raised(VariantError, variants.d_dot_of, spec, d_key).startswith("VariantError: d_key:")
+    assert raised(VariantError, variants.d_dot_of, "dpfp:nu=9", 2).startswith("VariantError: nu: got 9")
+    assert raised(VariantError, variants.d_dot_of, "favor:m=70000", 8).startswith("VariantError: m: got 70000")
+    for chunk_size in 0, -2, 2.5:
+        assert raised(VariantError, variants.chunk_size_in_use, "linear", "chunk", chunk_size).startswith(
+            "VariantError: chunk_size:")
+    return raised(VariantError, variants.d_dot_of, "dpfp:nu=2", 0)
+
+
+@row("L111")
+def _(ctx):
+    """Feature maps took any x: DPFP(4) of (2, 3) gave (2, 6) features, elu+1 (2, 3), FAVOR+ a matmul error."""
+
+    class Square(variants.ElementwiseFeatureMap):  # a user's map: its forward is checked too
+        def forward(self, x):
+            return x * x
+
+    answers = set()
+    for feature_map in variants.DPFP(4), variants.EluPlusOne(4), variants.Tanh(4), variants.Favor(4, m=3), Square(4):
+        for method in feature_map, feature_map.normalized, feature_map.for_queries:
+            answers.add(raised(VariantError, method, torch.randn(2, 3)))
+            for bad in [1.0] * 4, torch.tensor(1.0):
+                assert raised(VariantError, method, bad).startswith("VariantError: x: got")
+            for dtype in torch.int64, torch.bool:
+                assert raised(VariantError, method, torch.ones(2, 4, dtype=dtype)).startswith("VariantError: x.dtype:")
+            assert method(torch.randn(2, 4)).shape[-1] == feature_map.d_dot
+    (answer,) = answers
+    return answer
 
 
 @row("L04")
@@ -1155,6 +1198,154 @@ def _(ctx):
     keys, values = torch.arange(8).repeat(2, 1), torch.arange(1, 9).repeat(2, 1)  # value 8 is outside [0, 8)
     answers = {raised(ValueError, RetrievalModel(spec, 8, d_key=8), keys, values, keys[:, :1])
                for spec in ("linear", "softmax", "dpfp:nu=1", "dpfp-delta:nu=1")}  # every read path
+    (answer,) = answers
+    return answer
+
+
+@row("L110")
+def _(ctx):
+    """A floor of 0, a negative one or NaN gave NaN rows silently (0 / 0), inf zero rows, a string a TypeError."""
+    from fwbench.variants.kernels import sum_rule_chunk, sum_rule_parallel, sum_rule_read, sum_rule_recurrent
+    from fwbench.variants.kernels.dpfp import dpfp
+
+    zeros = torch.zeros(1, 1, 3, 2)
+    calls = [lambda floor: variants.sum_normalize(zeros, floor=floor),
+             lambda floor: dpfp(zeros, 1, normalize=True, floor=floor),
+             lambda floor: sum_rule_parallel(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_chunk(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_recurrent(zeros, zeros, zeros, floor=floor),
+             lambda floor: sum_rule_read(zeros, torch.zeros(1, 1, 2, 2), torch.zeros(1, 1, 2), floor=floor)]
+    for call in calls:
+        for floor in -1.0, math.nan, math.inf, True, "1e-30":
+            assert raised(VariantError, call, floor).startswith("VariantError: floor: got"), floor
+        out = call(0.5)  # a positive floor is taken: zero rows read 0
+        assert not bool((out[0] if isinstance(out, tuple) else out).any())
+    return raised(VariantError, calls[0], 0)
+
+
+@row("L112")
+def _(ctx):
+    """Sparse inputs reached the kernels, which raised NotImplementedError or a reshape error."""
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module, inputs = attention(spec, form=form), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            answers.add(raised(VariantError, module, **{**inputs, "q": inputs["q"].to_sparse()}))
+            _, state = module(**inputs)
+            sparse_state = type(state)(*[x.to_sparse() if isinstance(x, torch.Tensor) else x
+                                         for x in vars(state).values()])
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            for call, args, kwargs in ((module, (q, k, v.to_sparse()), {"beta": beta}),
+                                       (module, (q, k, v), {"beta": beta, "state": sparse_state}),
+                                       (module.read, (q.to_sparse(), state), {}),
+                                       (module.write_read, (k, v, q.to_sparse(), beta), {})):
+                assert ".layout: got torch.sparse_coo" in raised(VariantError, call, *args, **kwargs)
+            if beta is not None:
+                assert raised(VariantError, module, **{**inputs, "beta": beta.to_sparse()}).startswith(
+                    "VariantError: beta.layout:")
+        assert raised(VariantError, AttentionLayer(spec, 8, 2), torch.randn(B, T, 8).to_sparse()).startswith(
+            "VariantError: x.layout:")
+    assert raised(VariantError, variants.Favor(8, m=4), torch.randn(T, 8).to_sparse()).startswith("VariantError: x.layout:")
+    (answer,) = answers
+    return answer
+
+
+@row("L113")
+def _(ctx):
+    """write() and write_read() check their keys as the q of a forward call, and named them q."""
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        module, inputs = attention(spec), qkvb()
+        k, v, q = inputs["k"], inputs["v"], inputs["q"]
+        beta = inputs["beta"] if module.uses_beta else None
+        for call, args in ((module.write, (k, v, beta)), (module.write_read, (k, v, q, beta))):
+            keys, values = args[0], args[1]
+            for bad_keys, bad_values in ((keys[..., :5], values), (keys[0], values), (keys, values.double()),
+                                         (keys, values.to("meta")), (keys, values[:, :, :2])):
+                answer = raised(VariantError, call, bad_keys, bad_values, *args[2:])
+                assert answer.startswith(("VariantError: k", "VariantError: v")), answer
+                assert not any(q_named in answer for q_named in ("of q (", "got q ", "q, k, v:")), answer
+            answers.add(raised(VariantError, call, keys.long(), values, *args[2:]))
+    (answer,) = answers
+    return answer
+
+
+@row("L114")
+def _(ctx):
+    """The model-walking helpers and sum_normalize took anything: an int raised AttributeError ('modules'),
+    a list AttributeError ('to'), and set_check_finite(model, "no") switched the check on."""
+    layer = AttentionLayer("linear", 8, 2)
+    assert raised(VariantError, variants.set_check_finite, 5).startswith("VariantError: module: got 'int'")
+    assert raised(VariantError, variants.set_check_finite, layer, "no").startswith("VariantError: enabled: got 'no'")
+    assert not layer.attention.check_finite
+    assert variants.set_check_finite(layer, True) == 1 and layer.attention.check_finite
+    for phi in [1.0, 2.0], torch.tensor(2.0):
+        assert raised(VariantError, variants.sum_normalize, phi).startswith("VariantError: phi: got")
+    with variants.using_form(layer, "recurrent") as switched:
+        assert switched == 1 and layer.attention.form == "recurrent"
+    return raised(VariantError, lambda: variants.using_form(5, "chunk").__enter__())
+
+
+@row("L105")
+def _(ctx):
+    """β that is not a tensor (a float, a list) reached beta.shape or beta.device unchecked."""
+    answers = set()
+    for spec in SPECS[1:] + ["linear-fwm"]:  # softmax takes no β
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module = attention(spec, form=form)
+            for beta in 0.5, [0.5] * T:
+                inputs = {**qkvb(), "beta": beta}
+                found = {raised(VariantError, module, **inputs),
+                         raised(VariantError, module.write, inputs["k"], inputs["v"], beta),
+                         raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"], beta)}
+                answers |= {answer.replace("'list'", "'float'") for answer in found}
+    (answer,) = answers
+    return answer
+
+
+@row("L106")
+def _(ctx):
+    """write_read's queries were checked against the state written from k, not against k: the fused reads
+    took a meta q beside CPU keys (a CPU output), and float64 q beside float32 keys only in form auto."""
+    answers, dtype_answers = set(), set()
+    for spec in SPECS + ["linear-fwm"]:
+        for form in FORMS:
+            if spec == "linear-fwm" and form in ("parallel", "chunk"):
+                continue
+            module, inputs = attention(spec, form=form), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"].to("meta"), beta))
+            for dtype in torch.float64, torch.float16:
+                dtype_answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"],
+                                         inputs["q"].to(dtype), beta).split(";")[1])
+    assert dtype_answers == {" expected the dtype of k (torch.float32): q, k and v must share one dtype"}
+    (answer,) = answers
+    return answer
+
+
+@row("L107")
+def _(ctx):
+    """A layer's input was not checked against its weights: a float64 x into a float32 layer raised torch's
+    dtype error from the first projection, a meta x gave softmax a meta output and the others a device error."""
+    x = torch.randn(B, T, 8)
+    answers, dtype_answers = set(), set()
+    for spec in SPECS + ["linear-fwm"]:
+        layer = AttentionLayer(spec, 8, 2)
+        answers.add(raised(VariantError, layer, x.to("meta")))
+        dtype_answers.add(raised(VariantError, layer, x.double()))
+        dtype_answers.add(raised(VariantError, AttentionLayer(spec, 8, 2).to(torch.float64), x).replace("float32", "float64")
+                          .replace("(torch.float64)", "(torch.float32)", 1))
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts x and the weights for the projections,
+            for dtype in torch.float16, torch.bfloat16:       # but never float64
+                assert layer(x.to(dtype))[0].shape == x.shape
+            dtype_answers.add(raised(VariantError, layer, x.double()))
+    assert dtype_answers == {"VariantError: x.dtype: got torch.float64; expected the layer's dtype (torch.float32); "
+                             "cast x, or the layer with .to(dtype)"}
     (answer,) = answers
     return answer
 

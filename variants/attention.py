@@ -31,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
+from .checks import check_dense, check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
@@ -55,19 +56,29 @@ def write_read_path(form: str) -> str:
 
 
 def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
-    """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes and β,
+    where given, is a tensor (``needs_beta``: β is required)."""
+    # write() and write_read() pass their keys as q too: name them k, the argument the caller gave
+    # (a write of integer keys was refused as 'q.dtype', one of the wrong d_key as 'q: got d_key 3')
+    named = (("k", k), ("v", v)) if q is k else (("q", q), ("k", k), ("v", v))
+    for name, x in named:
         if not hasattr(x, "dim") or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
             raise bad_value(name, shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not x.is_floating_point():
             raise bad_value(f"{name}.dtype", x.dtype, "a floating-point dtype")
+        check_dense(name, x)
     if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3]:
-        raise VariantError(
-            f"q, k, v: (B, H, T) must agree; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+        got = ", ".join(f"{name} {tuple(x.shape)}" for name, x in named)
+        raise VariantError(f"{', '.join(name for name, _ in named)}: (B, H, T) must agree; got {got}")
     if q.shape[-1] != k.shape[-1]:
         raise VariantError(f"q, k: d_key must agree; got q {q.shape[-1]}, k {k.shape[-1]}")
+    # before the dtype and device checks, which read beta.dtype: a float or a list raised AttributeError
+    # there, for every rule (the sum rule ignores β but checks what it is given)
+    if beta is not None and not isinstance(beta, Tensor):
+        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} or None")
+    if beta is not None:
+        check_dense("beta", beta)
     if needs_beta:
         if beta is None:
             raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the delta rule")
@@ -81,6 +92,19 @@ def check_queries(q: Tensor, k: Tensor) -> None:
         shape = tuple(q.shape) if isinstance(q, Tensor) else type(q).__name__
         expected = (*k.shape[:2], "T_q", k.shape[-1])
         raise bad_value("q", shape, f"a tensor of shape (B, H, T_q, d_key) = {expected}")
+
+
+def check_queries_like_keys(q: Tensor, k: Tensor) -> None:
+    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' dtype and device.
+
+    :meth:`Attention.write_read` writes with k and reads with q, so they meet as q and k do in a forward
+    call. Unchecked, the fused sum- and delta-rule reads took q on another device than k (a meta q gave
+    a CPU output; a CUDA q, a deep torch error) and q float64 against float32 keys, which every other
+    form refused by the dtype of the state it had just written, an argument the caller never gave."""
+    if q.device != k.device:
+        raise bad_value("q.device", str(q.device), f"the device of k ({k.device})")
+    if q.dtype != k.dtype:
+        raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share one dtype")
 
 
 def check_form(form: str, chunk_size: int | None) -> None:
@@ -124,16 +148,31 @@ class Attention(nn.Module):
         """``read(q, write(k, v, beta, state))``: the memory's answer (B, H, T_q, d_v) to queries q
         after storing every (k_t, v_t), through the module's form: ``parallel`` and ``recurrent``
         write with :meth:`forward` in that form, the others with :meth:`write`. Variants override it
-        with a cheaper fused computation for ``auto``."""
+        with a cheaper fused computation for ``auto``.
+
+        Raises:
+            VariantError: as :meth:`forward` for k, v and β; q not a floating (B, H, T_q, d_key) tensor
+                of the keys' B, H, dtype and device."""
+        self._check_write_read(k, v, q, beta)
         if write_read_path(self.form) in ("parallel", "recurrent"):
             _, state = self(k, k, v, beta=beta, state=state)
             return self.read(q, state)
         return self.read(q, self.write(k, v, beta, state))
 
+    def _check_write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None) -> None:
+        """The checks of every :meth:`write_read`, whatever its path: keys and values as in a write,
+        queries that fit them (:func:`check_queries`, :func:`check_queries_like_keys`)."""
+        check_qkv(k, k, v, beta, self.uses_beta)
+        self._check_inputs(k, k, v, beta)
+        self._check_query(q)
+        check_queries(q, k)
+        check_queries_like_keys(q, k)
+
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
-        check_dtype_and_device(q, k, v, beta)
-        check_key_size("q", q, self.d_key)
+        check_dtype_and_device(q, k, v, beta, "k" if q is k else "q")
+        if q is not k:  # write() passes its keys as q
+            check_key_size("q", q, self.d_key)
         check_key_size("k", k, self.d_key)
 
     def _check_query(self, q: Tensor) -> None:
@@ -143,7 +182,16 @@ class Attention(nn.Module):
             raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not q.is_floating_point():
             raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
+        check_dense("q", q)
         check_key_size("q", q, self.d_key)
+
+
+def _beta_for(beta: Tensor | None, x: Tensor) -> Tensor | None:
+    """β in the compute dtype of the keys x (fp32, or float64 for float64 keys). β may come in another
+    floating dtype (:func:`~variants.checks.check_dtype_and_device`), but the kernels compute in the widest
+    dtype they are given: a float64 β beside fp32 q, k, v gave a float64 state, which the next call with
+    the same inputs refused (two calls no longer equalled one) and the other forms' write-then-read too."""
+    return None if beta is None else beta.to(compute_dtype(x))
 
 
 class FastWeightAttention(Attention):
@@ -268,7 +316,7 @@ class FastWeightAttention(Attention):
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         y, W, z = self.update_rule.kernels[kernel_form](
-            self.phi(q, query=True), self.phi(k), v, beta, W0, z0, self._chunk_size(kernel_form, chunk_size)
+            self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0, self._chunk_size(kernel_form, chunk_size)
         )
         return y, FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
@@ -284,7 +332,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        W, z = self.update_rule.write(self.phi(k), v, beta, W0, z0, self._chunk_size("write", chunk_size))
+        W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
         return FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -301,14 +349,11 @@ class FastWeightAttention(Attention):
         path = write_read_path(self.form)
         if path != "write_read":
             return super().write_read(k, v, q, beta, state)
-        check_qkv(k, k, v, beta, self.uses_beta)
-        self._check_inputs(k, k, v, beta)
-        self._check_query(q)
-        check_queries(q, k)
+        self._check_write_read(k, v, q, beta)
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, beta, W0, z0,
+        return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, _beta_for(beta, k), W0, z0,
                                            self._chunk_size("write_read", None))
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
@@ -408,6 +453,7 @@ class SoftmaxAttention(Attention):
         parallel or recurrent form, as other variants do, kept ``window − 1`` tokens, what the next
         token's query needs beside its own key, so under a window a read saw one key fewer than after
         :meth:`write`, and the retrieval task's answers changed with the form.)"""
+        self._check_write_read(k, v, q, None)
         return self.read(q, self.write(k, v, beta, state))
 
     def read(self, q: Tensor, state: KVCacheState) -> Tensor:
@@ -428,16 +474,30 @@ class SoftmaxAttention(Attention):
         return f"d_key={self.d_key}, window={self.window}, form={self.form}"
 
 
+def check_module(module: object) -> None:
+    """Raise :class:`VariantError` unless ``module`` is an ``nn.Module`` (a model to walk for attention
+    modules): an int or a bare Attention's state raised AttributeError ('modules')."""
+    if not isinstance(module, nn.Module):
+        raise bad_value("module", type(module).__name__, "a torch.nn.Module (a model or an attention module)")
+
+
 def set_check_finite(module: nn.Module, enabled: bool = True) -> int:
     """Switch the NaN/inf input check on (or off) in every attention module inside ``module``.
 
     Returns the number of attention modules changed. The check makes each call raise
     :class:`NonFiniteError` when q, k, v, β or the carried state holds a NaN or ±inf.
+
+    Raises:
+        VariantError: ``module`` not an ``nn.Module``, or ``enabled`` not a bool (``"no"`` switched
+            the check on).
     """
+    check_module(module)
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise bad_value("enabled", enabled, "True or False")
     changed = 0
     for sub in module.modules():
         if isinstance(sub, Attention):
-            sub.check_finite = enabled
+            sub.check_finite = bool(enabled)
             changed += 1
     return changed
 
@@ -449,8 +509,10 @@ def using_form(module: nn.Module, form: str) -> Iterator[int]:
     by token in the recurrent form). Yields the number of attention modules switched.
 
     Raises:
-        VariantError: ``form`` outside :data:`FORMS`, or one a module's rule has no kernel for.
+        VariantError: ``module`` not an ``nn.Module``; ``form`` outside :data:`FORMS`, or one a
+            module's rule has no kernel for.
     """
+    check_module(module)
     check_form(form, None)
     modules = [sub for sub in module.modules() if isinstance(sub, Attention)]
     for sub in modules:

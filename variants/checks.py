@@ -20,19 +20,28 @@ from torch import Tensor
 from .errors import NonFiniteError, VariantError, bad_value
 
 
-def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
-    """q, k and v must share one dtype; q, k, v and β must live on one device.
+def check_dense(name: str, x: Tensor) -> None:
+    """Raise :class:`VariantError` unless ``x`` is a dense (strided) tensor: a sparse q, v, β, state or
+    layer input raised NotImplementedError or "reshape is not implemented for sparse tensors" from
+    inside the kernels (and every kernel reshapes, slices and multiplies dense rows)."""
+    if x.layout != torch.strided:
+        raise bad_value(f"{name}.layout", x.layout, "a dense tensor (torch.strided); convert it with .to_dense()")
 
-    β may have another floating dtype (the kernels read it in fp32), but not another device.
+
+def check_dtype_and_device(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, reference: str = "q") -> None:
+    """q, k and v must share one dtype; q, k, v and β must live on one device. ``reference``: the name
+    the messages give q (``"k"`` for a write, which passes its keys as q).
+
+    β may have another floating dtype (the modules read it in the compute dtype of q, k, v: fp32, or
+    float64 for float64 inputs), but not another device.
     """
     for name, x in (("k", k), ("v", v)):
         if x.dtype != q.dtype:
-            raise VariantError(
-                f"{name}.dtype: got {x.dtype}; expected the dtype of q ({q.dtype}): q, k and v must share one dtype"
-            )
+            raise VariantError(f"{name}.dtype: got {x.dtype}; expected the dtype of {reference} ({q.dtype}): "
+                               "q, k and v must share one dtype")
     for name, x in (("k", k), ("v", v), ("beta", beta)):
         if x is not None and x.device != q.device:
-            raise bad_value(f"{name}.device", str(x.device), f"the device of q ({q.device})")
+            raise bad_value(f"{name}.device", str(x.device), f"the device of {reference} ({q.device})")
     if beta is not None and not beta.is_floating_point():
         raise bad_value("beta.dtype", beta.dtype, "a floating-point dtype (write strengths in (0, 1))")
 
@@ -50,6 +59,7 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
     """A carried state's tensor must be on the inputs' device and of the dtype the module keeps."""
     if not isinstance(x, Tensor):
         raise bad_value(name, type(x).__name__, "a tensor")
+    check_dense(name, x)
     if x.device != device:
         raise bad_value(f"{name}.device", str(x.device), f"the device of q ({device}); move the state with .to()")
     if x.dtype != dtype:
@@ -72,8 +82,9 @@ def all_finite(tensors: Iterable[Tensor]) -> bool:
     One reduction per tensor and one host synchronisation in all: a sum is finite only if every
     element is (NaN and ±inf propagate), so the common case reads each tensor once and writes no
     mask. A sum that overflows on finite values falls through to the exact, per-element check.
+    Tensors on ``meta`` (a shape-only run) hold no values and count as finite.
     """
-    present = [x for x in tensors if x.numel()]
+    present = [x for x in tensors if x.numel() and not x.is_meta]
     if not present:
         return True
     sums = torch.stack([x.sum(dtype=torch.float32) if x.is_floating_point() else x.new_zeros((), dtype=torch.float32)

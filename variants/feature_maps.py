@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_dense
 from .errors import bad_value
 from .kernels.dpfp import dpfp
 from .kernels.limits import FP32_LIMITS, floor_for, numeric_limits
@@ -44,12 +45,25 @@ def sum_normalize(phi: Tensor, floor: float | None = None) -> Tensor:
     under the same key k and reading with k returns a(1 − a)·v₁ + a·v₂ with a = ‖φ̂(k)‖₂², which
     is v₂ only when a = 1, i.e. when φ̂(k) is one-hot (a sum-normalised vector has ‖φ̂‖₂ ≤ 1,
     with equality only there). Keys whose φ̂ spreads over many features keep a share of v₁.
+
+    Raises:
+        VariantError: ``phi`` not a tensor of at least one dimension; a ``floor`` that is not a finite
+            number > 0 (:func:`~variants.kernels.limits.floor_for`).
     """
+    if not isinstance(phi, Tensor) or phi.dim() < 1:  # a list raised AttributeError ('to')
+        raise bad_value("phi", tuple(phi.shape) if isinstance(phi, Tensor) else type(phi).__name__,
+                        "a tensor of features (…, d_dot)")
     phi = phi.to(compute_dtype(phi))
     floor = floor_for(phi.dtype, floor)  # 1e-30 in fp32, 1e-300 in float64
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds
     # three full-size temporaries more, which dominate the delta rule's cost on CPU.
     return phi * phi.sum(dim=-1, keepdim=True).clamp(min=floor).reciprocal()
+
+
+def _check_input_hook(module: FeatureMap, args: tuple) -> None:
+    """Forward pre-hook of every feature map (a function, not a lambda: a module holding it pickles)."""
+    if args:
+        module.check_input(args[0])
 
 
 def positive_int(argument: str, value: object) -> int:
@@ -69,6 +83,19 @@ class FeatureMap(nn.Module):
     def __init__(self, d_key: int):
         super().__init__()
         self.d_key = positive_int("d_key", d_key)
+        self.register_forward_pre_hook(_check_input_hook)  # maps users write too: their forward gets checked x
+
+    def check_input(self, x: object) -> None:
+        """Raise :class:`VariantError` unless ``x`` is a floating tensor (…, d_key). Called before every
+        ``forward`` (a pre-hook) and by the built-in maps' :meth:`normalized`, :meth:`for_queries` and
+        ``exponents``, which do not go through it: DPFP(4) of x (…, 3) returned (…, 6) features, and a
+        list, an integer tensor or a 0-d one raised errors from inside torch."""
+        if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != self.d_key:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise bad_value("x", shape, f"a tensor of shape (…, d_key={self.d_key})")
+        if not x.is_floating_point():
+            raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
+        check_dense("x", x)
 
     @classmethod
     def check_parameters(cls, d_key: int, **params: int) -> None:
@@ -148,6 +175,7 @@ class EluPlusOne(ElementwiseFeatureMap):
     def _shifted(self, x: Tensor) -> Tensor:
         """elu(x − s) + 1 = φ(x) · e^(−s) per token, s = the largest coordinate of a token whose every
         coordinate is below :data:`ELU_SHIFT_BELOW`, else 0 (then exactly φ(x)); s is detached."""
+        self.check_input(x)
         top = x.detach().amax(dim=-1, keepdim=True)
         shift = torch.where(top < ELU_SHIFT_BELOW, top, torch.zeros_like(top))
         return F.elu(x - shift) + 1.0
@@ -229,6 +257,7 @@ class DPFP(FeatureMap):
         homogeneous of degree 2, so the ratio is unchanged (bit for bit where nothing under- or
         overflows), while φ of the unscaled x would fall below the floor for ‖x‖ ≲ 1e-15 in fp32 (rows
         then no longer sum to 1) and overflow to inf/inf = NaN for ‖x‖ ≳ 1e19."""
+        self.check_input(x)
         return dpfp(unit_scaled(x), self.nu, normalize=True)  # the compute dtype's floor
 
     def for_queries(self, x: Tensor) -> Tensor:
@@ -236,6 +265,7 @@ class DPFP(FeatureMap):
         factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly. Keeps that read
         normalised for queries of any scale (unscaled, DPFP of N(0, 1)·1e-8 inputs gives a mass zᵀφ(q)
         below the normaliser's floor, and the output collapses to 0)."""
+        self.check_input(x)
         return dpfp(unit_scaled(x), self.nu)
 
     def extra_repr(self) -> str:
@@ -366,6 +396,7 @@ class Favor(FeatureMap):
     def exponents(self, x: Tensor) -> Tensor:
         """The estimator's exponents [Ωᵀx − ‖x‖²/2, −Ωᵀx − ‖x‖²/2] − ½ log 2m, (…, d_key) → (…, 2m),
         in the compute dtype (fp32, or float64 for float64 x)."""
+        self.check_input(x)
         dtype = compute_dtype(x)
         x = x.to(dtype)
         projection = x @ self.omega.to(dtype)

@@ -13,10 +13,18 @@ import torch
 from torch import Tensor, nn
 
 from .attention import Attention
-from .checks import check_finite
+from .checks import check_dense, check_finite
 from .errors import VariantError, bad_value
 from .feature_maps import positive_int
 from .registry import VariantSpec, build_attention, parse_spec
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; ``False`` for a device autocast does not know (meta)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # "unknown device type for autocast"
+        return False
 
 
 class AttentionLayer(nn.Module):
@@ -70,13 +78,34 @@ class AttentionLayer(nn.Module):
         B, T, _ = x.shape
         return x.view(B, T, self.n_heads, size).transpose(1, 2)
 
+    def _check_like_weights(self, x: Tensor) -> None:
+        """x on the layer's device and of its dtype (under autocast, which casts fp16, bf16 and fp32 for the
+        projections: float64 only beside float64 weights). A float64 x into a float32 layer raised torch's
+        'expected m1 and m2 to have the same dtype' from the first projection, and a meta x into a CPU layer
+        returned a meta output for softmax and a device error from inside the kernels for the others."""
+        weight = self.q_proj.weight
+        if x.device != weight.device:
+            raise bad_value("x.device", str(x.device), f"the layer's device ({weight.device}); move x or the layer with .to()")
+        if x.dtype != weight.dtype and not (
+                _autocast_on(x.device.type)  # casts fp16, bf16 and fp32 alike for the projections, never float64
+                and (x.dtype == torch.float64) == (weight.dtype == torch.float64)):
+            raise VariantError(f"x.dtype: got {x.dtype}; expected the layer's dtype ({weight.dtype}); cast x, or the "
+                               "layer with .to(dtype)")
+
     def forward(self, x: Tensor, state=None):
-        """(B, T, d_model) → ((B, T, d_model), state after the last token), in the layer's form."""
+        """(B, T, d_model) → ((B, T, d_model), state after the last token), in the layer's form.
+
+        Raises:
+            VariantError: x not a floating (B, T, d_model) tensor on the layer's device and of its dtype
+                (under autocast: float64 for float64 weights only); a state from another variant, batch or dtype.
+            NonFiniteError: a NaN or ±inf in x, with ``check_finite`` on."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
+        check_dense("x", x)
+        self._check_like_weights(x)
         if self.attention.check_finite:
             check_finite(x=x)
         q = self._heads(self.q_proj(x), self.d_key)

@@ -24,7 +24,7 @@ import torch
 
 from .attention import FORMS, Attention, FastWeightAttention, SoftmaxAttention
 from .errors import VariantError, bad_value, check_name
-from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh
+from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, positive_int
 from .rules import RULES, UpdateRule, add_rule
 
 
@@ -212,7 +212,7 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
 
     Raises:
         VariantError: unknown name (lists the known ones), unknown parameter (lists the allowed
-            ones), or a value that is not a positive integer.
+            ones), a parameter given twice, or a value that is not a positive integer.
     """
     if isinstance(spec, VariantSpec):
         return spec
@@ -223,7 +223,7 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
     if name not in REGISTRY:
         raise bad_value("variant", name, f"one of {_allowed_names()}")
     info = REGISTRY[name]
-    params = dict(info.params)
+    params, given = dict(info.params), {}
     for item in filter(None, (part.strip() for part in rest.split(","))):
         key, eq, value = item.partition("=")
         key = key.strip()
@@ -232,6 +232,10 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
             raise VariantError(f"variant {name}: unknown parameter {key!r}; allowed parameters: {allowed}")
         if not eq:
             raise bad_value(f"{name}:{key}", item, f"{key}=<positive integer>")
+        if key in given:  # the last one won silently: 'dpfp:nu=1,nu=2' built ν = 2
+            raise VariantError(f"variant {name}: parameter {key!r} given twice ({given[key]} and {value.strip()}); "
+                               "expected each parameter once")
+        given[key] = value.strip()
         try:
             number = int(value.strip())
         except ValueError:
@@ -270,8 +274,14 @@ def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = Fa
 
 def d_dot_of(spec: str | VariantSpec, d_key: int) -> int | None:
     """φ's output size for ``spec`` at ``d_key`` (``None`` for softmax), as the feature map declares
-    it (:meth:`FeatureMap.output_size`), without building tensors."""
-    spec = parse_spec(spec)
+    it (:meth:`FeatureMap.output_size`), without building tensors.
+
+    Raises:
+        VariantError: as :func:`check_spec`: a bad spec, a d_key that is not a positive integer, or
+            parameters the feature map refuses at ``d_key`` (a size for a map that cannot be built:
+            ``d_dot_of("dpfp:nu=2", 0)`` was 0, ``d_dot_of("dpfp:nu=9", 2)`` 36)."""
+    positive_int("d_key", d_key)
+    spec = check_spec(spec, d_key)
     factory = spec.info.feature_map
     if factory is None:
         return None
@@ -322,9 +332,12 @@ def chunk_size_in_use(spec: str | VariantSpec, path: str, chunk_size: int | None
     write and fused write-then-read, nor the FWM rule.
 
     Raises:
-        VariantError: an unknown path, or a form the rule has no kernel for (FWM: only recurrent).
+        VariantError: an unknown path, a form the rule has no kernel for (FWM: only recurrent), or a
+            ``chunk_size`` that is not a positive integer (0 came back as the chunk size in use).
     """
     rule = parse_spec(spec).info.update_rule
+    if chunk_size is not None:
+        positive_int("chunk_size", chunk_size)
     paths = (*FORMS, "write", "write_read")
     if path not in paths:
         raise bad_value("path", path, f"one of {', '.join(paths)}")

@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fwbench.variants import VariantError, build_attention
 from fwbench.variants.kernels import (
     delta_rule_chunk,
     delta_rule_parallel,
@@ -175,3 +176,30 @@ def test_the_delta_write_read_of_an_empty_sequence_reads_the_carried_state(wide)
     empty = delta_rule_write_read(given["queries"], k, v, beta)
     dtype = torch.float32 if wide in (None, "W0") else torch.float64
     assert empty.dtype == dtype and torch.equal(empty, torch.zeros(B, H, T_Q, D_V, dtype=dtype))
+
+
+BETA_SPECS = ["linear-delta", "favor-delta:m=4", "dpfp-delta-unnorm", "linear-fwm"]
+
+
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", BETA_SPECS)
+def test_a_wider_beta_computes_in_the_dtype_of_q_k_v_so_its_state_carries_on(spec, form):
+    """β may come in another floating dtype than q, k, v; a float64 β beside fp32 inputs made the kernels
+    compute in float64 and return a float64 state, which the next call with the same inputs refused
+    ("state.W.dtype: got torch.float64; expected torch.float32"), as did every form's write-then-read but
+    the fused one. It is now read in the inputs' compute dtype: bit for bit the fp32 β's answers."""
+    try:
+        attention = build_attention(spec, 4, form=form, chunk_size=2)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+    generator = torch.Generator().manual_seed(3)
+    q, k = torch.randn(2, 2, 6, 4, generator=generator), torch.randn(2, 2, 6, 4, generator=generator)
+    v, beta = torch.randn(2, 2, 6, 3, generator=generator), torch.rand(2, 2, 6, generator=generator, dtype=torch.float64)
+    y, state = attention(q, k, v, beta=beta)
+    y_narrow, state_narrow = attention(q, k, v, beta=beta.float())
+    assert state.W.dtype == torch.float32 and torch.equal(y, y_narrow) and torch.equal(state.W, state_narrow.W)
+    first, carried = attention(q[:, :, :3], k[:, :, :3], v[:, :, :3], beta=beta[:, :, :3])
+    second, _ = attention(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:], beta=beta[:, :, 3:], state=carried)
+    torch.testing.assert_close(torch.cat([first, second], dim=2), y)
+    assert torch.equal(attention.write(k, v, beta).W, attention.write(k, v, beta.float()).W)
+    assert torch.equal(attention.write_read(k, v, q, beta), attention.write_read(k, v, q, beta.float()))

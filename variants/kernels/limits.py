@@ -33,9 +33,13 @@ e^13.8 to a term's size.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
+
+from ..errors import bad_value
 
 
 @dataclass(frozen=True)
@@ -66,5 +70,15 @@ def numeric_limits(dtype: torch.dtype) -> NumericLimits:
 
 def floor_for(dtype: torch.dtype, floor: float | None = None) -> float:
     """``floor`` if one is given, else the floor of ``dtype`` (:func:`numeric_limits`): the
-    default of every kernel's ``floor`` argument, resolved once the compute dtype is known."""
-    return numeric_limits(dtype).floor if floor is None else floor
+    default of every kernel's ``floor`` argument (and :func:`~variants.feature_maps.sum_normalize`'s),
+    resolved once the compute dtype is known.
+
+    Raises:
+        VariantError: a given ``floor`` that is not a finite number > 0 (0, a negative one or NaN turned
+            every all-zero feature row or empty attention row into NaN silently, NaN every row; inf
+            read every row as 0; a string raised a bare TypeError from clamp)."""
+    if floor is None:
+        return numeric_limits(dtype).floor
+    if isinstance(floor, bool) or not isinstance(floor, numbers.Real) or not (math.isfinite(floor) and floor > 0):
+        raise bad_value("floor", floor, "a finite number > 0, or None for the compute dtype's floor")
+    return float(floor)

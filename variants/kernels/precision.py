@@ -29,8 +29,11 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
 def all_finite(*tensors: Tensor | None) -> bool:
     """Whether every element of the given tensors is finite: one sum per tensor (a sum is finite
     only if every term is; NaN and ±inf propagate), and the exact per-element check only when a
-    sum of finite values overflowed. One host synchronisation."""
-    present = [x for x in tensors if x is not None and x.numel()]
+    sum of finite values overflowed. One host synchronisation. Tensors on ``meta`` hold no values and
+    count as finite: a shape-only run then takes the kernels' plain path (it raised "Tensor.item()
+    cannot be called on meta tensors" here, for every fast-weight variant; softmax's reads already
+    skip the check on meta)."""
+    present = [x for x in tensors if x is not None and x.numel() and not x.is_meta]
     if not present:
         return True
     sums = torch.stack([x.sum(dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) for x in present])
