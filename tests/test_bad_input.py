@@ -1790,6 +1790,25 @@ def _(ctx):
     return answer
 
 
+@row("C251")
+def _(ctx):
+    """A claims file that is a link into a missing directory: a traceback from os.open at the first claim."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "claims.lock").symlink_to("../nodir/c")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "nodir").exists() and (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C252")
+def _(ctx):
+    """A lock file that is a directory: 'Is a directory', with no word of what it must be."""
+    results = ctx.tmp_path / "R"
+    (results / "runs.lock").mkdir(parents=True)
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

@@ -181,17 +181,22 @@ class ResultsStore:
         raise FwbenchError(f"{self.option}: got {str(self.directory)!r},{where} {why}; expected {expected} (point the "
                            "link at it)")
 
-    def check_writable(self) -> None:
+    def check_writable(self, claims: bool = True) -> None:
         """Fail now, before any training, if records could not be stored here.
 
         Creates the directory if needed and opens the lock and records files for appending
-        (writing nothing). Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
+        (writing nothing), and with ``claims`` (a store whose runs are claimed, :meth:`claim`) the claims file.
+        Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
         """
         with self._locked():
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
             except OSError as exc:
                 raise self._unwritable(exc) from None
+            # claims.lock is opened at the first claim, after the grid is read: a directory or a broken link there
+            # ended the run in a traceback (an OSError from os.open)
+            if claims:
+                os.close(self._open_claims())
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
@@ -264,17 +269,29 @@ class ResultsStore:
 
     def _unwritable(self, exc: OSError, path: Path | None = None, verb: str = "write",
                     what: str = "a records file") -> FwbenchError:
-        """The refusal of a records file (or ``path``, the lock file: ``verb`` 'open', ``what`` 'a lock file') that
-        cannot be opened for appending. One that is a link to nothing is written through (a run creates its target);
-        where the target's directory is missing, the error said only "cannot write 'R/runs.jsonl': No such file or
-        directory", R being there: the link and its target are named."""
+        """The refusal of a records file (or ``path``, another file of the store: the lock file, claims.lock, the
+        torn lines' file, ``verb`` 'open', ``what`` 'a lock file') that cannot be opened for appending. One that is a
+        link to nothing is written through (a run creates its target); where the target's directory is missing, the
+        error said only "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its
+        target are named."""
         path = self.path if path is None else path
         if path.is_symlink() and not path.exists() and exc.errno == errno.ENOENT:
             target = Path(os.path.realpath(path))
             return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}, a link to {str(path.readlink())!r}: "
                                 f"{exc.strerror}; expected {what} or a link to one that can be made (create "
                                 f"{str(target.parent)!r} or point the link elsewhere)")
-        return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}: {exc.strerror}")
+        # other failures were told by their errno alone ('Is a directory', 'Too many levels of symbolic links'), with
+        # no word of what the file must be nor how to mend it
+        named, why, remedy = repr(str(path)), exc.strerror, ""
+        if exc.errno == errno.EISDIR:
+            remedy = " (move the directory away)"
+        elif exc.errno == errno.ELOOP and path.is_symlink():
+            remedy = " (remove the link or point it at a file)"
+        elif exc.errno == errno.ENOTDIR and path.is_symlink() and (blocked := blocking_file(path)) is not None:
+            named = f"{named}, a link to {str(path.readlink())!r}"
+            why = f"{why} ({str(blocked)!r} is a file)"
+            remedy = " (remove the link or point it elsewhere)"
+        return FwbenchError(f"--results-dir: cannot {verb} {named}: {why}; expected {what}{remedy}")
 
     def _load_unlocked(self) -> LoadedRecords:
         if not self._records_file_exists():
@@ -397,7 +414,7 @@ class ResultsStore:
         """
         if self._claims_fd is None:
             self._ensure_writable()
-            self._claims_fd = os.open(self.directory / CLAIMS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            self._claims_fd = self._open_claims()
         offset = int(hashlib.sha256(run_id.encode()).hexdigest()[:15], 16)  # stable across processes
         try:
             fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, offset)
@@ -410,6 +427,18 @@ class ResultsStore:
             yield True
         finally:
             fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, offset)
+
+    def _open_claims(self) -> int:
+        """A descriptor of ``claims.lock``, opened for reading and writing (created where missing).
+
+        Raises:
+            FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop).
+        """
+        path = self.directory / CLAIMS_FILE
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise self._unwritable(exc, path, "open", "a claims file") from None
 
     def close(self) -> None:
         """Release the claims file (and with it any claim still held)."""

@@ -327,6 +327,74 @@ def test_a_lock_file_linked_into_a_missing_directory_names_the_link(tmp_path, ca
         assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+@pytest.mark.parametrize("kind", ["a link into a missing directory", "a directory", "a loop"])
+def test_a_claims_file_that_cannot_be_opened_is_refused_in_one_line_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/claims.lock (the file whose byte-range locks claim runs) a link into a directory
+    that does not exist, a directory, or a link looping back to itself: ``fwbench run`` ended in a traceback
+    (``FileNotFoundError``, ``IsADirectoryError``, ``OSError: [Errno 40]`` from os.open at the first claim). It is
+    refused in one line by check_writable, before any training, naming the file, what it must be and the mend; the
+    advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    claims = results / "claims.lock"
+    if kind == "a directory":
+        claims.mkdir()
+        why, mend = "Is a directory; expected a claims file (move the directory away)", lambda: claims.rmdir()
+    elif kind == "a loop":
+        claims.symlink_to("claims.lock")
+        why = "Too many levels of symbolic links; expected a claims file (remove the link or point it at a file)"
+        mend = claims.unlink
+    else:
+        claims.symlink_to("../nodir/c")
+        why = (f"No such file or directory; expected a claims file or a link to one that can be made (create "
+               f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)")
+        mend = (tmp_path / "nodir").mkdir
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    named = f"{str(claims)!r}, a link to '../nodir/c'" if kind == "a link into a missing directory" else repr(str(claims))
+    assert capsys.readouterr().err == f"fwbench: error: --results-dir: cannot open {named}: {why}\n"
+    assert (results / "runs.jsonl").read_text() == ""  # refused before any training
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["a directory", "a loop", "a link under a file"])
+def test_a_lock_file_that_cannot_be_opened_says_what_it_must_be(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/runs.lock a directory, a link looping back to itself, or a link to a path under
+    a file: ``fwbench run`` said only "cannot open 'R/runs.lock': Is a directory" ("Too many levels of symbolic
+    links", "Not a directory"), with neither what it must be nor a remedy. Both are said (and the file that blocks
+    the link's target); the advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    lock = results / "runs.lock"
+    named = repr(str(lock))
+    if kind == "a directory":
+        lock.mkdir()
+        why, mend = "Is a directory; expected a lock file (move the directory away)", lock.rmdir
+    elif kind == "a loop":
+        lock.symlink_to("runs.lock")
+        why, mend = ("Too many levels of symbolic links; expected a lock file (remove the link or point it at a "
+                     "file)"), lock.unlink
+    else:
+        (tmp_path / "notes.txt").write_text("notes\n")
+        lock.symlink_to("../notes.txt/l")
+        named = f"{named}, a link to '../notes.txt/l'"
+        why = (f"Not a directory ({str(tmp_path / 'notes.txt')!r} is a file); expected a lock file (remove the link "
+               "or point it elsewhere)")
+        mend = lock.unlink
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fwbench: error: --results-dir: cannot open {named}: {why}\n"
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_chain_of_links_to_nothing_names_each_link(tmp_path, capsys, under):
     """Break-it finding (h-breakF): --results-dir R, a link to a link to nothing (``ln -s mid R; ln -s gone mid``):
