@@ -1809,6 +1809,21 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
 
 
+@row("C253")
+def _(ctx):
+    """A torn-lines file that is a directory: the run trained, then its append named runs.jsonl."""
+    results = ctx.tmp_path / "R"
+    (results / "runs.jsonl.torn").mkdir(parents=True)
+    (results / "runs.jsonl").write_text('{"run_id": "b", "me')
+    ctx.capsys.readouterr()
+    status = main(["run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet"])
+    # two lines: the warning for the torn line, then the refusal
+    warning, refusal = ctx.capsys.readouterr().err.splitlines()
+    assert warning.endswith("runs.jsonl:1: corrupt or truncated record skipped"), warning
+    assert (results / "runs.jsonl").read_text() == '{"run_id": "b", "me'
+    return f"exit {status}: {refusal}"
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

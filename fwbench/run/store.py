@@ -197,6 +197,9 @@ class ResultsStore:
             # ended the run in a traceback (an OSError from os.open)
             if claims:
                 os.close(self._open_claims())
+            if self._torn_tail(terminate=False) is not None:
+                # the next append sets the torn line aside: a torn-lines file that cannot take it is told now
+                self._open_torn().close()
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
@@ -366,18 +369,20 @@ class ResultsStore:
                 os.close(fd)
         return True
 
-    def _set_aside_torn_tail(self) -> None:
-        """Move an unterminated last line (a write cut short by a killed process) to ``runs.jsonl.torn``.
+    def _torn_tail(self, terminate: bool = True) -> int | None:
+        """Where the records file's unterminated last line starts (a write cut short by a killed process), or None
+        where it has none; one complete but for its newline is kept, not set aside (``terminate``: it gets its
+        newline here).
 
         Called with the exclusive lock held, so no live writer can be mid-line.
         """
         if not self.path.exists() or self.path.stat().st_size == 0:
-            return
+            return None
         with open(self.path, "rb+") as handle:
             end = handle.seek(0, os.SEEK_END)
             handle.seek(end - 1)
             if handle.read(1) == b"\n":
-                return
+                return None
             start = end
             while start > 0:  # find the start of the last line, reading backwards in blocks
                 block = min(65536, start)
@@ -389,16 +394,42 @@ class ResultsStore:
                     break
                 start -= block
             handle.seek(start)
-            fragment = handle.read()
-            if _is_record(fragment, first=start == 0):  # complete but for its newline: keep it
+            if _is_record(handle.read(), first=start == 0):  # complete but for its newline: keep it
+                if not terminate:
+                    return None
                 handle.write(b"\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-                return
-            with open(self.directory / TORN_FILE, "ab") as torn:
-                torn.write(fragment + b"\n")
-                torn.flush()
-                os.fsync(torn.fileno())
+                return None
+        return start
+
+    def _open_torn(self):
+        """``runs.jsonl.torn`` opened for appending (binary).
+
+        Raises:
+            FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop): it
+                was called "cannot write 'R/runs.jsonl'", the records file, which was fine, and only at the first
+                append, after a run had trained.
+        """
+        torn = self.directory / TORN_FILE
+        try:
+            return open(torn, "ab")
+        except OSError as exc:
+            raise self._unwritable(exc, torn, "open", "a file for torn lines") from None
+
+    def _set_aside_torn_tail(self) -> None:
+        """Move an unterminated last line (a write cut short by a killed process) to ``runs.jsonl.torn``.
+
+        Called with the exclusive lock held, so no live writer can be mid-line.
+        """
+        start = self._torn_tail()
+        if start is None:
+            return
+        with self._open_torn() as torn, open(self.path, "rb+") as handle:
+            handle.seek(start)
+            torn.write(handle.read() + b"\n")
+            torn.flush()
+            os.fsync(torn.fileno())
             handle.truncate(start)
             handle.flush()
             os.fsync(handle.fileno())

@@ -361,6 +361,44 @@ def test_a_claims_file_that_cannot_be_opened_is_refused_in_one_line_before_train
     assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("kind", ["a link into a missing directory", "a directory", "a loop"])
+def test_a_torn_lines_file_that_cannot_be_opened_is_named_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/runs.jsonl ending in a torn line (a writer killed mid-write) and
+    R/runs.jsonl.torn, where the next append moves that line, a directory, a link looping back to itself, or a link
+    into a directory that does not exist: ``fwbench run`` trained the run, then said "cannot write 'R/runs.jsonl': Is
+    a directory" (…), the records file, which was fine, and lost the run. The torn-lines file is named, with what it
+    must be and the mend, before any training; the advice followed, the line is set aside and the run stored."""
+    results = tmp_path / "R"
+    results.mkdir()
+    kept = '{"run_id": "a", "status": "failed"}\n'
+    (results / "runs.jsonl").write_text(kept + '{"run_id": "b", "me')
+    torn = results / "runs.jsonl.torn"
+    named = repr(str(torn))
+    if kind == "a directory":
+        torn.mkdir()
+        why, mend = "Is a directory; expected a file for torn lines (move the directory away)", torn.rmdir
+    elif kind == "a loop":
+        torn.symlink_to("runs.jsonl.torn")
+        why = "Too many levels of symbolic links; expected a file for torn lines (remove the link or point it at a file)"
+        mend = torn.unlink
+    else:
+        torn.symlink_to("../nodir/t")
+        named = f"{named}, a link to '../nodir/t'"
+        why = (f"No such file or directory; expected a file for torn lines or a link to one that can be made (create "
+               f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)")
+        mend = (tmp_path / "nodir").mkdir
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"fwbench: error: --results-dir: cannot open {named}: {why}"
+    assert (results / "runs.jsonl").read_text() == kept + '{"run_id": "b", "me'  # nothing written, nothing trained
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert torn.read_text() == '{"run_id": "b", "me\n'
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.mark.parametrize("kind", ["a directory", "a loop", "a link under a file"])
 def test_a_lock_file_that_cannot_be_opened_says_what_it_must_be(tmp_path, capsys, kind):
     """Break-it finding (h-breakH): R/runs.lock a directory, a link looping back to itself, or a link to a path under
