@@ -1647,6 +1647,29 @@ def _(ctx):
     return answer
 
 
+@row("C255")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    (ctx.tmp_path / "loop").symlink_to("loop")
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to("loop/sub")  # leads into loop's loop; it does not lead back to itself
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer
+    return answer
+
+
+@row("C254")
+def _(ctx):
+    """A results directory that is a link into another link's loop: it was called a loop itself."""
+    (ctx.tmp_path / "loop").symlink_to("loop")
+    results = ctx.tmp_path / "R"
+    results.symlink_to("loop/sub")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"

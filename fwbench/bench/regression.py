@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from fwbench.run.store import blocking_file, link_chain
+from fwbench.run.store import blocking_file, link_chain, loop_entry
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -500,7 +500,13 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
             if _loops(path):
                 # its target exists (a link leading back): "which does not exist" and "create the link's
                 # target" were false, and mkdir on that target fails as the link did
-                return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
+                hops, entry = loop_entry(path)
+                if entry is None:
+                    return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
+                # a link into another's loop (ln -s loop/sub baselines; ln -s loop loop) was said to lead back to itself
+                named = ", a link to ".join(repr(hop) for hop in hops)
+                return (f"{where} to {named}, which leads into {str(entry)!r}, a link that leads back to itself "
+                        "(a loop)"), _BREAK_THE_LOOP
             # a link to a link to nothing was 'a link to 'b', which does not exist': b exists, and 'create the
             # link's target' there failed (mkdir b: it is a link); each link is named, to the missing end
             # the path to create is named as reached from anywhere: 'create 'gone'' for results/b -> gone, run

@@ -87,6 +87,51 @@ def looping_link(path: Path) -> Path | None:
     return None
 
 
+def loop_entry(link: Path) -> tuple[list[str], Path | None]:
+    """(the targets of the links from ``link`` on, as each link names it, up to the first link of a loop they reach;
+    that link, or None where ``link`` is itself one of the loop's links: ``ln -s R R``, or two links to each other).
+    ``link`` is a link whose links never end (:func:`looping_link`); a loop may also be reached as a directory above
+    a target (``ln -s loop/sub R; ln -s loop loop``: the loop is 'loop', R only leads into it)."""
+    def absolute(path: Path) -> Path:
+        # its directory's links resolved, so that one link reached by two routes is seen as one
+        return Path(os.path.realpath(path.parent)) / path.name
+
+    hops: list[str] = []  # hops[i]: the target of visited[i]
+    visited: list[Path] = []
+    cut = None  # len(hops) where the walk left link's own chain for a looping directory above a target
+    current = absolute(Path(link))
+    while len(visited) <= 64:  # past the kernel's 40 links the walk is no longer worth following
+        if current.is_symlink():
+            if current in visited:
+                first = visited.index(current)
+                return hops[:first if cut is None else min(first, cut)], None if first == 0 else current
+            visited.append(current)
+            target = current.readlink()
+            hops.append(str(target))
+            current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+            continue
+        above = looping_link(current)
+        if above is None:
+            break
+        # the target lies under a looping link (ln -s loop/sub R): that link's own loop is the one reached, and
+        # R's links end here; iterative, since the link may be R itself (ln -s R/x R)
+        cut = len(hops) if cut is None else cut
+        current = absolute(above)
+    return hops, None
+
+
+def describe_loop(link: Path) -> str:
+    """What ``link`` (a link whose links never end, :func:`looping_link`) is, for a refusal: 'a link that leads back
+    to itself (a loop)', or, for a link that only leads into another's loop, each of its links to that one, 'a link
+    to 'loop/sub', which leads into '…/loop', a link that leads back to itself (a loop)' (it was called a loop
+    itself, and the link to mend went unnamed)."""
+    hops, entry = loop_entry(link)
+    if entry is None:
+        return "a link that leads back to itself (a loop)"
+    named = ", a link to ".join(repr(hop) for hop in hops)
+    return f"a link to {named}, which leads into {str(entry)!r}, a link that leads back to itself (a loop)"
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -130,9 +175,8 @@ class ResultsStore:
         if loop is not None:
             # mkdir said 'File exists' (the link), which no directory named by --results-dir can mend
             where = "" if loop == self.directory else f" under {str(loop)!r},"
-            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link that leads back to itself "
-                               "(a loop); expected a directory (or a new path) (remove the link or point it at a "
-                               "directory)")
+            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} {describe_loop(loop)}; expected a "
+                               "directory (or a new path) (remove the link or point it at a directory)")
         if self.directory.exists() and not self.directory.is_dir():
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
@@ -175,7 +219,7 @@ class ResultsStore:
             return
         where = "" if link == self.directory else f" under {str(link)!r},"
         if loop is not None:
-            why = "a link that leads back to itself (a loop)"
+            why = describe_loop(loop)
         else:
             why = f"a link to {', a link to '.join(repr(hop) for hop in link_chain(link)[0])}, which does not exist"
         raise FwbenchError(f"{self.option}: got {str(self.directory)!r},{where} {why}; expected {expected} (point the "
@@ -262,7 +306,7 @@ class ResultsStore:
         if loop is not None:
             # the results directory (or a directory above it) loops, not the records file: 'move the directory or
             # file away' named R/runs.jsonl, which is neither, and left the link as it was
-            remedy = f"{str(loop)!r} is a link that leads back to itself (a loop): remove it or point it at a directory"
+            remedy = f"{str(loop)!r} is {describe_loop(loop)}: remove it or point it at a directory"
         elif self.path.is_symlink():
             remedy = "remove the link or point it at the records file"
         else:

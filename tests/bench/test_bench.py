@@ -669,6 +669,37 @@ def test_a_baselines_directory_that_is_a_looping_link_is_told_so(tmp_path, kind)
         assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "under such a link"])
+def test_a_baselines_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, kind):
+    """Break-it finding (h-breakH): results/baselines a link into the loop of another link (``ln -s loop/sub
+    baselines; ln -s loop loop``; a chain, or a path under such a link) was called "a link to 'loop/sub', which leads
+    back to it (a loop)": it does not lead back to itself, and 'loop', the link that loops, went unnamed. Each link is
+    named to the one that loops; the advice followed (the link pointed at a directory), the gate goes on."""
+    (tmp_path / "loop").symlink_to("loop")
+    link = tmp_path / ("results" if kind == "under such a link" else "baselines")
+    if kind == "a chain of links":
+        link.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("loop/sub")
+        named = "'mid', a link to 'loop/sub'"
+    else:
+        link.symlink_to("loop/sub")
+        named = "'loop/sub'"
+    directory = tmp_path / "results" / "baselines" if kind == "under such a link" else link
+    where = "a link" if link == directory else f"a path under {link}, a link"
+    expected = (f"baseline directory {directory}: got {where} to {named}, which leads into {str(tmp_path / 'loop')!r}, "
+                "a link that leads back to itself (a loop); expected the directory of the baseline files "
+                "(perf_baseline*.json), or no such path (remove the link or point it at a directory)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    link.unlink()  # the advice followed
+    (tmp_path / "d").mkdir()
+    link.symlink_to("d")
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
 def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_link(tmp_path):
     """Break-it finding (h-breakC): results/baselines -> b -> gone was refused as "a link to 'b', which does not exist",
     advising "create the link's target": b exists (a link), and mkdir b fails. Each link is named, to the missing end."""

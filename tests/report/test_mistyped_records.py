@@ -552,6 +552,57 @@ def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys,
     assert f"{str(loop)!r}" in err and "leads back to itself (a loop)" in err and "point it at a directory" in err, err
 
 
+@pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself"])
+def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, capsys, command, kind):
+    """Break-it finding (h-breakH): --results-dir R, a link into the loop of another link (``ln -s loop/sub R;
+    ln -s loop loop``, or a chain, ``ln -s mid R; ln -s loop/sub mid``): run, report, estimate and bench called R
+    "a link that leads back to itself (a loop)", which it is not, and left 'loop', the link that loops, unnamed.
+    Each link of R is named, to the one that loops; the advice followed (R pointed at the directory a run wrote),
+    each goes on."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    stored = tmp_path / "stored"
+    assert main(["run", str(grid), "--results-dir", str(stored), "--quiet"]) == 0
+    capsys.readouterr()
+    (tmp_path / "loop").symlink_to("loop")
+    results = tmp_path / "R"
+    if kind == "a chain of links":
+        results.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("loop/sub")
+        named = "a link to 'mid', a link to 'loop/sub'"
+    else:
+        results.symlink_to("R/x" if kind == "a link into itself" else "loop/sub")
+        named = "a link to 'loop/sub'"
+    why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
+    if kind == "a link into itself":  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
+        why = "a link that leads back to itself (a loop)"
+    out = tmp_path / "out"
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(out)],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    expected = {
+        "run": f"--results-dir: cannot read {str(results / 'runs.jsonl')!r}: Too many levels of symbolic links; "
+               f"expected a file of records, one JSON line each ({str(results)!r} is {why}: remove it or point it at "
+               "a directory)",
+        "report": f"--results-dir: got {str(results)!r}, {why}; expected the directory that fwbench run wrote to "
+                  "(point the link at it)",
+        "estimate": f"--against: cannot read {str(results / 'runs.jsonl')!r}: Too many levels of symbolic links; "
+                    f"expected a file of records, one JSON line each ({str(results)!r} is {why}: remove it or point "
+                    "it at a directory)",
+        "bench": f"--results-dir: got {str(results)!r}, {why}; expected a directory (or a new path) (remove the link "
+                 "or point it at a directory)"}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fwbench: error: {expected}\n"
+    assert not out.exists()
+    if command != "bench":  # (bench measures for minutes once it goes on)
+        results.unlink()  # the advice followed
+        results.symlink_to(stored)
+        assert main(argv) == 0
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
