@@ -1659,6 +1659,19 @@ def _(ctx):
     return answer
 
 
+@row("C256")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.mkdir()
+    (directory / "perf_baseline.json").symlink_to("../nodir/p.json")  # no file can be written through it
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
 @row("C254")
 def _(ctx):
     """A results directory that is a link into another link's loop: it was called a loop itself."""

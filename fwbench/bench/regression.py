@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from fwbench.run.store import blocking_file, link_chain, loop_entry
+from fwbench.run.store import blocking_file, describe_loop, link_chain, loop_entry
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -539,6 +539,33 @@ def _file_fault(path: Path, where: str) -> tuple[str, str]:
     return (f"{where}a file" if where else "a file, not a directory"), _MOVE_THE_FILE
 
 
+def _broken_link_fault(path: Path) -> ValueError | None:
+    """The refusal of a baseline file ``path`` that is a link through which no file can be read or written: one that
+    loops, or leads to nothing in a directory that does not exist or lies under a file. None where ``path`` is no
+    such link (a link to nothing in a directory that exists is written through: ``--update-baseline`` makes its
+    target). Such a file was taken as free: judged, "there is no perf_baseline.json, so nothing is judged";
+    ``--update-baseline`` measured every case, then failed to write (an OSError traceback)."""
+    if not path.is_symlink() or path.exists():
+        return None
+    if _loops(path):
+        why, remedy = describe_loop(path), "remove the link or point it at a baseline file"
+    else:
+        hops, end = link_chain(path)
+        named = ", a link to ".join(repr(hop) for hop in hops)
+        blocked = blocking_file(end)
+        parent = Path(end).parent
+        if blocked is not None:
+            why = f"a link to {named}, which does not exist and cannot be made ({str(blocked)!r} is a file)"
+            remedy = "remove the link or point it elsewhere"
+        elif not parent.is_dir():
+            why = f"a link to {named}, which does not exist, in a directory that does not exist ({str(parent)!r})"
+            remedy = f"create {str(parent)!r} or remove the link"
+        else:
+            return None
+    return ValueError(f"baseline {path}: got {why}; expected a baseline file, or a link to one that can be made "
+                      f"({remedy})")
+
+
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
     """The baseline file of CPU ``cpu`` (:func:`~fwbench.run.environment.cpu_identity`; may not exist
     yet): a file that either does not exist or says it was measured on ``cpu``, never another CPU's
@@ -575,6 +602,10 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         candidates += [directory / f"perf_baseline-{slug}.json", directory / f"perf_baseline-{slug}-{_cpu_hash(cpu)}.json"]
     unreadable = []
     for path in candidates:
+        broken = _broken_link_fault(path)
+        if broken is not None:
+            unreadable.append(broken)
+            continue
         try:
             if path.exists() and baseline_cpu(path) == cpu:
                 return path

@@ -669,6 +669,44 @@ def test_a_baselines_directory_that_is_a_looping_link_is_told_so(tmp_path, kind)
         assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("kind", ["a loop", "into a missing directory", "under a file"])
+def test_a_baseline_file_that_is_a_link_no_file_can_be_made_through_is_refused_before_measuring(tmp_path, kind):
+    """Break-it finding (h-breakH): results/baselines/perf_baseline.json a link that loops, or a link to nothing in a
+    directory that does not exist or under a file (``ln -s ../nodir/p.json perf_baseline.json``): it was taken as
+    free; the gate said "there is no perf_baseline.json, so nothing is judged" and passed, and ``--update-baseline``
+    measured every case, then failed writing it (an OSError). Both stop first, in one line naming the link; the advice
+    followed (the link removed), the gate goes on."""
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    link = directory / "perf_baseline.json"
+    if kind == "a loop":
+        link.symlink_to("perf_baseline.json")
+        why = "a link that leads back to itself (a loop)"
+        remedy = "remove the link or point it at a baseline file"
+    elif kind == "under a file":
+        (tmp_path / "notes.txt").write_text("notes\n")
+        link.symlink_to("../notes.txt/p.json")
+        why = ("a link to '../notes.txt/p.json', which does not exist and cannot be made "
+               f"({str(tmp_path / 'notes.txt')!r} is a file)")
+        remedy = "remove the link or point it elsewhere"
+    else:
+        link.symlink_to("../nodir/p.json")
+        why = (f"a link to '../nodir/p.json', which does not exist, in a directory that does not exist "
+               f"({str(tmp_path / 'nodir')!r})")
+        remedy = f"create {str(tmp_path / 'nodir')!r} or remove the link"
+    expected = (f"baseline {link}: got {why}; expected a baseline file, or a link to one that can be made ({remedy})")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    for options in ((), ("--update-baseline",)):
+        done = _gate(tmp_path, directory, *options)
+        assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory) == link
+
+
 @pytest.mark.parametrize("kind", ["a link", "a chain of links", "under such a link"])
 def test_a_baselines_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, kind):
     """Break-it finding (h-breakH): results/baselines a link into the loop of another link (``ln -s loop/sub
