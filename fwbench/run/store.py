@@ -12,6 +12,8 @@ Two processes may run grids on the same directory: besides the lock that makes e
 atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
 run while training it (a POSIX byte-range lock on ``claims.lock``, one byte per run id, released
 by the kernel if the process dies), so the other process waits for that run instead of repeating it.
+Both lock files live beside the records file as it really is: where ``runs.jsonl`` is a link into
+another results directory, the drivers of the two directories share one lock and one set of claims.
 
 Reading tolerates a corrupt or truncated line anywhere: it is reported with its line number and
 the rest is still read.
@@ -167,7 +169,14 @@ class ResultsStore:
         self.path = self.directory / records_file
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
         lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
-        self.lock_path = self.directory / lock
+        #: where the lock and claims files live: beside the records file as it really is, where it is a link into
+        #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
+        #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
+        #: twice, and one of them dropped its records while saying it had trained them
+        self.home = self.directory
+        if self.path.is_symlink() and Path(os.path.realpath(self.path)).parent.is_dir():
+            self.home = Path(os.path.realpath(self.path)).parent
+        self.lock_path = self.home / lock
         self._claims_fd: int | None = None
 
     def _ensure_writable(self) -> None:
@@ -509,7 +518,7 @@ class ResultsStore:
         Raises:
             FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop).
         """
-        path = self.directory / CLAIMS_FILE
+        path = self.home / CLAIMS_FILE
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
