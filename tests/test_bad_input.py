@@ -1860,6 +1860,17 @@ def _(ctx):
     return f"exit {status}: {refusal}"
 
 
+@row("C257")
+def _(ctx):
+    """A records file to report on that is a link to nothing: the directory was called empty, the link unnamed."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("gone.jsonl")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

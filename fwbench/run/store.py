@@ -234,6 +234,23 @@ class ResultsStore:
         raise FwbenchError(f"{self.option}: got {str(self.directory)!r},{where} {why}; expected {expected} (point the "
                            "link at it)")
 
+    def refuse_dangling_records_file(self) -> None:
+        """Refuse a records file to read (``fwbench report``, ``estimate --against``) that is a link leading to nothing
+        (``ln -s gone.jsonl R/runs.jsonl``: a moved or unmounted store, or a chain of links ending there): read as no
+        file, the report called the directory empty, "holds no run records", and estimate "no records file
+        'R/runs.jsonl'", the link there and unnamed. (``fwbench run`` writes through such a link, making its target.)
+
+        Raises:
+            FwbenchError: naming :attr:`option`, the file and each of its links; nothing where it is no such link
+                (a link that loops: :meth:`load` names it).
+        """
+        if not self.path.is_symlink() or self.path.exists() or looping_link(self.path) is not None:
+            return
+        hops = ", a link to ".join(repr(hop) for hop in link_chain(self.path)[0])
+        raise FwbenchError(f"{self.option}: cannot read {str(self.path)!r}, a link to {hops}, which does not exist; "
+                           "expected a file of records, one JSON line each (point the link at the records file or "
+                           "remove it)")
+
     def check_writable(self, claims: bool = True) -> None:
         """Fail now, before any training, if records could not be stored here.
 

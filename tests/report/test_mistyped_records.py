@@ -603,6 +603,43 @@ def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(
         assert main(argv) == 0
 
 
+@pytest.mark.parametrize("command", ["report", "estimate"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links"])
+def test_a_records_file_to_read_that_is_a_link_to_nothing_names_the_link(tmp_path, capsys, command, kind):
+    """Break-it finding (h-breakH): R/runs.jsonl a link to nothing (``ln -s gone.jsonl R/runs.jsonl``, a moved or
+    unmounted store; or a chain, ``ln -s mid R/runs.jsonl; ln -s ../nodir/x R/mid``): ``fwbench report`` said
+    "'R' holds no run records (no record in runs.jsonl or bench.jsonl)" and ``estimate --against R`` "no records file
+    'R/runs.jsonl'", the link there and unnamed. Each link is named; the advice followed (the link pointed at the
+    records a run wrote), both read them."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    stored = tmp_path / "stored"
+    assert main(["run", str(grid), "--results-dir", str(stored), "--quiet"]) == 0
+    capsys.readouterr()
+    results = tmp_path / "R"
+    results.mkdir()
+    link = results / "runs.jsonl"
+    if kind == "a chain of links":
+        link.symlink_to("mid")
+        (results / "mid").symlink_to("../nodir/x")
+        named = "a link to 'mid', a link to '../nodir/x'"
+    else:
+        link.symlink_to("gone.jsonl")
+        named = "a link to 'gone.jsonl'"
+    out = tmp_path / "out"
+    argv = {"report": ["report", "--results-dir", str(results), "--out", str(out)],
+            "estimate": ["estimate", str(grid), "--against", str(results)]}[command]
+    option = {"report": "--results-dir", "estimate": "--against"}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: {option}: cannot read {str(link)!r}, {named}, which does not exist; expected a file of "
+        "records, one JSON line each (point the link at the records file or remove it)\n")
+    assert not out.exists() and not (tmp_path / "nodir").exists()
+    link.unlink()  # the advice followed
+    link.symlink_to(stored / "runs.jsonl")
+    assert main(argv) == 0
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
