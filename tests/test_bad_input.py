@@ -1871,6 +1871,15 @@ def _(ctx):
     return answer
 
 
+@row("C258")
+def _(ctx):
+    """A records file that is a link to /dev/null: the run said it trained, and its record was gone."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("/dev/null")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

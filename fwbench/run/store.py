@@ -26,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -132,6 +133,23 @@ def describe_loop(link: Path) -> str:
         return "a link that leads back to itself (a loop)"
     named = ", a link to ".join(repr(hop) for hop in hops)
     return f"a link to {named}, which leads into {str(entry)!r}, a link that leads back to itself (a loop)"
+
+
+#: What a path that is no regular file, no directory and no link is, by its st_mode's file type.
+SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` (its links followed) is where it is a named pipe, a socket or a device (``mkfifo R/runs.jsonl``,
+    ``ln -s /dev/null R/runs.jsonl``), e.g. 'a named pipe (FIFO)'; None for a regular file, a directory or no file.
+    Opening a FIFO blocks until another process opens its other end: ``fwbench run``, ``report`` and ``estimate``
+    hung there, with no word; and a run's records written to /dev/null were lost while it said they were stored."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
 @dataclass
@@ -251,6 +269,20 @@ class ResultsStore:
                            "expected a file of records, one JSON line each (point the link at the records file or "
                            "remove it)")
 
+    def _refuse_special(self, path: Path, what: str) -> None:
+        """Refuse ``path``, a file of the store (``what``: 'a file of records, one JSON line each', 'a lock file' …),
+        where it is a named pipe, a socket or a device (:func:`special_file`), before it is opened.
+
+        Raises:
+            FwbenchError: naming :attr:`option`, the path (and its link's target) and what it is.
+        """
+        kind = special_file(path)
+        if kind is None:
+            return
+        link = f", a link to {str(path.readlink())!r}," if path.is_symlink() else ","
+        remedy = "remove the link or point it at a regular file" if path.is_symlink() else "move it away"
+        raise FwbenchError(f"{self.option}: got {str(path)!r}{link} {kind}; expected {what} ({remedy})")
+
     def check_writable(self, claims: bool = True) -> None:
         """Fail now, before any training, if records could not be stored here.
 
@@ -259,6 +291,7 @@ class ResultsStore:
         Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
         """
         with self._locked():
+            self._refuse_special(self.path, "a file of records, one JSON line each")
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
             except OSError as exc:
@@ -276,6 +309,7 @@ class ResultsStore:
         """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
         to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
         results directory)."""
+        self._refuse_special(self.lock_path, "a lock file")  # opened for writing, a FIFO blocks
         if shared:
             try:
                 lock = open(self.lock_path, "a")
@@ -325,6 +359,7 @@ class ResultsStore:
             return False
         except OSError as exc:
             raise self._unreadable(exc) from None
+        self._refuse_special(self.path, "a file of records, one JSON line each")
         return True
 
     def _unreadable(self, exc: OSError) -> FwbenchError:
@@ -482,6 +517,7 @@ class ResultsStore:
                 append, after a run had trained.
         """
         torn = self.directory / TORN_FILE
+        self._refuse_special(torn, "a file for torn lines")
         try:
             return open(torn, "ab")
         except OSError as exc:
@@ -536,6 +572,7 @@ class ResultsStore:
             FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop).
         """
         path = self.home / CLAIMS_FILE
+        self._refuse_special(path, "a claims file")
         try:
             return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:

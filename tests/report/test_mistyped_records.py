@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
 from fwbench.analysis.records import readable_run_records, records_frame
 from fwbench.cli import main
 from fwbench.tasks import MQARConfig, RetrievalConfig, ShakespeareConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ENVIRONMENT = {"device": "cpu", "torch": "2.13.0+cpu", "threads": 1, "device_name": "CPU", "python": "3.11.7",
                "git_commit": "0000000"}
@@ -638,6 +644,49 @@ def test_a_records_file_to_read_that_is_a_link_to_nothing_names_the_link(tmp_pat
     link.unlink()  # the advice followed
     link.symlink_to(stored / "runs.jsonl")
     assert main(argv) == 0
+
+
+@pytest.mark.parametrize("command, file", [("run", "runs.jsonl"), ("run", "/dev/null"), ("run", "runs.lock"),
+                                           ("run", "claims.lock"), ("report", "runs.jsonl"), ("estimate", "runs.jsonl"),
+                                           ("bench", "bench.jsonl")])
+def test_a_store_file_that_is_a_pipe_or_a_device_is_refused_not_opened(tmp_path, command, file):
+    """Break-it finding (h-breakH): R/runs.jsonl a named pipe (``mkfifo R/runs.jsonl``; also runs.lock, claims.lock,
+    bench.jsonl): ``fwbench run``, ``report``, ``estimate --against`` and ``bench`` hung for ever opening it, with no
+    word; R/runs.jsonl a link to /dev/null: ``fwbench run`` said "1 trained now" and its record was gone (the next
+    run trained it again). Each is refused in one line naming the file and what it is; the advice followed, the run
+    stores its record. (Subprocesses with a timeout: the old code blocks in open.)"""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results = tmp_path / "R"
+    results.mkdir()
+    if file == "/dev/null":
+        path = results / "runs.jsonl"
+        path.symlink_to("/dev/null")
+        got = f"{str(path)!r}, a link to '/dev/null', a character device"
+        remedy = "remove the link or point it at a regular file"
+    else:
+        path = results / file
+        os.mkfifo(path)
+        got, remedy = f"{str(path)!r}, a named pipe (FIFO)", "move it away"
+    what = {"runs.lock": "a lock file", "claims.lock": "a claims file"}.get(file, "a file of records, one JSON line each")
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    option = "--against" if command == "estimate" else "--results-dir"
+
+    def fwbench() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fwbench", *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    done = fwbench()
+    assert (done.returncode, done.stderr) == (
+        2, f"fwbench: error: {option}: got {got}; expected {what} ({remedy})\n"), done.stdout + done.stderr
+    if command == "run":
+        path.unlink()  # the advice followed
+        assert fwbench().returncode == 0
+        assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
