@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -1670,6 +1672,22 @@ def _(ctx):
     assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
     assert not (ctx.tmp_path / "nodir").exists()
     return answer
+
+
+@row("C259")
+def _(ctx):
+    """A baseline file that is a named pipe: the gate hung reading it (so it is read in a subprocess, with a timeout)."""
+    directory = ctx.tmp_path / "baselines"
+    directory.mkdir()
+    os.mkfifo(directory / "perf_baseline.json")
+    probe = ("import sys; from pathlib import Path\n"
+             "from fwbench.bench.regression import judged_baseline\n"
+             "try:\n    judged_baseline('AMD EPYC', Path(sys.argv[1]), model='AMD EPYC')\n"
+             "except ValueError as exc:\n    print(f'{type(exc).__name__}: {exc}')\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(directory)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stdout.strip()
 
 
 @row("C254")

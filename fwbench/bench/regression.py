@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from fwbench.run.store import blocking_file, describe_loop, link_chain, loop_entry
+from fwbench.run.store import blocking_file, describe_loop, link_chain, loop_entry, special_file
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -391,6 +391,9 @@ def read_baseline(path: Path) -> dict:
     def bad(what: str) -> ValueError:
         return ValueError(f"baseline {path}: {what}; expected {BASELINE_FORMAT} (fix the file or delete it)")
 
+    kind = special_file(path)
+    if kind is not None:  # reading a named pipe blocks until something writes to it: the gate hung, with no word
+        raise bad(f"got {kind}, not a file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

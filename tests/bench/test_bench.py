@@ -707,6 +707,34 @@ def test_a_baseline_file_that_is_a_link_no_file_can_be_made_through_is_refused_b
     assert baseline_path_for(NO_BASELINE_CPU, directory) == link
 
 
+def test_a_baseline_file_that_is_a_named_pipe_is_refused_not_read(tmp_path):
+    """Break-it finding (h-breakH): results/baselines/perf_baseline.json a named pipe (``mkfifo``): the gate, judged
+    or with --update-baseline, hung for ever reading it (read_baseline's read_text blocks until something writes to
+    it), with no word. It is refused as a file that is not a baseline, in one line; the advice followed (the pipe
+    deleted), the gate goes on."""
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    pipe = directory / "perf_baseline.json"
+    os.mkfifo(pipe)
+    expected = (f"baseline {pipe}: got a named pipe (FIFO), not a file; expected {BASELINE_FORMAT} (fix the file or "
+                "delete it)")
+    # in a subprocess with a timeout: the old code blocks in the read
+    probe = ("import sys; from pathlib import Path\n"
+             "from fwbench.bench.regression import baseline_path_for, judged_baseline\n"
+             "for call in (lambda: judged_baseline(sys.argv[2], Path(sys.argv[1]), model=sys.argv[3]),\n"
+             "             lambda: baseline_path_for(sys.argv[2], Path(sys.argv[1]))):\n"
+             "    try:\n        call()\n    except ValueError as exc:\n        print(exc)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", probe, str(directory), NO_BASELINE_CPU, NO_BASELINE_MODEL], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == f"{expected}\n{expected}\n", done.stdout + done.stderr
+    for options in ((), ("--update-baseline",)):
+        gate = _gate(tmp_path, directory, *options)
+        assert gate.returncode == 4 and gate.stderr == f"ERROR: {expected}\n\n", gate.stdout + gate.stderr
+    pipe.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory) == pipe
+
+
 @pytest.mark.parametrize("kind", ["a link", "a chain of links", "under such a link"])
 def test_a_baselines_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, kind):
     """Break-it finding (h-breakH): results/baselines a link into the loop of another link (``ln -s loop/sub
