@@ -6,6 +6,7 @@ never repeated, so an interrupted grid resumes without losing anything.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -103,8 +104,10 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     Raises:
         FwbenchError: the store cannot be written (checked before any training).
     """
-    # absolute: a Ray worker runs in another working directory
-    options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
+    # absolute: a Ray worker runs in another working directory. realpath, not Path.resolve, which raised
+    # "RuntimeError: Symlink loop" (a traceback, whatever the grid) where R/checkpoints is a link that loops
+    options = replace(options or LaunchOptions(),
+                      checkpoint_dir=os.path.realpath(store.directory / CHECKPOINT_DIR))
     store.check_writable()
     loaded = store.load()  # one read: the to-do list and the counts later checks compare against
     read, done = loaded.counts, loaded.finished_ids()

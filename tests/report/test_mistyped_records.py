@@ -689,6 +689,25 @@ def test_a_store_file_that_is_a_pipe_or_a_device_is_refused_not_opened(tmp_path,
         assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
+def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_checkpoint(tmp_path, kind):
+    """Break-it finding (h-breakH): R/checkpoints a link that loops (``ln -s checkpoints R/checkpoints``, or a link into
+    another's loop): ``fwbench run`` of any grid ended in a traceback, "RuntimeError: Symlink loop from …" (Path.resolve
+    of the checkpoint directory, computed for every grid). A retrieval grid, which keeps no checkpoint, stores its
+    record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    if kind == "a loop":
+        (results / "checkpoints").symlink_to("checkpoints")
+    else:
+        (tmp_path / "loop").symlink_to("loop")
+        (results / "checkpoints").symlink_to("../loop/c")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    assert main(["run", str(grid), "--results-dir", str(results), "--quiet"]) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
