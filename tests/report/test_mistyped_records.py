@@ -708,6 +708,40 @@ def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_check
     assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
+LM_CHECKPOINT_GRID = ('name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\nd_model = 16\n'
+                      'n_heads = 2\nn_layers = 1\nd_ff = 32\ncontext = 16\nbatch_size = 4\nmax_steps = 4\neval_every = 2\n'
+                      'eval_segments = 2\nstream_eval = false\nsample_tokens = 5\ncheckpoint_every = 2\n')
+
+
+@pytest.mark.skipif(not os.environ.get("FWBENCH_DATA_DIR"), reason="needs Tiny Shakespeare ($FWBENCH_DATA_DIR)")
+@pytest.mark.parametrize("kind", ["a file", "a loop"])
+def test_a_checkpoints_entry_that_cannot_be_a_directory_is_refused_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/checkpoints a file, or a link that loops, with a grid that keeps checkpoints
+    (``checkpoint_every`` > 0, the language model's default): every run trained to its first checkpoint and failed
+    there, "run … failed: FileExistsError: [Errno 17] File exists: '…/R/checkpoints'" (exit 0, '1 failed'). It is
+    refused in one line before any training; the advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    entry = results / "checkpoints"
+    if kind == "a file":
+        entry.write_text("notes\n")
+        why, remedy = "a file", "move it away"
+    else:
+        entry.symlink_to("checkpoints")
+        why, remedy = "a link that leads back to itself (a loop)", "remove the link or point it at a directory"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(entry)!r}, {why}; expected a directory for the runs' checkpoints, "
+        f"or no such path ({remedy})\n")
+    assert (results / "runs.jsonl").read_text() == ""  # nothing trained
+    entry.unlink()  # the advice followed
+    assert main(argv) == 0
+    assert [json.loads(line)["status"] for line in (results / "runs.jsonl").read_text().splitlines()] != ["failed"]
+
+
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])
 def test_a_store_refused_is_named_on_one_line_whatever_its_path_holds(tmp_path, capsys, name):
     """Break-it finding (h-breakA): the refusal's places were the paths as they are, so a --results-dir holding a
