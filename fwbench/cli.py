@@ -159,8 +159,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from fwbench.bench.suite import BENCH_RECORDS
     from fwbench.report.render import render_report
-    from fwbench.run.store import ResultsStore
+    from fwbench.run.store import RECORDS_FILE, ResultsStore
 
     store = ResultsStore(args.results_dir)  # refuses --results-dir '' (the working directory) before --out is created
     if not Path(args.results_dir).is_dir():
@@ -173,6 +174,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     # the working directory) is refused here with nothing created; a new one waits for the store
     if Path(args.out).exists():
         _make_out_dir(args.out)
+    for records_file in (RECORDS_FILE, BENCH_RECORDS):  # a link to nothing was read as an empty file, unnamed
+        ResultsStore(args.results_dir, records_file).refuse_dangling_records_file()
     _refuse_empty_store(args.results_dir, args.out)
     _make_out_dir(args.out)
     try:

@@ -16,6 +16,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -1838,6 +1840,58 @@ def _(ctx):
     return answer
 
 
+@row("C255")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    (ctx.tmp_path / "loop").symlink_to("loop")
+    directory = ctx.tmp_path / "baselines"
+    directory.symlink_to("loop/sub")  # leads into loop's loop; it does not lead back to itself
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer
+    return answer
+
+
+@row("C256")
+def _(ctx):
+    from fwbench.bench.regression import baseline_path_for, judged_baseline
+
+    directory = ctx.tmp_path / "baselines"
+    directory.mkdir()
+    (directory / "perf_baseline.json").symlink_to("../nodir/p.json")  # no file can be written through it
+    answer = raised(ValueError, judged_baseline, "AMD EPYC", directory, model="AMD EPYC")
+    assert raised(ValueError, baseline_path_for, "AMD EPYC", directory) == answer  # --update-baseline's, before measuring
+    assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
+@row("C259")
+def _(ctx):
+    """A baseline file that is a named pipe: the gate hung reading it (so it is read in a subprocess, with a timeout)."""
+    directory = ctx.tmp_path / "baselines"
+    directory.mkdir()
+    os.mkfifo(directory / "perf_baseline.json")
+    probe = ("import sys; from pathlib import Path\n"
+             "from fwbench.bench.regression import judged_baseline\n"
+             "try:\n    judged_baseline('AMD EPYC', Path(sys.argv[1]), model='AMD EPYC')\n"
+             "except ValueError as exc:\n    print(f'{type(exc).__name__}: {exc}')\n")
+    done = subprocess.run([sys.executable, "-c", probe, str(directory)], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.stdout.strip()
+
+
+@row("C254")
+def _(ctx):
+    """A results directory that is a link into another link's loop: it was called a loop itself."""
+    (ctx.tmp_path / "loop").symlink_to("loop")
+    results = ctx.tmp_path / "R"
+    results.symlink_to("loop/sub")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
+
+
 @row("C172")
 def _(ctx):
     results, out = ctx.tmp_path / "empty", ctx.tmp_path / "out"
@@ -1978,6 +2032,73 @@ def _(ctx):
     (results / "runs.lock").symlink_to("../nodir/l")
     answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
     assert not (ctx.tmp_path / "nodir").exists()
+    return answer
+
+
+@row("C251")
+def _(ctx):
+    """A claims file that is a link into a missing directory: a traceback from os.open at the first claim."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "claims.lock").symlink_to("../nodir/c")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert not (ctx.tmp_path / "nodir").exists() and (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C252")
+def _(ctx):
+    """A lock file that is a directory: 'Is a directory', with no word of what it must be."""
+    results = ctx.tmp_path / "R"
+    (results / "runs.lock").mkdir(parents=True)
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
+@row("C253")
+def _(ctx):
+    """A torn-lines file that is a directory: the run trained, then its append named runs.jsonl."""
+    results = ctx.tmp_path / "R"
+    (results / "runs.jsonl.torn").mkdir(parents=True)
+    (results / "runs.jsonl").write_text('{"run_id": "b", "me')
+    ctx.capsys.readouterr()
+    status = main(["run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet"])
+    # two lines: the warning for the torn line, then the refusal
+    warning, refusal = ctx.capsys.readouterr().err.splitlines()
+    assert warning.endswith("runs.jsonl:1: corrupt or truncated record skipped"), warning
+    assert (results / "runs.jsonl").read_text() == '{"run_id": "b", "me'
+    return f"exit {status}: {refusal}"
+
+
+@row("C257")
+def _(ctx):
+    """A records file to report on that is a link to nothing: the directory was called empty, the link unnamed."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("gone.jsonl")
+    answer = cli(ctx, "report", "--results-dir", str(results), "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
+
+
+@row("C258")
+def _(ctx):
+    """A records file that is a link to /dev/null: the run said it trained, and its record was gone."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "runs.jsonl").symlink_to("/dev/null")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
+@row("C260")
+def _(ctx):
+    """A checkpoints entry that is a file, with a grid that keeps checkpoints: each run failed at its first one."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (results / "checkpoints").write_text("notes\n")
+    # refused before the corpus is read: the data directory holds none
+    grid = grid_file(ctx, LM_GRID + "context = 16\nmax_steps = 4\neval_every = 2\ncheckpoint_every = 2\n")
+    answer = cli(ctx, "run", str(grid), "--results-dir", str(results), "--data-dir", str(ctx.tmp_path), "--quiet")
+    assert (results / "runs.jsonl").read_text() == ""
     return answer
 
 

@@ -125,6 +125,7 @@ def _finished_records(results_dir: str) -> dict[str, dict]:
     loaded = store.load()
     if not store.path.is_file():
         store.refuse_unreachable("a results directory that fwbench run wrote")
+        store.refuse_dangling_records_file()
         raise FwbenchError(f"--against: no records file {str(store.path)!r}; expected a results directory "
                            "that fwbench run wrote")
     for problem in loaded.problems:

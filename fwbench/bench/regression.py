@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 
-from fwbench.run.store import blocking_file, link_chain
+from fwbench.run.store import blocking_file, describe_loop, link_chain, loop_entry, special_file
 from fwbench.run.strict_json import strict_dumps
 
 #: The committed baselines, one file per CPU (``environment.cpu_identity``: the model name, family and
@@ -391,6 +391,9 @@ def read_baseline(path: Path) -> dict:
     def bad(what: str) -> ValueError:
         return ValueError(f"baseline {path}: {what}; expected {BASELINE_FORMAT} (fix the file or delete it)")
 
+    kind = special_file(path)
+    if kind is not None:  # reading a named pipe blocks until something writes to it: the gate hung, with no word
+        raise bad(f"got {kind}, not a file")
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -500,7 +503,13 @@ def _directory_fault(directory: Path) -> tuple[str, str] | None:
             if _loops(path):
                 # its target exists (a link leading back): "which does not exist" and "create the link's
                 # target" were false, and mkdir on that target fails as the link did
-                return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
+                hops, entry = loop_entry(path)
+                if entry is None:
+                    return f"{where} to {str(path.readlink())!r}, which leads back to it (a loop)", _BREAK_THE_LOOP
+                # a link into another's loop (ln -s loop/sub baselines; ln -s loop loop) was said to lead back to itself
+                named = ", a link to ".join(repr(hop) for hop in hops)
+                return (f"{where} to {named}, which leads into {str(entry)!r}, a link that leads back to itself "
+                        "(a loop)"), _BREAK_THE_LOOP
             # a link to a link to nothing was 'a link to 'b', which does not exist': b exists, and 'create the
             # link's target' there failed (mkdir b: it is a link); each link is named, to the missing end
             # the path to create is named as reached from anywhere: 'create 'gone'' for results/b -> gone, run
@@ -531,6 +540,33 @@ def _file_fault(path: Path, where: str) -> tuple[str, str]:
         named = ", a link to ".join(repr(hop) for hop in link_chain(path)[0])
         return f"{where}a link to {named}, a file, not a directory", _BREAK_THE_LOOP
     return (f"{where}a file" if where else "a file, not a directory"), _MOVE_THE_FILE
+
+
+def _broken_link_fault(path: Path) -> ValueError | None:
+    """The refusal of a baseline file ``path`` that is a link through which no file can be read or written: one that
+    loops, or leads to nothing in a directory that does not exist or lies under a file. None where ``path`` is no
+    such link (a link to nothing in a directory that exists is written through: ``--update-baseline`` makes its
+    target). Such a file was taken as free: judged, "there is no perf_baseline.json, so nothing is judged";
+    ``--update-baseline`` measured every case, then failed to write (an OSError traceback)."""
+    if not path.is_symlink() or path.exists():
+        return None
+    if _loops(path):
+        why, remedy = describe_loop(path), "remove the link or point it at a baseline file"
+    else:
+        hops, end = link_chain(path)
+        named = ", a link to ".join(repr(hop) for hop in hops)
+        blocked = blocking_file(end)
+        parent = Path(end).parent
+        if blocked is not None:
+            why = f"a link to {named}, which does not exist and cannot be made ({str(blocked)!r} is a file)"
+            remedy = "remove the link or point it elsewhere"
+        elif not parent.is_dir():
+            why = f"a link to {named}, which does not exist, in a directory that does not exist ({str(parent)!r})"
+            remedy = f"create {str(parent)!r} or remove the link"
+        else:
+            return None
+    return ValueError(f"baseline {path}: got {why}; expected a baseline file, or a link to one that can be made "
+                      f"({remedy})")
 
 
 def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
@@ -569,6 +605,10 @@ def baseline_path_for(cpu: str, directory: Path = BASELINE_DIR) -> Path:
         candidates += [directory / f"perf_baseline-{slug}.json", directory / f"perf_baseline-{slug}-{_cpu_hash(cpu)}.json"]
     unreadable = []
     for path in candidates:
+        broken = _broken_link_fault(path)
+        if broken is not None:
+            unreadable.append(broken)
+            continue
         try:
             if path.exists() and baseline_cpu(path) == cpu:
                 return path

@@ -43,7 +43,9 @@ def run_settings() -> dict[str, str]:
     for name in PATH_ENV:
         if settings.get(name):
             try:
-                settings[name] = str(expanded_path(settings[name], f"${name}").resolve())
+                # realpath, not Path.resolve, which raised "RuntimeError: Symlink loop" (a traceback from
+                # --launcher ray) for a directory that is a link looping back: the worker's lookup names it instead
+                settings[name] = os.path.realpath(expanded_path(settings[name], f"${name}"))
             except CorpusError as exc:  # ~user naming no user: one line, before any run starts
                 raise FwbenchError(str(exc)) from None
     return settings

@@ -6,6 +6,7 @@ never repeated, so an interrupted grid resumes without losing anything.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from fwbench.errors import FwbenchError
 from fwbench.run.distributed import DistributedContext
 from fwbench.run.environment import resolve_device
 from fwbench.run.execute import execute
@@ -24,7 +26,7 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import ResultsStore
+from fwbench.run.store import ResultsStore, describe_loop, looping_link
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -46,6 +48,31 @@ def _progress_bar(total: int, quiet: bool):
             bar.set_postfix(step=step, loss=f"{loss:.4f}", refresh=True)
 
     return bar, progress
+
+
+def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
+    """Make ``<results_dir>/checkpoints`` where any of ``specs`` keeps checkpoints (``checkpoint_every`` > 0, the
+    language model's default), or refuse it now, before any training: a file there, or a link that loops, failed
+    every such run at its first checkpoint, after training that far ('FileExistsError: [Errno 17] File exists').
+
+    Raises:
+        FwbenchError: naming ``--results-dir``, the entry and why it cannot be made a directory.
+    """
+    if not any(getattr(spec.task_config(), "checkpoint_every", 0) for spec in specs):
+        return
+    entry = store.directory / CHECKPOINT_DIR
+    try:
+        Path(os.path.realpath(entry)).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        if looping_link(entry) is not None:
+            why = describe_loop(looping_link(entry))
+        elif entry.is_symlink():
+            why = f"a link to {str(entry.readlink())!r}: {exc.strerror}"
+        else:
+            why = "a file" if entry.is_file() else exc.strerror
+        remedy = "remove the link or point it at a directory" if entry.is_symlink() else "move it away"
+        raise FwbenchError(f"--results-dir: got {str(entry)!r}, {why}; expected a directory for the runs' checkpoints, "
+                           f"or no such path ({remedy})") from None
 
 
 def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
@@ -103,12 +130,15 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     Raises:
         FwbenchError: the store cannot be written (checked before any training).
     """
-    # absolute: a Ray worker runs in another working directory
-    options = replace(options or LaunchOptions(), checkpoint_dir=str((store.directory / CHECKPOINT_DIR).resolve()))
+    # absolute: a Ray worker runs in another working directory. realpath, not Path.resolve, which raised
+    # "RuntimeError: Symlink loop" (a traceback, whatever the grid) where R/checkpoints is a link that loops
+    options = replace(options or LaunchOptions(),
+                      checkpoint_dir=os.path.realpath(store.directory / CHECKPOINT_DIR))
     store.check_writable()
     loaded = store.load()  # one read: the to-do list and the counts later checks compare against
     read, done = loaded.counts, loaded.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
+    check_checkpoint_dir(store, todo)
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
     if not todo:
         return summary
@@ -203,6 +233,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         FwbenchError: the store cannot be written (checked on every rank before any training).
     """
     store.check_writable()  # on every rank, so that all of them fail alike, not rank 0 alone
+    check_checkpoint_dir(store, specs)
     if context.is_main:
         loaded = store.load()  # one read: the to-do list and the counts later checks compare against
         read, done = loaded.counts, loaded.finished_ids()

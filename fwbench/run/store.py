@@ -12,6 +12,8 @@ Two processes may run grids on the same directory: besides the lock that makes e
 atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
 run while training it (a POSIX byte-range lock on ``claims.lock``, one byte per run id, released
 by the kernel if the process dies), so the other process waits for that run instead of repeating it.
+Both lock files live beside the records file as it really is: where ``runs.jsonl`` is a link into
+another results directory, the drivers of the two directories share one lock and one set of claims.
 
 Reading tolerates a corrupt or truncated line anywhere: it is reported with its line number and
 the rest is still read.
@@ -24,6 +26,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -87,6 +90,68 @@ def looping_link(path: Path) -> Path | None:
     return None
 
 
+def loop_entry(link: Path) -> tuple[list[str], Path | None]:
+    """(the targets of the links from ``link`` on, as each link names it, up to the first link of a loop they reach;
+    that link, or None where ``link`` is itself one of the loop's links: ``ln -s R R``, or two links to each other).
+    ``link`` is a link whose links never end (:func:`looping_link`); a loop may also be reached as a directory above
+    a target (``ln -s loop/sub R; ln -s loop loop``: the loop is 'loop', R only leads into it)."""
+    def absolute(path: Path) -> Path:
+        # its directory's links resolved, so that one link reached by two routes is seen as one
+        return Path(os.path.realpath(path.parent)) / path.name
+
+    hops: list[str] = []  # hops[i]: the target of visited[i]
+    visited: list[Path] = []
+    cut = None  # len(hops) where the walk left link's own chain for a looping directory above a target
+    current = absolute(Path(link))
+    while len(visited) <= 64:  # past the kernel's 40 links the walk is no longer worth following
+        if current.is_symlink():
+            if current in visited:
+                first = visited.index(current)
+                return hops[:first if cut is None else min(first, cut)], None if first == 0 else current
+            visited.append(current)
+            target = current.readlink()
+            hops.append(str(target))
+            current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+            continue
+        above = looping_link(current)
+        if above is None:
+            break
+        # the target lies under a looping link (ln -s loop/sub R): that link's own loop is the one reached, and
+        # R's links end here; iterative, since the link may be R itself (ln -s R/x R)
+        cut = len(hops) if cut is None else cut
+        current = absolute(above)
+    return hops, None
+
+
+def describe_loop(link: Path) -> str:
+    """What ``link`` (a link whose links never end, :func:`looping_link`) is, for a refusal: 'a link that leads back
+    to itself (a loop)', or, for a link that only leads into another's loop, each of its links to that one, 'a link
+    to 'loop/sub', which leads into '…/loop', a link that leads back to itself (a loop)' (it was called a loop
+    itself, and the link to mend went unnamed)."""
+    hops, entry = loop_entry(link)
+    if entry is None:
+        return "a link that leads back to itself (a loop)"
+    named = ", a link to ".join(repr(hop) for hop in hops)
+    return f"a link to {named}, which leads into {str(entry)!r}, a link that leads back to itself (a loop)"
+
+
+#: What a path that is no regular file, no directory and no link is, by its st_mode's file type.
+SPECIAL_FILES = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"),
+                 (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` (its links followed) is where it is a named pipe, a socket or a device (``mkfifo R/runs.jsonl``,
+    ``ln -s /dev/null R/runs.jsonl``), e.g. 'a named pipe (FIFO)'; None for a regular file, a directory or no file.
+    Opening a FIFO blocks until another process opens its other end: ``fwbench run``, ``report`` and ``estimate``
+    hung there, with no word; and a run's records written to /dev/null were lost while it said they were stored."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return next((what for test, what in SPECIAL_FILES if test(mode)), None)
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -122,7 +187,14 @@ class ResultsStore:
         self.path = self.directory / records_file
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
         lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
-        self.lock_path = self.directory / lock
+        #: where the lock and claims files live: beside the records file as it really is, where it is a link into
+        #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
+        #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
+        #: twice, and one of them dropped its records while saying it had trained them
+        self.home = self.directory
+        if self.path.is_symlink() and Path(os.path.realpath(self.path)).parent.is_dir():
+            self.home = Path(os.path.realpath(self.path)).parent
+        self.lock_path = self.home / lock
         self._claims_fd: int | None = None
 
     def _ensure_writable(self) -> None:
@@ -130,9 +202,8 @@ class ResultsStore:
         if loop is not None:
             # mkdir said 'File exists' (the link), which no directory named by --results-dir can mend
             where = "" if loop == self.directory else f" under {str(loop)!r},"
-            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} a link that leads back to itself "
-                               "(a loop); expected a directory (or a new path) (remove the link or point it at a "
-                               "directory)")
+            raise FwbenchError(f"--results-dir: got {str(self.directory)!r},{where} {describe_loop(loop)}; expected a "
+                               "directory (or a new path) (remove the link or point it at a directory)")
         if self.directory.exists() and not self.directory.is_dir():
             raise FwbenchError(
                 f"--results-dir: got {str(self.directory)!r}, which is a file; expected a directory (or a new path)"
@@ -175,29 +246,70 @@ class ResultsStore:
             return
         where = "" if link == self.directory else f" under {str(link)!r},"
         if loop is not None:
-            why = "a link that leads back to itself (a loop)"
+            why = describe_loop(loop)
         else:
             why = f"a link to {', a link to '.join(repr(hop) for hop in link_chain(link)[0])}, which does not exist"
         raise FwbenchError(f"{self.option}: got {str(self.directory)!r},{where} {why}; expected {expected} (point the "
                            "link at it)")
 
-    def check_writable(self) -> None:
+    def refuse_dangling_records_file(self) -> None:
+        """Refuse a records file to read (``fwbench report``, ``estimate --against``) that is a link leading to nothing
+        (``ln -s gone.jsonl R/runs.jsonl``: a moved or unmounted store, or a chain of links ending there): read as no
+        file, the report called the directory empty, "holds no run records", and estimate "no records file
+        'R/runs.jsonl'", the link there and unnamed. (``fwbench run`` writes through such a link, making its target.)
+
+        Raises:
+            FwbenchError: naming :attr:`option`, the file and each of its links; nothing where it is no such link
+                (a link that loops: :meth:`load` names it).
+        """
+        if not self.path.is_symlink() or self.path.exists() or looping_link(self.path) is not None:
+            return
+        hops = ", a link to ".join(repr(hop) for hop in link_chain(self.path)[0])
+        raise FwbenchError(f"{self.option}: cannot read {str(self.path)!r}, a link to {hops}, which does not exist; "
+                           "expected a file of records, one JSON line each (point the link at the records file or "
+                           "remove it)")
+
+    def _refuse_special(self, path: Path, what: str) -> None:
+        """Refuse ``path``, a file of the store (``what``: 'a file of records, one JSON line each', 'a lock file' …),
+        where it is a named pipe, a socket or a device (:func:`special_file`), before it is opened.
+
+        Raises:
+            FwbenchError: naming :attr:`option`, the path (and its link's target) and what it is.
+        """
+        kind = special_file(path)
+        if kind is None:
+            return
+        link = f", a link to {str(path.readlink())!r}," if path.is_symlink() else ","
+        remedy = "remove the link or point it at a regular file" if path.is_symlink() else "move it away"
+        raise FwbenchError(f"{self.option}: got {str(path)!r}{link} {kind}; expected {what} ({remedy})")
+
+    def check_writable(self, claims: bool = True) -> None:
         """Fail now, before any training, if records could not be stored here.
 
         Creates the directory if needed and opens the lock and records files for appending
-        (writing nothing). Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
+        (writing nothing), and with ``claims`` (a store whose runs are claimed, :meth:`claim`) the claims file.
+        Raises :class:`FwbenchError` naming ``--results-dir`` otherwise.
         """
         with self._locked():
+            self._refuse_special(self.path, "a file of records, one JSON line each")
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
             except OSError as exc:
                 raise self._unwritable(exc) from None
+            # claims.lock is opened at the first claim, after the grid is read: a directory or a broken link there
+            # ended the run in a traceback (an OSError from os.open)
+            if claims:
+                os.close(self._open_claims())
+            if self._torn_tail(terminate=False) is not None:
+                # the next append sets the torn line aside: a torn-lines file that cannot take it is told now
+                self._open_torn().close()
 
     @contextmanager
     def _locked(self, shared: bool = False) -> Iterator[None]:
         """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
         to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
         results directory)."""
+        self._refuse_special(self.lock_path, "a lock file")  # opened for writing, a FIFO blocks
         if shared:
             try:
                 lock = open(self.lock_path, "a")
@@ -247,6 +359,7 @@ class ResultsStore:
             return False
         except OSError as exc:
             raise self._unreadable(exc) from None
+        self._refuse_special(self.path, "a file of records, one JSON line each")
         return True
 
     def _unreadable(self, exc: OSError) -> FwbenchError:
@@ -254,7 +367,7 @@ class ResultsStore:
         if loop is not None:
             # the results directory (or a directory above it) loops, not the records file: 'move the directory or
             # file away' named R/runs.jsonl, which is neither, and left the link as it was
-            remedy = f"{str(loop)!r} is a link that leads back to itself (a loop): remove it or point it at a directory"
+            remedy = f"{str(loop)!r} is {describe_loop(loop)}: remove it or point it at a directory"
         elif self.path.is_symlink():
             remedy = "remove the link or point it at the records file"
         else:
@@ -264,17 +377,29 @@ class ResultsStore:
 
     def _unwritable(self, exc: OSError, path: Path | None = None, verb: str = "write",
                     what: str = "a records file") -> FwbenchError:
-        """The refusal of a records file (or ``path``, the lock file: ``verb`` 'open', ``what`` 'a lock file') that
-        cannot be opened for appending. One that is a link to nothing is written through (a run creates its target);
-        where the target's directory is missing, the error said only "cannot write 'R/runs.jsonl': No such file or
-        directory", R being there: the link and its target are named."""
+        """The refusal of a records file (or ``path``, another file of the store: the lock file, claims.lock, the
+        torn lines' file, ``verb`` 'open', ``what`` 'a lock file') that cannot be opened for appending. One that is a
+        link to nothing is written through (a run creates its target); where the target's directory is missing, the
+        error said only "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its
+        target are named."""
         path = self.path if path is None else path
         if path.is_symlink() and not path.exists() and exc.errno == errno.ENOENT:
             target = Path(os.path.realpath(path))
             return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}, a link to {str(path.readlink())!r}: "
                                 f"{exc.strerror}; expected {what} or a link to one that can be made (create "
                                 f"{str(target.parent)!r} or point the link elsewhere)")
-        return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}: {exc.strerror}")
+        # other failures were told by their errno alone ('Is a directory', 'Too many levels of symbolic links'), with
+        # no word of what the file must be nor how to mend it
+        named, why, remedy = repr(str(path)), exc.strerror, ""
+        if exc.errno == errno.EISDIR:
+            remedy = " (move the directory away)"
+        elif exc.errno == errno.ELOOP and path.is_symlink():
+            remedy = " (remove the link or point it at a file)"
+        elif exc.errno == errno.ENOTDIR and path.is_symlink() and (blocked := blocking_file(path)) is not None:
+            named = f"{named}, a link to {str(path.readlink())!r}"
+            why = f"{why} ({str(blocked)!r} is a file)"
+            remedy = " (remove the link or point it elsewhere)"
+        return FwbenchError(f"--results-dir: cannot {verb} {named}: {why}; expected {what}{remedy}")
 
     def _load_unlocked(self) -> LoadedRecords:
         if not self._records_file_exists():
@@ -349,18 +474,20 @@ class ResultsStore:
                 os.close(fd)
         return True
 
-    def _set_aside_torn_tail(self) -> None:
-        """Move an unterminated last line (a write cut short by a killed process) to ``runs.jsonl.torn``.
+    def _torn_tail(self, terminate: bool = True) -> int | None:
+        """Where the records file's unterminated last line starts (a write cut short by a killed process), or None
+        where it has none; one complete but for its newline is kept, not set aside (``terminate``: it gets its
+        newline here).
 
         Called with the exclusive lock held, so no live writer can be mid-line.
         """
         if not self.path.exists() or self.path.stat().st_size == 0:
-            return
+            return None
         with open(self.path, "rb+") as handle:
             end = handle.seek(0, os.SEEK_END)
             handle.seek(end - 1)
             if handle.read(1) == b"\n":
-                return
+                return None
             start = end
             while start > 0:  # find the start of the last line, reading backwards in blocks
                 block = min(65536, start)
@@ -372,16 +499,43 @@ class ResultsStore:
                     break
                 start -= block
             handle.seek(start)
-            fragment = handle.read()
-            if _is_record(fragment, first=start == 0):  # complete but for its newline: keep it
+            if _is_record(handle.read(), first=start == 0):  # complete but for its newline: keep it
+                if not terminate:
+                    return None
                 handle.write(b"\n")
                 handle.flush()
                 os.fsync(handle.fileno())
-                return
-            with open(self.directory / TORN_FILE, "ab") as torn:
-                torn.write(fragment + b"\n")
-                torn.flush()
-                os.fsync(torn.fileno())
+                return None
+        return start
+
+    def _open_torn(self):
+        """``runs.jsonl.torn`` opened for appending (binary).
+
+        Raises:
+            FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop): it
+                was called "cannot write 'R/runs.jsonl'", the records file, which was fine, and only at the first
+                append, after a run had trained.
+        """
+        torn = self.directory / TORN_FILE
+        self._refuse_special(torn, "a file for torn lines")
+        try:
+            return open(torn, "ab")
+        except OSError as exc:
+            raise self._unwritable(exc, torn, "open", "a file for torn lines") from None
+
+    def _set_aside_torn_tail(self) -> None:
+        """Move an unterminated last line (a write cut short by a killed process) to ``runs.jsonl.torn``.
+
+        Called with the exclusive lock held, so no live writer can be mid-line.
+        """
+        start = self._torn_tail()
+        if start is None:
+            return
+        with self._open_torn() as torn, open(self.path, "rb+") as handle:
+            handle.seek(start)
+            torn.write(handle.read() + b"\n")
+            torn.flush()
+            os.fsync(torn.fileno())
             handle.truncate(start)
             handle.flush()
             os.fsync(handle.fileno())
@@ -397,7 +551,7 @@ class ResultsStore:
         """
         if self._claims_fd is None:
             self._ensure_writable()
-            self._claims_fd = os.open(self.directory / CLAIMS_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            self._claims_fd = self._open_claims()
         offset = int(hashlib.sha256(run_id.encode()).hexdigest()[:15], 16)  # stable across processes
         try:
             fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, offset)
@@ -410,6 +564,19 @@ class ResultsStore:
             yield True
         finally:
             fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, offset)
+
+    def _open_claims(self) -> int:
+        """A descriptor of ``claims.lock``, opened for reading and writing (created where missing).
+
+        Raises:
+            FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop).
+        """
+        path = self.home / CLAIMS_FILE
+        self._refuse_special(path, "a claims file")
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise self._unwritable(exc, path, "open", "a claims file") from None
 
     def close(self) -> None:
         """Release the claims file (and with it any claim still held)."""

@@ -669,6 +669,103 @@ def test_a_baselines_directory_that_is_a_looping_link_is_told_so(tmp_path, kind)
         assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("kind", ["a loop", "into a missing directory", "under a file"])
+def test_a_baseline_file_that_is_a_link_no_file_can_be_made_through_is_refused_before_measuring(tmp_path, kind):
+    """Break-it finding (h-breakH): results/baselines/perf_baseline.json a link that loops, or a link to nothing in a
+    directory that does not exist or under a file (``ln -s ../nodir/p.json perf_baseline.json``): it was taken as
+    free; the gate said "there is no perf_baseline.json, so nothing is judged" and passed, and ``--update-baseline``
+    measured every case, then failed writing it (an OSError). Both stop first, in one line naming the link; the advice
+    followed (the link removed), the gate goes on."""
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    link = directory / "perf_baseline.json"
+    if kind == "a loop":
+        link.symlink_to("perf_baseline.json")
+        why = "a link that leads back to itself (a loop)"
+        remedy = "remove the link or point it at a baseline file"
+    elif kind == "under a file":
+        (tmp_path / "notes.txt").write_text("notes\n")
+        link.symlink_to("../notes.txt/p.json")
+        why = ("a link to '../notes.txt/p.json', which does not exist and cannot be made "
+               f"({str(tmp_path / 'notes.txt')!r} is a file)")
+        remedy = "remove the link or point it elsewhere"
+    else:
+        link.symlink_to("../nodir/p.json")
+        why = (f"a link to '../nodir/p.json', which does not exist, in a directory that does not exist "
+               f"({str(tmp_path / 'nodir')!r})")
+        remedy = f"create {str(tmp_path / 'nodir')!r} or remove the link"
+    expected = (f"baseline {link}: got {why}; expected a baseline file, or a link to one that can be made ({remedy})")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    for options in ((), ("--update-baseline",)):
+        done = _gate(tmp_path, directory, *options)
+        assert done.returncode == 4 and done.stderr == f"ERROR: {expected}\n\n", done.stdout + done.stderr
+    link.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory) == link
+
+
+def test_a_baseline_file_that_is_a_named_pipe_is_refused_not_read(tmp_path):
+    """Break-it finding (h-breakH): results/baselines/perf_baseline.json a named pipe (``mkfifo``): the gate, judged
+    or with --update-baseline, hung for ever reading it (read_baseline's read_text blocks until something writes to
+    it), with no word. It is refused as a file that is not a baseline, in one line; the advice followed (the pipe
+    deleted), the gate goes on."""
+    directory = tmp_path / "baselines"
+    directory.mkdir()
+    pipe = directory / "perf_baseline.json"
+    os.mkfifo(pipe)
+    expected = (f"baseline {pipe}: got a named pipe (FIFO), not a file; expected {BASELINE_FORMAT} (fix the file or "
+                "delete it)")
+    # in a subprocess with a timeout: the old code blocks in the read
+    probe = ("import sys; from pathlib import Path\n"
+             "from fwbench.bench.regression import baseline_path_for, judged_baseline\n"
+             "for call in (lambda: judged_baseline(sys.argv[2], Path(sys.argv[1]), model=sys.argv[3]),\n"
+             "             lambda: baseline_path_for(sys.argv[2], Path(sys.argv[1]))):\n"
+             "    try:\n        call()\n    except ValueError as exc:\n        print(exc)\n")
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", probe, str(directory), NO_BASELINE_CPU, NO_BASELINE_MODEL], cwd=root,
+                          capture_output=True, text=True, timeout=60)
+    assert done.stdout == f"{expected}\n{expected}\n", done.stdout + done.stderr
+    for options in ((), ("--update-baseline",)):
+        gate = _gate(tmp_path, directory, *options)
+        assert gate.returncode == 4 and gate.stderr == f"ERROR: {expected}\n\n", gate.stdout + gate.stderr
+    pipe.unlink()  # the advice followed
+    assert baseline_path_for(NO_BASELINE_CPU, directory) == pipe
+
+
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "under such a link"])
+def test_a_baselines_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, kind):
+    """Break-it finding (h-breakH): results/baselines a link into the loop of another link (``ln -s loop/sub
+    baselines; ln -s loop loop``; a chain, or a path under such a link) was called "a link to 'loop/sub', which leads
+    back to it (a loop)": it does not lead back to itself, and 'loop', the link that loops, went unnamed. Each link is
+    named to the one that loops; the advice followed (the link pointed at a directory), the gate goes on."""
+    (tmp_path / "loop").symlink_to("loop")
+    link = tmp_path / ("results" if kind == "under such a link" else "baselines")
+    if kind == "a chain of links":
+        link.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("loop/sub")
+        named = "'mid', a link to 'loop/sub'"
+    else:
+        link.symlink_to("loop/sub")
+        named = "'loop/sub'"
+    directory = tmp_path / "results" / "baselines" if kind == "under such a link" else link
+    where = "a link" if link == directory else f"a path under {link}, a link"
+    expected = (f"baseline directory {directory}: got {where} to {named}, which leads into {str(tmp_path / 'loop')!r}, "
+                "a link that leads back to itself (a loop); expected the directory of the baseline files "
+                "(perf_baseline*.json), or no such path (remove the link or point it at a directory)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+    link.unlink()  # the advice followed
+    (tmp_path / "d").mkdir()
+    link.symlink_to("d")
+    assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
+
+
 def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_link(tmp_path):
     """Break-it finding (h-breakC): results/baselines -> b -> gone was refused as "a link to 'b', which does not exist",
     advising "create the link's target": b exists (a link), and mkdir b fails. Each link is named, to the missing end."""

@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import subprocess
+import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
 from fwbench.analysis.records import readable_run_records, records_frame
 from fwbench.cli import main
 from fwbench.tasks import MQARConfig, RetrievalConfig, ShakespeareConfig
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ENVIRONMENT = {"device": "cpu", "torch": "2.13.0+cpu", "threads": 1, "device_name": "CPU", "python": "3.11.7",
                "git_commit": "0000000"}
@@ -327,6 +333,112 @@ def test_a_lock_file_linked_into_a_missing_directory_names_the_link(tmp_path, ca
         assert main(argv) == 0 and (results / "runs.jsonl").is_file()
 
 
+@pytest.mark.parametrize("kind", ["a link into a missing directory", "a directory", "a loop"])
+def test_a_claims_file_that_cannot_be_opened_is_refused_in_one_line_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/claims.lock (the file whose byte-range locks claim runs) a link into a directory
+    that does not exist, a directory, or a link looping back to itself: ``fwbench run`` ended in a traceback
+    (``FileNotFoundError``, ``IsADirectoryError``, ``OSError: [Errno 40]`` from os.open at the first claim). It is
+    refused in one line by check_writable, before any training, naming the file, what it must be and the mend; the
+    advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    claims = results / "claims.lock"
+    if kind == "a directory":
+        claims.mkdir()
+        why, mend = "Is a directory; expected a claims file (move the directory away)", lambda: claims.rmdir()
+    elif kind == "a loop":
+        claims.symlink_to("claims.lock")
+        why = "Too many levels of symbolic links; expected a claims file (remove the link or point it at a file)"
+        mend = claims.unlink
+    else:
+        claims.symlink_to("../nodir/c")
+        why = (f"No such file or directory; expected a claims file or a link to one that can be made (create "
+               f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)")
+        mend = (tmp_path / "nodir").mkdir
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    named = f"{str(claims)!r}, a link to '../nodir/c'" if kind == "a link into a missing directory" else repr(str(claims))
+    assert capsys.readouterr().err == f"fwbench: error: --results-dir: cannot open {named}: {why}\n"
+    assert (results / "runs.jsonl").read_text() == ""  # refused before any training
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["a link into a missing directory", "a directory", "a loop"])
+def test_a_torn_lines_file_that_cannot_be_opened_is_named_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/runs.jsonl ending in a torn line (a writer killed mid-write) and
+    R/runs.jsonl.torn, where the next append moves that line, a directory, a link looping back to itself, or a link
+    into a directory that does not exist: ``fwbench run`` trained the run, then said "cannot write 'R/runs.jsonl': Is
+    a directory" (…), the records file, which was fine, and lost the run. The torn-lines file is named, with what it
+    must be and the mend, before any training; the advice followed, the line is set aside and the run stored."""
+    results = tmp_path / "R"
+    results.mkdir()
+    kept = '{"run_id": "a", "status": "failed"}\n'
+    (results / "runs.jsonl").write_text(kept + '{"run_id": "b", "me')
+    torn = results / "runs.jsonl.torn"
+    named = repr(str(torn))
+    if kind == "a directory":
+        torn.mkdir()
+        why, mend = "Is a directory; expected a file for torn lines (move the directory away)", torn.rmdir
+    elif kind == "a loop":
+        torn.symlink_to("runs.jsonl.torn")
+        why = "Too many levels of symbolic links; expected a file for torn lines (remove the link or point it at a file)"
+        mend = torn.unlink
+    else:
+        torn.symlink_to("../nodir/t")
+        named = f"{named}, a link to '../nodir/t'"
+        why = (f"No such file or directory; expected a file for torn lines or a link to one that can be made (create "
+               f"{str(tmp_path / 'nodir')!r} or point the link elsewhere)")
+        mend = (tmp_path / "nodir").mkdir
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"fwbench: error: --results-dir: cannot open {named}: {why}"
+    assert (results / "runs.jsonl").read_text() == kept + '{"run_id": "b", "me'  # nothing written, nothing trained
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert torn.read_text() == '{"run_id": "b", "me\n'
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("kind", ["a directory", "a loop", "a link under a file"])
+def test_a_lock_file_that_cannot_be_opened_says_what_it_must_be(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/runs.lock a directory, a link looping back to itself, or a link to a path under
+    a file: ``fwbench run`` said only "cannot open 'R/runs.lock': Is a directory" ("Too many levels of symbolic
+    links", "Not a directory"), with neither what it must be nor a remedy. Both are said (and the file that blocks
+    the link's target); the advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    lock = results / "runs.lock"
+    named = repr(str(lock))
+    if kind == "a directory":
+        lock.mkdir()
+        why, mend = "Is a directory; expected a lock file (move the directory away)", lock.rmdir
+    elif kind == "a loop":
+        lock.symlink_to("runs.lock")
+        why, mend = ("Too many levels of symbolic links; expected a lock file (remove the link or point it at a "
+                     "file)"), lock.unlink
+    else:
+        (tmp_path / "notes.txt").write_text("notes\n")
+        lock.symlink_to("../notes.txt/l")
+        named = f"{named}, a link to '../notes.txt/l'"
+        why = (f"Not a directory ({str(tmp_path / 'notes.txt')!r} is a file); expected a lock file (remove the link "
+               "or point it elsewhere)")
+        mend = lock.unlink
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fwbench: error: --results-dir: cannot open {named}: {why}\n"
+    mend()  # the advice followed
+    assert main(argv) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
 @pytest.mark.parametrize("under", [False, True], ids=["the directory", "a directory above"])
 def test_a_results_directory_that_is_a_chain_of_links_to_nothing_names_each_link(tmp_path, capsys, under):
     """Break-it finding (h-breakF): --results-dir R, a link to a link to nothing (``ln -s mid R; ln -s gone mid``):
@@ -444,6 +556,190 @@ def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "move the directory or file away" not in err and "File exists" not in err, err
     assert f"{str(loop)!r}" in err and "leads back to itself (a loop)" in err and "point it at a directory" in err, err
+
+
+@pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself"])
+def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, capsys, command, kind):
+    """Break-it finding (h-breakH): --results-dir R, a link into the loop of another link (``ln -s loop/sub R;
+    ln -s loop loop``, or a chain, ``ln -s mid R; ln -s loop/sub mid``): run, report, estimate and bench called R
+    "a link that leads back to itself (a loop)", which it is not, and left 'loop', the link that loops, unnamed.
+    Each link of R is named, to the one that loops; the advice followed (R pointed at the directory a run wrote),
+    each goes on."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    stored = tmp_path / "stored"
+    assert main(["run", str(grid), "--results-dir", str(stored), "--quiet"]) == 0
+    capsys.readouterr()
+    (tmp_path / "loop").symlink_to("loop")
+    results = tmp_path / "R"
+    if kind == "a chain of links":
+        results.symlink_to("mid")
+        (tmp_path / "mid").symlink_to("loop/sub")
+        named = "a link to 'mid', a link to 'loop/sub'"
+    else:
+        results.symlink_to("R/x" if kind == "a link into itself" else "loop/sub")
+        named = "a link to 'loop/sub'"
+    why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
+    if kind == "a link into itself":  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
+        why = "a link that leads back to itself (a loop)"
+    out = tmp_path / "out"
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(out)],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    expected = {
+        "run": f"--results-dir: cannot read {str(results / 'runs.jsonl')!r}: Too many levels of symbolic links; "
+               f"expected a file of records, one JSON line each ({str(results)!r} is {why}: remove it or point it at "
+               "a directory)",
+        "report": f"--results-dir: got {str(results)!r}, {why}; expected the directory that fwbench run wrote to "
+                  "(point the link at it)",
+        "estimate": f"--against: cannot read {str(results / 'runs.jsonl')!r}: Too many levels of symbolic links; "
+                    f"expected a file of records, one JSON line each ({str(results)!r} is {why}: remove it or point "
+                    "it at a directory)",
+        "bench": f"--results-dir: got {str(results)!r}, {why}; expected a directory (or a new path) (remove the link "
+                 "or point it at a directory)"}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"fwbench: error: {expected}\n"
+    assert not out.exists()
+    if command != "bench":  # (bench measures for minutes once it goes on)
+        results.unlink()  # the advice followed
+        results.symlink_to(stored)
+        assert main(argv) == 0
+
+
+@pytest.mark.parametrize("command", ["report", "estimate"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links"])
+def test_a_records_file_to_read_that_is_a_link_to_nothing_names_the_link(tmp_path, capsys, command, kind):
+    """Break-it finding (h-breakH): R/runs.jsonl a link to nothing (``ln -s gone.jsonl R/runs.jsonl``, a moved or
+    unmounted store; or a chain, ``ln -s mid R/runs.jsonl; ln -s ../nodir/x R/mid``): ``fwbench report`` said
+    "'R' holds no run records (no record in runs.jsonl or bench.jsonl)" and ``estimate --against R`` "no records file
+    'R/runs.jsonl'", the link there and unnamed. Each link is named; the advice followed (the link pointed at the
+    records a run wrote), both read them."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    stored = tmp_path / "stored"
+    assert main(["run", str(grid), "--results-dir", str(stored), "--quiet"]) == 0
+    capsys.readouterr()
+    results = tmp_path / "R"
+    results.mkdir()
+    link = results / "runs.jsonl"
+    if kind == "a chain of links":
+        link.symlink_to("mid")
+        (results / "mid").symlink_to("../nodir/x")
+        named = "a link to 'mid', a link to '../nodir/x'"
+    else:
+        link.symlink_to("gone.jsonl")
+        named = "a link to 'gone.jsonl'"
+    out = tmp_path / "out"
+    argv = {"report": ["report", "--results-dir", str(results), "--out", str(out)],
+            "estimate": ["estimate", str(grid), "--against", str(results)]}[command]
+    option = {"report": "--results-dir", "estimate": "--against"}[command]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: {option}: cannot read {str(link)!r}, {named}, which does not exist; expected a file of "
+        "records, one JSON line each (point the link at the records file or remove it)\n")
+    assert not out.exists() and not (tmp_path / "nodir").exists()
+    link.unlink()  # the advice followed
+    link.symlink_to(stored / "runs.jsonl")
+    assert main(argv) == 0
+
+
+@pytest.mark.parametrize("command, file", [("run", "runs.jsonl"), ("run", "/dev/null"), ("run", "runs.lock"),
+                                           ("run", "claims.lock"), ("report", "runs.jsonl"), ("estimate", "runs.jsonl"),
+                                           ("bench", "bench.jsonl")])
+def test_a_store_file_that_is_a_pipe_or_a_device_is_refused_not_opened(tmp_path, command, file):
+    """Break-it finding (h-breakH): R/runs.jsonl a named pipe (``mkfifo R/runs.jsonl``; also runs.lock, claims.lock,
+    bench.jsonl): ``fwbench run``, ``report``, ``estimate --against`` and ``bench`` hung for ever opening it, with no
+    word; R/runs.jsonl a link to /dev/null: ``fwbench run`` said "1 trained now" and its record was gone (the next
+    run trained it again). Each is refused in one line naming the file and what it is; the advice followed, the run
+    stores its record. (Subprocesses with a timeout: the old code blocks in open.)"""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results = tmp_path / "R"
+    results.mkdir()
+    if file == "/dev/null":
+        path = results / "runs.jsonl"
+        path.symlink_to("/dev/null")
+        got = f"{str(path)!r}, a link to '/dev/null', a character device"
+        remedy = "remove the link or point it at a regular file"
+    else:
+        path = results / file
+        os.mkfifo(path)
+        got, remedy = f"{str(path)!r}, a named pipe (FIFO)", "move it away"
+    what = {"runs.lock": "a lock file", "claims.lock": "a claims file"}.get(file, "a file of records, one JSON line each")
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    option = "--against" if command == "estimate" else "--results-dir"
+
+    def fwbench() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fwbench", *argv], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60)
+
+    done = fwbench()
+    assert (done.returncode, done.stderr) == (
+        2, f"fwbench: error: {option}: got {got}; expected {what} ({remedy})\n"), done.stdout + done.stderr
+    if command == "run":
+        path.unlink()  # the advice followed
+        assert fwbench().returncode == 0
+        assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
+def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_checkpoint(tmp_path, kind):
+    """Break-it finding (h-breakH): R/checkpoints a link that loops (``ln -s checkpoints R/checkpoints``, or a link into
+    another's loop): ``fwbench run`` of any grid ended in a traceback, "RuntimeError: Symlink loop from …" (Path.resolve
+    of the checkpoint directory, computed for every grid). A retrieval grid, which keeps no checkpoint, stores its
+    record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    if kind == "a loop":
+        (results / "checkpoints").symlink_to("checkpoints")
+    else:
+        (tmp_path / "loop").symlink_to("loop")
+        (results / "checkpoints").symlink_to("../loop/c")
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    assert main(["run", str(grid), "--results-dir", str(results), "--quiet"]) == 0
+    assert len((results / "runs.jsonl").read_text().splitlines()) == 1
+
+
+LM_CHECKPOINT_GRID = ('name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvariant = "linear"\nseed = 1\nd_model = 16\n'
+                      'n_heads = 2\nn_layers = 1\nd_ff = 32\ncontext = 16\nbatch_size = 4\nmax_steps = 4\neval_every = 2\n'
+                      'eval_segments = 2\nstream_eval = false\nsample_tokens = 5\ncheckpoint_every = 2\n')
+
+
+@pytest.mark.skipif(not os.environ.get("FWBENCH_DATA_DIR"), reason="needs Tiny Shakespeare ($FWBENCH_DATA_DIR)")
+@pytest.mark.parametrize("kind", ["a file", "a loop"])
+def test_a_checkpoints_entry_that_cannot_be_a_directory_is_refused_before_training(tmp_path, capsys, kind):
+    """Break-it finding (h-breakH): R/checkpoints a file, or a link that loops, with a grid that keeps checkpoints
+    (``checkpoint_every`` > 0, the language model's default): every run trained to its first checkpoint and failed
+    there, "run … failed: FileExistsError: [Errno 17] File exists: '…/R/checkpoints'" (exit 0, '1 failed'). It is
+    refused in one line before any training; the advice followed, the run stores its record."""
+    results = tmp_path / "R"
+    results.mkdir()
+    entry = results / "checkpoints"
+    if kind == "a file":
+        entry.write_text("notes\n")
+        why, remedy = "a file", "move it away"
+    else:
+        entry.symlink_to("checkpoints")
+        why, remedy = "a link that leads back to itself (a loop)", "remove the link or point it at a directory"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID)
+    argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got {str(entry)!r}, {why}; expected a directory for the runs' checkpoints, "
+        f"or no such path ({remedy})\n")
+    assert (results / "runs.jsonl").read_text() == ""  # nothing trained
+    entry.unlink()  # the advice followed
+    assert main(argv) == 0
+    assert [json.loads(line)["status"] for line in (results / "runs.jsonl").read_text().splitlines()] != ["failed"]
 
 
 @pytest.mark.parametrize("name", ["R\nnew", "R\tx", "R-\udcff"], ids=["newline", "tab", "not UTF-8"])

@@ -249,3 +249,43 @@ def test_a_byte_order_mark_before_the_first_record_is_ignored(tmp_path, terminat
     # a mark anywhere but the file's start is no mark: that line stays unreadable, and is named
     store.path.write_bytes(first + b"\n\xef\xbb\xbf" + first.replace(b'"a"', b'"c"') + b"\n")
     assert store.load().problems == [f"{store.path}:2: corrupt or truncated record skipped"]
+
+
+def test_two_results_directories_sharing_one_records_file_by_a_link_train_each_cell_once(grid_path, cells,
+                                                                                          uninterrupted, tmp_path):
+    """Break-it finding (h-breakH): R2/runs.jsonl a link to R1/runs.jsonl (``ln -s ../R1/runs.jsonl R2/runs.jsonl``),
+    one driver on each directory: each locked and claimed runs in its own directory (R1/claims.lock, R2/claims.lock),
+    so both trained every cell, and one dropped its records while saying "2 trained now". The lock and claims files
+    are now those beside the records file as it really is: a cell one driver holds through R1 is waited for by the
+    driver on R2, and skipped there once stored."""
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    held = sorted(cells)[0]
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import json, sys; from fwbench.run.store import ResultsStore\n"
+         "store = ResultsStore(sys.argv[1])\n"
+         "with store.claim(sys.argv[2]):\n"
+         "    print('held', flush=True); record = json.loads(sys.stdin.readline()); store.append(record)\n",
+         str(first), held],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        driver = start_run(grid_path, second)
+        deadline = time.monotonic() + 240
+        while complete_lines(first / "runs.jsonl") < len(cells) - 1 and driver.poll() is None:
+            assert time.monotonic() < deadline, "fwbench run made no progress"
+            time.sleep(0.05)
+        holder.stdin.write(json.dumps(uninterrupted[held]) + "\n")  # the holder stores its run and lets go
+        holder.stdin.flush()
+        assert holder.wait(timeout=60) == 0
+        out, err = driver.communicate(timeout=240)
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert driver.returncode == 0, err
+    assert f"{len(cells) - 1} trained now, 1 already in" in out, out + err
+    assert_one_clean_record_per_cell(first, cells, uninterrupted)

@@ -183,3 +183,15 @@ def test_a_python_path_entry_through_a_link_and_up_is_the_directory_python_uses(
                                env={**os.environ, "PYTHONPATH": entry}, capture_output=True, text=True).stdout.strip()
         assert shown == str(python_reads)  # Python's own reading, not the kernel's (elsewhere/pkg)
         assert worker_python_path({"PYTHONPATH": entry}, str(cwd)) == [(entry, shown)]
+
+
+@pytest.mark.parametrize("name", [DATA_DIR_ENV, CACHE_DIR_ENV])
+def test_a_directory_that_is_a_looping_link_is_sent_as_it_is_not_a_traceback(monkeypatch, tmp_path, name):
+    """Break-it finding (h-breakH): $FWBENCH_DATA_DIR (or $FWBENCH_CACHE_DIR) a link that loops (``ln -s loop loop``):
+    ``fwbench run GRID --launcher ray`` ended in a traceback, "RuntimeError: Symlink loop from …" (run_settings'
+    Path.resolve), before Ray started. The directory is sent as the driver reads it; the worker's corpus lookup names
+    it in one line, as the local launcher's does."""
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    monkeypatch.setenv(name, str(loop))
+    assert run_settings()[name] == str(loop)
