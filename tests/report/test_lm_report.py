@@ -82,3 +82,61 @@ def test_the_report_of_a_language_model_grid_with_a_failed_run(tmp_path):
                                                             "parameters": float("nan"), "steps": 0}])])
     table = variant_table(frame)  # rows by variant: linear, then softmax
     assert (table["variant"].tolist(), table["parameters"].tolist()) == (["linear", "softmax"], ["11,650", "—"])
+
+
+def test_the_report_of_a_store_holding_retrieval_and_language_model_runs(tmp_path):
+    """``nox -s reproduce`` stores retrieval and LM runs in one runs.jsonl. Beside retrieval records
+    (no ``d_model``) pandas holds ``d_model`` and ``n_heads`` as floats, so the LM table asked
+    ``d_dot_of(spec, 16.0)``, which 741b6ed made refuse a float size: ``fwbench report`` (and the main
+    job, after training every run) stopped with 'd_key: got 16.0; expected a positive integer (>= 1)'
+    and wrote no REPORT.md. Now the table's d_dot is the LM's (d_model / n_heads = d_key for linear)."""
+    import json
+
+    from fwbench.cli import main
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.launchers import failed_record
+
+    lm = next(c for c in expand(load_grid("shakespeare"), "smoke") if c.variant == "linear")
+    retrieval = expand(load_grid("capacity"), "quick")[0]
+    results, out = tmp_path / "results", tmp_path / "out"
+    results.mkdir()
+    records = [failed_record(retrieval, "RuntimeError: boom"), failed_record(lm, "RuntimeError: boom")]
+    (results / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    table = (out / "REPORT.md").read_text().split("| variant | rule |")[1].split("\n\n")[0]
+    d_key = lm.config["d_model"] // lm.config["n_heads"]
+    assert f"| linear | sum | {d_key} |" in table
+    floats = pd.DataFrame([{**lm_run("linear", 6e-3, 1), "d_model": 16.0, "n_heads": 2.0}])
+    assert variant_table(floats)["d_dot"].tolist() == [8]
+
+
+def test_a_variant_error_that_is_not_an_unknown_variant_gets_no_variant_module_advice(tmp_path, monkeypatch, capsys):
+    """`fwbench report` added to every VariantError from rendering 'a record … names a variant this
+    process does not know: … pass --variant-module', also to the d_key refusal above, where no
+    module could help. The advice is now kept for errors about a variant spec."""
+    import json
+
+    import fwbench.cli as cli
+    import fwbench.report.render as render
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.launchers import failed_record
+    from fwbench.variants import VariantError
+
+    results = tmp_path / "results"
+    results.mkdir()
+    record = failed_record(expand(load_grid("shakespeare"), "smoke")[0], "RuntimeError: boom")
+    (results / "runs.jsonl").write_text(json.dumps(record) + "\n")
+
+    def raising(message):
+        def render(*_):
+            raise VariantError(message)
+        return render
+
+    def refusal(message):
+        monkeypatch.setattr(render, "render_report", raising(message))
+        assert cli.main(["report", "--results-dir", str(results), "--out", str(tmp_path / "out")]) == 2
+        return capsys.readouterr().err
+
+    size = refusal("d_key: got 16.0; expected a positive integer (>= 1)")
+    assert "--variant-module" not in size and "cannot render the report of" in size and "d_key: got 16.0" in size
+    assert "pass --variant-module" in refusal("variant: got 'mine'; expected one of softmax, linear")
