@@ -47,7 +47,9 @@ def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
     table = []
     for _, row in rows.sort_values(["variant", "lr", "seed"]).iterrows():
         spec = parse_spec(row["variant"])
-        d_key = row["d_model"] // row["n_heads"]
+        # int(): beside a retrieval run (no d_model) pandas reads the column as floats, 64 → 64.0, which
+        # d_dot_of refuses as it refuses any float d_key ('d_key: got 16.0; expected a positive integer')
+        d_key = int(row["d_model"]) // int(row["n_heads"])
         d_dot = d_dot_of(spec, d_key)
         table.append({
             "variant": row["variant"], "rule": spec.info.rule, "d_dot": int(d_dot) if d_dot else "—",
