@@ -76,7 +76,9 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
     # before the dtype and device checks, which read beta.dtype: a float or a list raised AttributeError
     # there, for every rule (the sum rule ignores β but checks what it is given)
     if beta is not None and not isinstance(beta, Tensor):
-        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} or None")
+        # "or None" only where None is taken: a delta-rule user told it passed None, to be refused next
+        needed = " for the delta rule" if needs_beta else " or None"
+        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])}{needed}")
     if beta is not None:
         check_dense("beta", beta)
     if needs_beta:
