@@ -96,17 +96,26 @@ def check_queries(q: Tensor, k: Tensor) -> None:
         raise bad_value("q", shape, f"a tensor of shape (B, H, T_q, d_key) = {expected}")
 
 
-def check_queries_like_keys(q: Tensor, k: Tensor) -> None:
-    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' dtype and device.
+def check_queries_like_keys(q: Tensor, k: Tensor, same_compute_dtype: bool = False) -> None:
+    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' device and dtype
+    (``same_compute_dtype``: their compute dtype, fp32 for fp16, bf16 and fp32 alike, as a fast-weight
+    :meth:`~FastWeightAttention.read` takes q beside the state that k wrote).
 
-    :meth:`Attention.write_read` writes with k and reads with q, so they meet as q and k do in a forward
-    call. Unchecked, the fused sum- and delta-rule reads took q on another device than k (a meta q gave
-    a CPU output; a CUDA q, a deep torch error) and q float64 against float32 keys, which every other
-    form refused by the dtype of the state it had just written, an argument the caller never gave."""
+    :meth:`Attention.write_read` writes with k and reads with q. Unchecked, the fused sum- and delta-rule
+    reads took q on another device than k (a meta q gave a CPU output; a CUDA q, a deep torch error) and
+    q float64 against float32 keys, which every other form refused by the dtype of the state it had just
+    written, an argument the caller never gave."""
     if q.device != k.device:
         raise bad_value("q.device", str(q.device), f"the device of k ({k.device})")
-    if q.dtype != k.dtype:
-        raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share one dtype")
+    if not same_compute_dtype:
+        if q.dtype != k.dtype:
+            raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share "
+                               "one dtype")
+    elif compute_dtype(q) != compute_dtype(k):
+        # fp16 or bf16 queries beside fp32 keys are the retrieval model's under autocast (its keys add an
+        # fp32 table to a projection): a fast-weight read computes both in fp32, as read(q, write(k, v)) does
+        alike = "torch.float64" if compute_dtype(k) == torch.float64 else "torch.float16, torch.bfloat16 or torch.float32"
+        raise VariantError(f"q.dtype: got {q.dtype}; expected one computed in the dtype of k ({k.dtype}): {alike}")
 
 
 def check_form(form: str, chunk_size: int | None) -> None:
@@ -168,7 +177,7 @@ class Attention(nn.Module):
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
-        check_queries_like_keys(q, k)
+        check_queries_like_keys(q, k, isinstance(self, FastWeightAttention))
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
