@@ -1255,6 +1255,37 @@ def _(ctx):
     return answer
 
 
+@row("L115")
+def _(ctx):
+    """A nested tensor (torch.nested, strided or jagged) passed the dense-layout check (a strided one has
+    the strided layout) and the checks then read its shape: "RuntimeError: Internal error: NestedTensorImpl
+    doesn't support sizes", or a jagged one was told to call .to_dense(), which it does not have."""
+    def nested(x: torch.Tensor, layout=torch.strided) -> torch.Tensor:
+        return torch.nested.nested_tensor(list(x), layout=layout)
+
+    answers = set()
+    for layout in torch.strided, torch.jagged:
+        for spec in SPECS + ["linear-fwm"]:
+            module, inputs = attention(spec, form="recurrent"), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            _, state = module(**inputs)
+            for name, call, args, kwargs in (("q", module, (nested(q, layout), k, v), {"beta": beta}),
+                                             ("k", module, (q, nested(k, layout), v), {"beta": beta}),
+                                             ("v", module.write, (k, nested(v, layout), beta), {}),
+                                             ("q", module.read, (nested(q, layout), state), {}),
+                                             ("q", module.write_read, (k, v, nested(q, layout), beta), {})):
+                assert raised(VariantError, call, *args, **kwargs).startswith(f"VariantError: {name}: got a nested tensor")
+            x = torch.randn(B, T, 8)
+            answers.add(raised(VariantError, AttentionLayer(spec, 8, 2), nested(x, layout)).replace("jagged", "strided"))
+        assert raised(VariantError, variants.DPFP(8), nested(torch.randn(B, T, 8), layout)).startswith(
+            "VariantError: x: got a nested tensor")
+    # the advice works for both layouts
+    assert nested(torch.randn(B, T, 8), torch.jagged).to_padded_tensor(0.0).shape == (B, T, 8)
+    (answer,) = answers
+    return answer
+
+
 @row("L113")
 def _(ctx):
     """write() and write_read() check their keys as the q of a forward call, and named them q."""

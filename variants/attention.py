@@ -62,12 +62,13 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
     # (a write of integer keys was refused as 'q.dtype', one of the wrong d_key as 'q: got d_key 3')
     named = (("k", k), ("v", v)) if q is k else (("q", q), ("k", k), ("v", v))
     for name, x in named:
+        if isinstance(x, Tensor):
+            check_dense(name, x)  # first: a nested tensor's shape raises
         if not hasattr(x, "dim") or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
             raise bad_value(name, shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not x.is_floating_point():
             raise bad_value(f"{name}.dtype", x.dtype, "a floating-point dtype")
-        check_dense(name, x)
     if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3]:
         got = ", ".join(f"{name} {tuple(x.shape)}" for name, x in named)
         raise VariantError(f"{', '.join(name for name, _ in named)}: (B, H, T) must agree; got {got}")
@@ -188,12 +189,13 @@ class Attention(nn.Module):
 
     def _check_query(self, q: Tensor) -> None:
         """Queries of :meth:`read`: a floating (B, H, T_q, d_key) tensor."""
+        if isinstance(q, Tensor):
+            check_dense("q", q)  # first: a nested tensor's shape raises
         if not isinstance(q, Tensor) or q.dim() != 4:
             shape = tuple(q.shape) if hasattr(q, "shape") else type(q).__name__
             raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not q.is_floating_point():
             raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
-        check_dense("q", q)
         check_key_size("q", q, self.d_key)
 
 

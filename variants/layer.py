@@ -105,12 +105,13 @@ class AttentionLayer(nn.Module):
             VariantError: x not a floating (B, T, d_model) tensor on the layer's device and of its dtype
                 (under autocast: float64 for float64 weights only); a state from another variant, batch or dtype.
             NonFiniteError: a NaN or ±inf in x, with ``check_finite`` on."""
+        if isinstance(x, Tensor):
+            check_dense("x", x)  # first: a nested tensor's shape raises
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
-        check_dense("x", x)
         self._check_like_weights(x)
         if self.attention.check_finite:
             check_finite(x=x)
