@@ -1286,6 +1286,22 @@ def _(ctx):
     return answer
 
 
+@row("L116")
+def _(ctx):
+    """The FWM rule's answer to a missing or non-tensor β named the delta rule."""
+    answers = set()
+    for spec in "linear-fwm", "dpfp-fwm:nu=2", "tanh-fwm":
+        for form in "auto", "recurrent":
+            module, inputs = attention(spec, form=form), qkvb()
+            for beta in None, 0.5:
+                for call, args in ((module, (inputs["q"], inputs["k"], inputs["v"], beta)),
+                                   (module.write, (inputs["k"], inputs["v"], beta)),
+                                   (module.write_read, (inputs["k"], inputs["v"], inputs["q"], beta))):
+                    answers.add(raised(VariantError, call, *args).replace("'float'", "None"))
+    (answer,) = answers
+    return answer
+
+
 @row("L113")
 def _(ctx):
     """write() and write_read() check their keys as the q of a forward call, and named them q."""
@@ -1338,8 +1354,8 @@ def _(ctx):
                          raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"], beta)}
                 answers |= {answer.replace("'list'", "'float'") for answer in found}
     # a rule that ignores β takes None; one that needs it does not, and its answer said "or None" too
-    (answer,) = {a for a in answers if "or None" not in a}
-    assert answers == {answer, answer.replace(" for the delta rule", " or None")}
+    (answer,) = {a for a in answers if "or None" not in a and "fwm" not in a}  # the FWM rule's: L116
+    assert answers == {answer, answer.replace(" for the delta rule", " or None"), answer.replace("delta", "fwm")}
     return answer
 
 

@@ -55,9 +55,9 @@ def write_read_path(form: str) -> str:
     return {"auto": "write_read", "chunk": "write"}.get(form, form)
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool, rule: str = "delta") -> None:
     """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes and β,
-    where given, is a tensor (``needs_beta``: β is required)."""
+    where given, is a tensor (``needs_beta``: β is required, by the rule the messages name ``rule``)."""
     # write() and write_read() pass their keys as q too: name them k, the argument the caller gave
     # (a write of integer keys was refused as 'q.dtype', one of the wrong d_key as 'q: got d_key 3')
     named = (("k", k), ("v", v)) if q is k else (("q", q), ("k", k), ("v", v))
@@ -78,13 +78,14 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
     # there, for every rule (the sum rule ignores β but checks what it is given)
     if beta is not None and not isinstance(beta, Tensor):
         # "or None" only where None is taken: a delta-rule user told it passed None, to be refused next
-        needed = " for the delta rule" if needs_beta else " or None"
+        needed = f" for the {rule} rule" if needs_beta else " or None"
         raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])}{needed}")
     if beta is not None:
         check_dense("beta", beta)
     if needs_beta:
         if beta is None:
-            raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the delta rule")
+            # the rule's own name: the FWM rule's answer said "for the delta rule"
+            raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the {rule} rule")
         if tuple(beta.shape) != tuple(k.shape[:3]):
             raise bad_value("beta", tuple(beta.shape), f"shape (B, H, T) = {tuple(k.shape[:3])}")
 
@@ -174,7 +175,7 @@ class Attention(nn.Module):
     def _check_write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None) -> None:
         """The checks of every :meth:`write_read`, whatever its path: keys and values as in a write,
         queries that fit them (:func:`check_queries`, :func:`check_queries_like_keys`)."""
-        check_qkv(k, k, v, beta, self.uses_beta)
+        check_qkv(k, k, v, beta, self.uses_beta, getattr(self, "rule", "delta"))
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
@@ -319,7 +320,7 @@ class FastWeightAttention(Attention):
     ) -> tuple[Tensor, FastWeightState]:
         """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring.
         ``form``/``chunk_size``: a per-call override of the module's (tests, streaming)."""
-        check_qkv(q, k, v, beta, self.uses_beta)
+        check_qkv(q, k, v, beta, self.uses_beta, self.rule)
         form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, beta)
@@ -338,7 +339,7 @@ class FastWeightAttention(Attention):
         chunk_size: int | None = None,
     ) -> FastWeightState:
         """Store every (k_t, v_t) in the fast weight without computing outputs."""
-        check_qkv(k, k, v, beta, self.uses_beta)
+        check_qkv(k, k, v, beta, self.uses_beta, self.rule)
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
