@@ -1255,6 +1255,53 @@ def _(ctx):
     return answer
 
 
+@row("L115")
+def _(ctx):
+    """A nested tensor (torch.nested, strided or jagged) passed the dense-layout check (a strided one has
+    the strided layout) and the checks then read its shape: "RuntimeError: Internal error: NestedTensorImpl
+    doesn't support sizes", or a jagged one was told to call .to_dense(), which it does not have."""
+    def nested(x: torch.Tensor, layout=torch.strided) -> torch.Tensor:
+        return torch.nested.nested_tensor(list(x), layout=layout)
+
+    answers = set()
+    for layout in torch.strided, torch.jagged:
+        for spec in SPECS + ["linear-fwm"]:
+            module, inputs = attention(spec, form="recurrent"), qkvb()
+            beta = inputs["beta"] if module.uses_beta else None
+            q, k, v = inputs["q"], inputs["k"], inputs["v"]
+            _, state = module(**inputs)
+            for name, call, args, kwargs in (("q", module, (nested(q, layout), k, v), {"beta": beta}),
+                                             ("k", module, (q, nested(k, layout), v), {"beta": beta}),
+                                             ("v", module.write, (k, nested(v, layout), beta), {}),
+                                             ("q", module.read, (nested(q, layout), state), {}),
+                                             ("q", module.write_read, (k, v, nested(q, layout), beta), {})):
+                assert raised(VariantError, call, *args, **kwargs).startswith(f"VariantError: {name}: got a nested tensor")
+            x = torch.randn(B, T, 8)
+            answers.add(raised(VariantError, AttentionLayer(spec, 8, 2), nested(x, layout)).replace("jagged", "strided"))
+        assert raised(VariantError, variants.DPFP(8), nested(torch.randn(B, T, 8), layout)).startswith(
+            "VariantError: x: got a nested tensor")
+    # the advice works for both layouts
+    assert nested(torch.randn(B, T, 8), torch.jagged).to_padded_tensor(0.0).shape == (B, T, 8)
+    (answer,) = answers
+    return answer
+
+
+@row("L116")
+def _(ctx):
+    """The FWM rule's answer to a missing or non-tensor β named the delta rule."""
+    answers = set()
+    for spec in "linear-fwm", "dpfp-fwm:nu=2", "tanh-fwm":
+        for form in "auto", "recurrent":
+            module, inputs = attention(spec, form=form), qkvb()
+            for beta in None, 0.5:
+                for call, args in ((module, (inputs["q"], inputs["k"], inputs["v"], beta)),
+                                   (module.write, (inputs["k"], inputs["v"], beta)),
+                                   (module.write_read, (inputs["k"], inputs["v"], inputs["q"], beta))):
+                    answers.add(raised(VariantError, call, *args).replace("'float'", "None"))
+    (answer,) = answers
+    return answer
+
+
 @row("L113")
 def _(ctx):
     """write() and write_read() check their keys as the q of a forward call, and named them q."""
@@ -1306,7 +1353,9 @@ def _(ctx):
                          raised(VariantError, module.write, inputs["k"], inputs["v"], beta),
                          raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"], beta)}
                 answers |= {answer.replace("'list'", "'float'") for answer in found}
-    (answer,) = answers
+    # a rule that ignores β takes None; one that needs it does not, and its answer said "or None" too
+    (answer,) = {a for a in answers if "or None" not in a and "fwm" not in a}  # the FWM rule's: L116
+    assert answers == {answer, answer.replace(" for the delta rule", " or None"), answer.replace("delta", "fwm")}
     return answer
 
 
@@ -1322,10 +1371,13 @@ def _(ctx):
             module, inputs = attention(spec, form=form), qkvb()
             beta = inputs["beta"] if module.uses_beta else None
             answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"], inputs["q"].to("meta"), beta))
-            for dtype in torch.float64, torch.float16:
+            # a fast-weight read takes fp16 queries beside fp32 keys (both computed in fp32); softmax's cache does not
+            for dtype in (torch.float64, torch.float16) if spec == "softmax" else (torch.float64,):
                 dtype_answers.add(raised(VariantError, module.write_read, inputs["k"], inputs["v"],
                                          inputs["q"].to(dtype), beta).split(";")[1])
-    assert dtype_answers == {" expected the dtype of k (torch.float32): q, k and v must share one dtype"}
+    assert dtype_answers == {" expected the dtype of k (torch.float32): q, k and v must share one dtype",
+                             " expected one computed in the dtype of k (torch.float32): torch.float16, torch.bfloat16 "
+                             "or torch.float32"}
     (answer,) = answers
     return answer
 

@@ -55,19 +55,20 @@ def write_read_path(form: str) -> str:
     return {"auto": "write_read", "chunk": "write"}.get(form, form)
 
 
-def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool) -> None:
+def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: bool, rule: str = "delta") -> None:
     """Raise :class:`VariantError` unless q, k, v (and β) have consistent (B, H, T, D) shapes and β,
-    where given, is a tensor (``needs_beta``: β is required)."""
+    where given, is a tensor (``needs_beta``: β is required, by the rule the messages name ``rule``)."""
     # write() and write_read() pass their keys as q too: name them k, the argument the caller gave
     # (a write of integer keys was refused as 'q.dtype', one of the wrong d_key as 'q: got d_key 3')
     named = (("k", k), ("v", v)) if q is k else (("q", q), ("k", k), ("v", v))
     for name, x in named:
+        if isinstance(x, Tensor):
+            check_dense(name, x)  # first: a nested tensor's shape raises
         if not hasattr(x, "dim") or x.dim() != 4:
             shape = tuple(x.shape) if hasattr(x, "shape") else type(x).__name__
             raise bad_value(name, shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not x.is_floating_point():
             raise bad_value(f"{name}.dtype", x.dtype, "a floating-point dtype")
-        check_dense(name, x)
     if q.shape[:3] != k.shape[:3] or k.shape[:3] != v.shape[:3]:
         got = ", ".join(f"{name} {tuple(x.shape)}" for name, x in named)
         raise VariantError(f"{', '.join(name for name, _ in named)}: (B, H, T) must agree; got {got}")
@@ -76,12 +77,15 @@ def check_qkv(q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None, needs_beta: 
     # before the dtype and device checks, which read beta.dtype: a float or a list raised AttributeError
     # there, for every rule (the sum rule ignores β but checks what it is given)
     if beta is not None and not isinstance(beta, Tensor):
-        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} or None")
+        # "or None" only where None is taken: a delta-rule user told it passed None, to be refused next
+        needed = f" for the {rule} rule" if needs_beta else " or None"
+        raise bad_value("beta", type(beta).__name__, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])}{needed}")
     if beta is not None:
         check_dense("beta", beta)
     if needs_beta:
         if beta is None:
-            raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the delta rule")
+            # the rule's own name: the FWM rule's answer said "for the delta rule"
+            raise bad_value("beta", None, f"a tensor of shape (B, H, T) = {tuple(k.shape[:3])} for the {rule} rule")
         if tuple(beta.shape) != tuple(k.shape[:3]):
             raise bad_value("beta", tuple(beta.shape), f"shape (B, H, T) = {tuple(k.shape[:3])}")
 
@@ -94,17 +98,26 @@ def check_queries(q: Tensor, k: Tensor) -> None:
         raise bad_value("q", shape, f"a tensor of shape (B, H, T_q, d_key) = {expected}")
 
 
-def check_queries_like_keys(q: Tensor, k: Tensor) -> None:
-    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' dtype and device.
+def check_queries_like_keys(q: Tensor, k: Tensor, same_compute_dtype: bool = False) -> None:
+    """Raise :class:`VariantError` unless queries q of a write-then-read share the keys' device and dtype
+    (``same_compute_dtype``: their compute dtype, fp32 for fp16, bf16 and fp32 alike, as a fast-weight
+    :meth:`~FastWeightAttention.read` takes q beside the state that k wrote).
 
-    :meth:`Attention.write_read` writes with k and reads with q, so they meet as q and k do in a forward
-    call. Unchecked, the fused sum- and delta-rule reads took q on another device than k (a meta q gave
-    a CPU output; a CUDA q, a deep torch error) and q float64 against float32 keys, which every other
-    form refused by the dtype of the state it had just written, an argument the caller never gave."""
+    :meth:`Attention.write_read` writes with k and reads with q. Unchecked, the fused sum- and delta-rule
+    reads took q on another device than k (a meta q gave a CPU output; a CUDA q, a deep torch error) and
+    q float64 against float32 keys, which every other form refused by the dtype of the state it had just
+    written, an argument the caller never gave."""
     if q.device != k.device:
         raise bad_value("q.device", str(q.device), f"the device of k ({k.device})")
-    if q.dtype != k.dtype:
-        raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share one dtype")
+    if not same_compute_dtype:
+        if q.dtype != k.dtype:
+            raise VariantError(f"q.dtype: got {q.dtype}; expected the dtype of k ({k.dtype}): q, k and v must share "
+                               "one dtype")
+    elif compute_dtype(q) != compute_dtype(k):
+        # fp16 or bf16 queries beside fp32 keys are the retrieval model's under autocast (its keys add an
+        # fp32 table to a projection): a fast-weight read computes both in fp32, as read(q, write(k, v)) does
+        alike = "torch.float64" if compute_dtype(k) == torch.float64 else "torch.float16, torch.bfloat16 or torch.float32"
+        raise VariantError(f"q.dtype: got {q.dtype}; expected one computed in the dtype of k ({k.dtype}): {alike}")
 
 
 def check_form(form: str, chunk_size: int | None) -> None:
@@ -162,11 +175,11 @@ class Attention(nn.Module):
     def _check_write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None) -> None:
         """The checks of every :meth:`write_read`, whatever its path: keys and values as in a write,
         queries that fit them (:func:`check_queries`, :func:`check_queries_like_keys`)."""
-        check_qkv(k, k, v, beta, self.uses_beta)
+        check_qkv(k, k, v, beta, self.uses_beta, getattr(self, "rule", "delta"))
         self._check_inputs(k, k, v, beta)
         self._check_query(q)
         check_queries(q, k)
-        check_queries_like_keys(q, k)
+        check_queries_like_keys(q, k, isinstance(self, FastWeightAttention))
 
     def _check_inputs(self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None) -> None:
         """Dtype, device and key-size checks every call makes after :func:`check_qkv`."""
@@ -177,12 +190,13 @@ class Attention(nn.Module):
 
     def _check_query(self, q: Tensor) -> None:
         """Queries of :meth:`read`: a floating (B, H, T_q, d_key) tensor."""
+        if isinstance(q, Tensor):
+            check_dense("q", q)  # first: a nested tensor's shape raises
         if not isinstance(q, Tensor) or q.dim() != 4:
             shape = tuple(q.shape) if hasattr(q, "shape") else type(q).__name__
             raise bad_value("q", shape, "a tensor of shape (B, H, T, D) with 4 dimensions")
         if not q.is_floating_point():
             raise bad_value("q.dtype", q.dtype, "a floating-point dtype")
-        check_dense("q", q)
         check_key_size("q", q, self.d_key)
 
 
@@ -306,7 +320,7 @@ class FastWeightAttention(Attention):
     ) -> tuple[Tensor, FastWeightState]:
         """Outputs (B, H, T, d_v) and the state after the last token; see the module docstring.
         ``form``/``chunk_size``: a per-call override of the module's (tests, streaming)."""
-        check_qkv(q, k, v, beta, self.uses_beta)
+        check_qkv(q, k, v, beta, self.uses_beta, self.rule)
         form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, beta)
@@ -325,7 +339,7 @@ class FastWeightAttention(Attention):
         chunk_size: int | None = None,
     ) -> FastWeightState:
         """Store every (k_t, v_t) in the fast weight without computing outputs."""
-        check_qkv(k, k, v, beta, self.uses_beta)
+        check_qkv(k, k, v, beta, self.uses_beta, self.rule)
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape

@@ -23,7 +23,12 @@ from .errors import NonFiniteError, VariantError, bad_value
 def check_dense(name: str, x: Tensor) -> None:
     """Raise :class:`VariantError` unless ``x`` is a dense (strided) tensor: a sparse q, v, β, state or
     layer input raised NotImplementedError or "reshape is not implemented for sparse tensors" from
-    inside the kernels (and every kernel reshapes, slices and multiplies dense rows)."""
+    inside the kernels (and every kernel reshapes, slices and multiplies dense rows). Run it before
+    reading ``x.shape``: a nested tensor (``torch.nested``, strided or jagged) has none, and its
+    sizes raised "Internal error: NestedTensorImpl doesn't support sizes" from the checks themselves."""
+    if x.is_nested:  # strided nested tensors pass the layout test; neither kind has .to_dense()
+        raise VariantError(f"{name}: got a nested tensor (layout {x.layout}); expected a dense tensor "
+                           "(torch.strided); pad it with .to_padded_tensor(0.0)")
     if x.layout != torch.strided:
         raise bad_value(f"{name}.layout", x.layout, "a dense tensor (torch.strided); convert it with .to_dense()")
 

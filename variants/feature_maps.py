@@ -90,12 +90,13 @@ class FeatureMap(nn.Module):
         ``forward`` (a pre-hook) and by the built-in maps' :meth:`normalized`, :meth:`for_queries` and
         ``exponents``, which do not go through it: DPFP(4) of x (…, 3) returned (…, 6) features, and a
         list, an integer tensor or a 0-d one raised errors from inside torch."""
+        if isinstance(x, Tensor):
+            check_dense("x", x)  # first: a nested tensor's shape raises
         if not isinstance(x, Tensor) or x.dim() < 1 or x.shape[-1] != self.d_key:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (…, d_key={self.d_key})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
-        check_dense("x", x)
 
     @classmethod
     def check_parameters(cls, d_key: int, **params: int) -> None:

@@ -80,10 +80,16 @@ class AttentionLayer(nn.Module):
 
     def _check_like_weights(self, x: Tensor) -> None:
         """x on the layer's device and of its dtype (under autocast, which casts fp16, bf16 and fp32 for the
-        projections: float64 only beside float64 weights). A float64 x into a float32 layer raised torch's
-        'expected m1 and m2 to have the same dtype' from the first projection, and a meta x into a CPU layer
-        returned a meta output for softmax and a device error from inside the kernels for the others."""
-        weight = self.q_proj.weight
+        projections: float64 only beside float64 weights), where the query projection keeps a floating weight.
+        A float64 x into a float32 layer raised torch's 'expected m1 and m2 to have the same dtype' from the first
+        projection, and a meta x into a CPU layer returned a meta output for softmax and a device error from
+        inside the kernels for the others."""
+        weight = getattr(self.q_proj, "weight", None)
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            # a projection that keeps no floating weight tensor decides what it takes: quantize_dynamic's
+            # Linear (weight() a method returning qint8), a user's wrapper without .weight; reading
+            # weight.device raised AttributeError ('function' object has no attribute 'device')
+            return
         if x.device != weight.device:
             raise bad_value("x.device", str(x.device), f"the layer's device ({weight.device}); move x or the layer with .to()")
         if x.dtype != weight.dtype and not (
@@ -99,12 +105,13 @@ class AttentionLayer(nn.Module):
             VariantError: x not a floating (B, T, d_model) tensor on the layer's device and of its dtype
                 (under autocast: float64 for float64 weights only); a state from another variant, batch or dtype.
             NonFiniteError: a NaN or ±inf in x, with ``check_finite`` on."""
+        if isinstance(x, Tensor):
+            check_dense("x", x)  # first: a nested tensor's shape raises
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise bad_value("x", shape, f"a tensor of shape (B, T, d_model={self.d_model})")
         if not x.is_floating_point():
             raise bad_value("x.dtype", x.dtype, "a floating-point dtype")
-        check_dense("x", x)
         self._check_like_weights(x)
         if self.attention.check_finite:
             check_finite(x=x)

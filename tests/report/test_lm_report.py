@@ -140,3 +140,24 @@ def test_a_variant_error_that_is_not_an_unknown_variant_gets_no_variant_module_a
     size = refusal("d_key: got 16.0; expected a positive integer (>= 1)")
     assert "--variant-module" not in size and "cannot render the report of" in size and "d_key: got 16.0" in size
     assert "pass --variant-module" in refusal("variant: got 'mine'; expected one of softmax, linear")
+
+
+def test_the_lm_table_of_a_store_that_also_holds_retrieval_runs():
+    """A retrieval record has no d_model or n_heads, so beside one pandas reads those columns of the LM rows
+    as floats (16 → 16.0); d_dot_of refuses a float d_key, and ``fwbench report`` of such a store raised
+    'VariantError: d_key: got 8.0; expected a positive integer (>= 1)' from the LM table. The table reads
+    the sizes as the integers they are."""
+    from fwbench.analysis.records import records_frame
+
+    def record(task, variant, config, metrics):
+        return {"run_id": f"{task}-{variant}", "task": task, "variant": {"spec": variant}, "seed": 1,
+                "status": "max_steps", "steps": 10, "wall_s": 1.0, "config": config, "metrics": metrics}
+
+    lm = lm_run("dpfp:nu=2", 6e-3, 1)
+    lm_config = {key: lm[key] for key in ("d_model", "n_heads", "n_layers", "d_ff", "context", "batch_size",
+                                          "max_steps")}
+    frame = records_frame([record("shakespeare", "dpfp:nu=2", lm_config, {"val_ppl": 8.0, "val_bpc": 3.0}),
+                           record("retrieval", "linear", {"d_key": 8}, {"best_eval_loss": 0.1})])
+    assert frame["d_model"].dtype == float  # what made the fault: 16.0, not 16
+    table = variant_table(frame[frame["task"] == "shakespeare"])
+    assert list(table["d_dot"]) == [2 * 2 * (16 // 2)]  # DPFP ν = 2 at d_key 8: 2ν·d_key

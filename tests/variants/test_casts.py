@@ -127,3 +127,19 @@ def test_retrieval_model_after_to_dtype(spec, dtype):
         expected = run_in("recurrent", reference, keys, values, queries)
         for form in ("auto", *FORMS):
             assert_close(run_in(form, model, keys, values, queries).float(), expected, REL_RMSE[dtype])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's deprecation notice for quantized tensors
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_layer_quantized_with_quantize_dynamic_takes_its_float_input(spec):
+    """``torch.ao.quantization.quantize_dynamic`` swaps the projections for int8 Linears whose ``weight`` is
+    a method; the layer's input check read ``q_proj.weight.device`` and raised "AttributeError: 'function'
+    object has no attribute 'device'" on every fp32 input (c851c8d). A projection with no floating weight
+    tensor decides what it takes: the quantized layer answers as the fp32 one, within int8 rounding."""
+    torch.manual_seed(0)
+    layer = AttentionLayer(spec, D_MODEL, N_HEADS).eval()
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(layer), {torch.nn.Linear}, dtype=torch.qint8)
+    x = torch.randn(2, T, D_MODEL)
+    with torch.no_grad():
+        y, _ = quantized(x)
+        assert_close(y, layer(x)[0], rel_rmse=0.1)

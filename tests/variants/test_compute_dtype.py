@@ -203,3 +203,34 @@ def test_a_wider_beta_computes_in_the_dtype_of_q_k_v_so_its_state_carries_on(spe
     torch.testing.assert_close(torch.cat([first, second], dim=2), y)
     assert torch.equal(attention.write(k, v, beta).W, attention.write(k, v, beta.float()).W)
     assert torch.equal(attention.write_read(k, v, q, beta), attention.write_read(k, v, q, beta.float()))
+
+
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", ["linear", "dpfp", "favor:m=8", *BETA_SPECS])
+def test_a_write_read_takes_half_queries_beside_fp32_keys_as_read_does(spec, form):
+    """A fast-weight read computes fp16 and bf16 queries in fp32, so ``read(q, write(k, v))`` takes them
+    beside the fp32 state that fp32 keys wrote, and the retrieval model under CPU autocast gives its
+    write-then-read such queries (its keys add an fp32 table to a projection autocast runs in bf16).
+    A check that q shares the keys' dtype (848217e) refused them there, 'q.dtype: got torch.bfloat16;
+    expected the dtype of k (torch.float32)', where the answers had been those of read and write; q of
+    another compute dtype (float64 beside fp32 keys) is still refused."""
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    try:
+        attention = build_attention(spec, 4, form=form, chunk_size=2)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+    generator = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 2, 3, 4, generator=generator), torch.randn(2, 2, 6, 4, generator=generator)
+    v, beta = torch.randn(2, 2, 6, 3, generator=generator), torch.rand(2, 2, 6, generator=generator)
+    beta = beta if attention.uses_beta else None
+    for dtype in torch.float16, torch.bfloat16:
+        expected = attention.read(q.to(dtype), attention.write(k, v, beta))
+        torch.testing.assert_close(attention.write_read(k, v, q.to(dtype), beta), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(VariantError, match=r"q.dtype: got torch.float64; expected one computed in the dtype of k"):
+        attention.write_read(k, v, q.double(), beta)
+    if form in ("parallel", "recurrent"):  # autocast leaves the auto form's one-hot path in fp32
+        torch.manual_seed(0)
+        model, ids = RetrievalModel(spec, 8, d_key=8, form=form), torch.randint(0, 8, (2, 5))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert model(ids, ids.flip(1), ids[:, :2]).shape == (2, 2, 8)
