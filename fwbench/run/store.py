@@ -190,10 +190,14 @@ class ResultsStore:
         #: where the lock and claims files live: beside the records file as it really is, where it is a link into
         #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
         #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
-        #: twice, and one of them dropped its records while saying it had trained them
+        #: twice, and one of them dropped its records while saying it had trained them. Only a link to a records file
+        #: (a regular file, or none yet) moves them: beside a link's device, pipe or directory they were made in a
+        #: directory never named (/dev/runs.lock for ln -s /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…)
+        #: before the records file was refused
         self.home = self.directory
-        if self.path.is_symlink() and Path(os.path.realpath(self.path)).parent.is_dir():
-            self.home = Path(os.path.realpath(self.path)).parent
+        real = Path(os.path.realpath(self.path))
+        if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
+            self.home = real.parent
         self.lock_path = self.home / lock
         self._claims_fd: int | None = None
 

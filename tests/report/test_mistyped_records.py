@@ -689,6 +689,46 @@ def test_a_store_file_that_is_a_pipe_or_a_device_is_refused_not_opened(tmp_path,
         assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command, target", [("run", "a directory"), ("report", "a directory"),
+                                             ("estimate", "a directory"), ("bench", "a directory"),
+                                             ("bench", "a named pipe")])
+def test_a_records_file_linked_to_no_file_makes_no_lock_beside_its_target(tmp_path, command, target):
+    """Break-it finding (h-breakJ): R/runs.jsonl (bench.jsonl) a link to a directory or a named pipe in another
+    directory (``ln -s ../P/sub R/runs.jsonl``; ``ln -s ../P/fifo R/bench.jsonl``; ``ln -s /dev/null …`` made
+    /dev/runs.lock): the lock file moved beside the link's target as if it were a records file, so ``fwbench run``,
+    ``report``, ``estimate --against`` and ``bench`` made P/runs.lock (P/bench.lock), in a directory never named,
+    before refusing the records file. They are refused as before, and P is left as it was."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results, elsewhere = tmp_path / "R", tmp_path / "P"
+    results.mkdir()
+    elsewhere.mkdir()
+    records = "bench.jsonl" if command == "bench" else "runs.jsonl"
+    if target == "a directory":
+        (elsewhere / "sub").mkdir()
+        (results / records).symlink_to("../P/sub")
+        expected = (f"cannot read {str(results / records)!r}: Is a directory; expected a file of records, one JSON "
+                    "line each (remove the link or point it at the records file)")
+    else:
+        os.mkfifo(elsewhere / "fifo")
+        (results / records).symlink_to("../P/fifo")
+        expected = (f"got {str(results / records)!r}, a link to '../P/fifo', a named pipe (FIFO); expected a file of "
+                    "records, one JSON line each (remove the link or point it at a regular file)")
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    option = "--against" if command == "estimate" else "--results-dir"
+    done = subprocess.run([sys.executable, "-m", "fwbench", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    if command == "bench" and target == "a directory":  # refused where bench.jsonl is opened to append
+        expected = f"cannot write {str(results / records)!r}: Is a directory"
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"fwbench: error: {option}: {expected}"), done.stderr
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["fifo" if target == "a named pipe" else "sub"]
+
+
 @pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
 def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_checkpoint(tmp_path, kind):
     """Break-it finding (h-breakH): R/checkpoints a link that loops (``ln -s checkpoints R/checkpoints``, or a link into
