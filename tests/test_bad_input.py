@@ -2102,6 +2102,19 @@ def _(ctx):
     return answer
 
 
+@row("C271")
+def _(ctx):
+    """A checkpoints entry that is a named pipe, with a grid that keeps checkpoints: told as 'File exists'."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    os.mkfifo(results / "checkpoints")
+    # refused before the corpus is read: the data directory holds none
+    grid = grid_file(ctx, LM_GRID + "context = 16\nmax_steps = 4\neval_every = 2\ncheckpoint_every = 2\n")
+    answer = cli(ctx, "run", str(grid), "--results-dir", str(results), "--data-dir", str(ctx.tmp_path), "--quiet")
+    assert (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

@@ -754,21 +754,32 @@ LM_CHECKPOINT_GRID = ('name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvari
 
 
 @pytest.mark.skipif(not os.environ.get("FWBENCH_DATA_DIR"), reason="needs Tiny Shakespeare ($FWBENCH_DATA_DIR)")
-@pytest.mark.parametrize("kind", ["a file", "a loop"])
+@pytest.mark.parametrize("kind", ["a file", "a loop", "a named pipe", "a link to a file", "a link to a device"])
 def test_a_checkpoints_entry_that_cannot_be_a_directory_is_refused_before_training(tmp_path, capsys, kind):
     """Break-it finding (h-breakH): R/checkpoints a file, or a link that loops, with a grid that keeps checkpoints
     (``checkpoint_every`` > 0, the language model's default): every run trained to its first checkpoint and failed
     there, "run … failed: FileExistsError: [Errno 17] File exists: '…/R/checkpoints'" (exit 0, '1 failed'). It is
-    refused in one line before any training; the advice followed, the run stores its record."""
+    refused in one line before any training; the advice followed, the run stores its record. Break-it finding
+    (h-breakJ): a named pipe there, or a link to a file or a device, was told by mkdir's errno alone, "got
+    'R/checkpoints', File exists", "a link to 'notes.txt': File exists": each is now said to be what it is."""
     results = tmp_path / "R"
     results.mkdir()
     entry = results / "checkpoints"
     if kind == "a file":
         entry.write_text("notes\n")
         why, remedy = "a file", "move it away"
-    else:
+    elif kind == "a loop":
         entry.symlink_to("checkpoints")
         why, remedy = "a link that leads back to itself (a loop)", "remove the link or point it at a directory"
+    elif kind == "a named pipe":
+        os.mkfifo(entry)
+        why, remedy = "a named pipe (FIFO)", "move it away"
+    else:
+        target = "../notes.txt" if kind == "a link to a file" else "/dev/null"
+        (tmp_path / "notes.txt").write_text("notes\n")
+        entry.symlink_to(target)
+        why = f"a link to {target!r}, " + ("a file" if kind == "a link to a file" else "a character device")
+        remedy = "remove the link or point it at a directory"
     grid = tmp_path / "grid.toml"
     grid.write_text(LM_CHECKPOINT_GRID)
     argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]
