@@ -2115,6 +2115,18 @@ def _(ctx):
     return answer
 
 
+@row("C272")
+def _(ctx):
+    """A claims file that is a link to a directory: 'move the directory away' named the link's target."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (ctx.tmp_path / "P" / "sub").mkdir(parents=True)
+    (results / "claims.lock").symlink_to("../P/sub")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

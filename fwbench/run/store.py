@@ -395,7 +395,12 @@ class ResultsStore:
         # other failures were told by their errno alone ('Is a directory', 'Too many levels of symbolic links'), with
         # no word of what the file must be nor how to mend it
         named, why, remedy = repr(str(path)), exc.strerror, ""
-        if exc.errno == errno.EISDIR:
+        if exc.errno == errno.EISDIR and path.is_symlink():
+            # a link to a directory: "move the directory away" named the link's target, perhaps a directory of the
+            # user's own, as the thing to move
+            named = f"{named}, a link to {str(path.readlink())!r}"
+            remedy = " (remove the link or point it at a file)"
+        elif exc.errno == errno.EISDIR:
             remedy = " (move the directory away)"
         elif exc.errno == errno.ELOOP and path.is_symlink():
             remedy = " (remove the link or point it at a file)"

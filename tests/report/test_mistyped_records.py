@@ -723,10 +723,43 @@ def test_a_records_file_linked_to_no_file_makes_no_lock_beside_its_target(tmp_pa
     done = subprocess.run([sys.executable, "-m", "fwbench", *argv], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     if command == "bench" and target == "a directory":  # refused where bench.jsonl is opened to append
-        expected = f"cannot write {str(results / records)!r}: Is a directory"
+        expected = (f"cannot write {str(results / records)!r}, a link to '../P/sub': Is a directory; expected a "
+                    "records file (remove the link or point it at a file)")
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith(f"fwbench: error: {option}: {expected}"), done.stderr
     assert sorted(path.name for path in elsewhere.iterdir()) == ["fifo" if target == "a named pipe" else "sub"]
+
+
+@pytest.mark.parametrize("file", ["claims.lock", "runs.lock", "runs.jsonl.torn", "bench.jsonl"])
+def test_a_store_file_that_is_a_link_to_a_directory_is_named_as_a_link(tmp_path, capsys, file):
+    """Break-it finding (h-breakJ): R/claims.lock a link to a directory (``ln -s ../P/sub R/claims.lock``; also
+    runs.lock, runs.jsonl.torn where runs.jsonl ends in a torn line, and bench.jsonl for ``fwbench bench``) was
+    refused as if it were the directory, "cannot open 'R/claims.lock': Is a directory; … (move the directory away)":
+    the advice named the link's target, a directory of the user's own, as the thing to move. The link is named, and
+    the remedy is the link's; the advice followed, the command goes on."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results = tmp_path / "R"
+    results.mkdir()
+    (tmp_path / "P" / "sub").mkdir(parents=True)
+    (tmp_path / "P" / "sub" / "mine.txt").write_text("notes\n")
+    link = results / file
+    link.symlink_to("../P/sub")
+    if file == "runs.jsonl.torn":
+        (results / "runs.jsonl").write_text('{"run_id": "x", "sta')
+    argv = (["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras", "--results-dir",
+             str(results), "--quiet"] if file == "bench.jsonl"
+            else ["run", str(grid), "--results-dir", str(results), "--quiet"])
+    what = {"claims.lock": "a claims file", "runs.lock": "a lock file", "runs.jsonl.torn": "a file for torn lines",
+            "bench.jsonl": "a records file"}[file]
+    verb = "write" if file == "bench.jsonl" else "open"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"fwbench: error: --results-dir: cannot {verb} {str(link)!r}, a link to '../P/sub': Is a "
+                        f"directory; expected {what} (remove the link or point it at a file)\n"), err
+    link.unlink()  # the advice followed
+    assert main(argv) == 0
+    assert (tmp_path / "P" / "sub" / "mine.txt").read_text() == "notes\n"
 
 
 @pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
