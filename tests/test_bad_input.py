@@ -2127,6 +2127,15 @@ def _(ctx):
     return answer
 
 
+@row("C273")
+def _(ctx):
+    """A results directory that is a link to itself through a linked directory: said to lead into another link."""
+    (ctx.tmp_path / "via").symlink_to(ctx.tmp_path)
+    results = ctx.tmp_path / "R"
+    results.symlink_to(ctx.tmp_path / "via" / "R")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

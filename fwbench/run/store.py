@@ -111,7 +111,9 @@ def loop_entry(link: Path) -> tuple[list[str], Path | None]:
             visited.append(current)
             target = current.readlink()
             hops.append(str(target))
-            current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+            # spelled as reached (ln -s /via/R R, via a link; ln -s ../real/S S), R was not found among the visited
+            # and was said to lead into '/via/R', another link, not back to itself
+            current = absolute(target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target)
             continue
         above = looping_link(current)
         if above is None:

@@ -559,13 +559,17 @@ def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys,
 
 
 @pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
-@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself", "itself through a linked directory",
+                                  "itself by '..'"])
 def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, capsys, command, kind):
     """Break-it finding (h-breakH): --results-dir R, a link into the loop of another link (``ln -s loop/sub R;
     ln -s loop loop``, or a chain, ``ln -s mid R; ln -s loop/sub mid``): run, report, estimate and bench called R
     "a link that leads back to itself (a loop)", which it is not, and left 'loop', the link that loops, unnamed.
     Each link of R is named, to the one that loops; the advice followed (R pointed at the directory a run wrote),
-    each goes on."""
+    each goes on. Break-it finding (h-breakJ): R a link to itself spelled another way, by an absolute path through a
+    linked directory (``ln -s /via/R R``, /via a link to R's directory) or with '..' (``ln -s ../d/R R``), was "a link
+    to '/via/R', which leads into '/via/R', a link that leads back to itself", R said to lead into another link: it
+    is R's own loop, as ``ln -s R R`` is."""
     grid = tmp_path / "grid.toml"
     grid.write_text(TINY_GRID)
     stored = tmp_path / "stored"
@@ -577,11 +581,17 @@ def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(
         results.symlink_to("mid")
         (tmp_path / "mid").symlink_to("loop/sub")
         named = "a link to 'mid', a link to 'loop/sub'"
+    elif kind == "itself through a linked directory":
+        (tmp_path / "via").symlink_to(tmp_path)
+        results.symlink_to(tmp_path / "via" / "R")
+    elif kind == "itself by '..'":
+        results.symlink_to(f"../{tmp_path.name}/R")
     else:
         results.symlink_to("R/x" if kind == "a link into itself" else "loop/sub")
         named = "a link to 'loop/sub'"
-    why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
-    if kind == "a link into itself":  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
+    if kind in ("a link", "a chain of links"):
+        why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
+    else:  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
         why = "a link that leads back to itself (a loop)"
     out = tmp_path / "out"
     argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
