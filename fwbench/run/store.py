@@ -5,8 +5,8 @@ Appends are serialised and all-or-nothing: a record is written while an exclusiv
 cut back off, so the file never keeps half a record from a live process. A process killed in the
 middle of a write (``kill -9``, power loss) can still leave an unterminated last line: readers
 report it like any corrupt line, and the next append, under the lock, moves the fragment to
-``runs.jsonl.torn`` before writing, so the store is clean again. Readers take a shared lock when
-they can, so they never see a record being written.
+``runs.jsonl.torn`` (beside the records file as it really is) before writing, so the store is clean
+again. Readers take a shared lock when they can, so they never see a record being written.
 
 Two processes may run grids on the same directory: besides the lock that makes each append
 atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
@@ -527,7 +527,9 @@ class ResultsStore:
                 was called "cannot write 'R/runs.jsonl'", the records file, which was fine, and only at the first
                 append, after a run had trained.
         """
-        torn = self.directory / TORN_FILE
+        # beside the records file as it really is, as the lock is: through a link (ln -s ../R1/runs.jsonl
+        # R2/runs.jsonl) a line torn in R1's file went to R2/runs.jsonl.torn, and vanished from R1 for its user
+        torn = self.home / TORN_FILE
         self._refuse_special(torn, "a file for torn lines")
         try:
             return open(torn, "ab")

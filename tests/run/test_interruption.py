@@ -193,6 +193,27 @@ def test_torn_tail_longer_than_a_read_block_is_set_aside_whole(tmp_path):
     assert (tmp_path / TORN_FILE).read_text() == fragment + "\n"
 
 
+def test_a_torn_line_in_a_records_file_shared_by_a_link_is_set_aside_beside_that_file(tmp_path):
+    """Break-it finding (h-breakJ): R2/runs.jsonl a link to R1/runs.jsonl, whose last line a driver killed mid-write
+    left torn: the next append through R2 moved the line to R2/runs.jsonl.torn, so it vanished from R1 for R1's user
+    (the lock and claims files had moved beside the records file, the torn lines had not). It is set aside in
+    R1/runs.jsonl.torn, beside the file it was torn from."""
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    ResultsStore(first).append({"run_id": "a"})
+    fragment = '{"run_id": "b", "sta'
+    with open(first / "runs.jsonl", "a") as handle:
+        handle.write(fragment)
+    store = ResultsStore(second)
+    store.check_writable()
+    store.append({"run_id": "c"})
+    assert [r["run_id"] for r in ResultsStore(first).records()] == ["a", "c"]
+    assert (first / TORN_FILE).read_text() == fragment + "\n"
+    assert not (second / TORN_FILE).exists()
+
+
 def test_unwritable_store_fails_before_any_training(tmp_path, monkeypatch):
     import fwbench.run.runner as runner
 
