@@ -2136,6 +2136,12 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
 
 
+@row("C274")
+def _(ctx):
+    """A results directory holding a name of 300 bytes: a traceback, 'File name too long'."""
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / ("a" * 300)), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

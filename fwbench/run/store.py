@@ -154,6 +154,34 @@ def special_file(path: Path) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
+def _refuse_too_long(option: str, path: Path) -> None:
+    """Refuse ``path`` (a store's records file) where the system cannot even look it up: a name in it longer than its
+    file system allows (255 bytes on most), or the whole longer than the system's path limit. Every command
+    (``run``, ``report``, ``estimate --against``, ``bench``) ended in a traceback, "OSError: [Errno 36] File name too
+    long", from the first look at it.
+
+    Raises:
+        FwbenchError: naming ``option``, the first name too long (or the whole path) and the limit.
+    """
+    try:
+        os.lstat(path)
+        return
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return  # missing, a loop, no permission …: each is told where the store is used
+        why = exc.strerror
+    directory = path.parent
+    for part in directory.parts:
+        limit = os.pathconf("/", "PC_NAME_MAX")
+        if len(os.fsencode(part)) > limit:
+            shown = part if len(part) <= 40 else f"{part[:20]}…{part[-10:]}"
+            raise FwbenchError(f"{option}: got a directory path holding the name {shown!r}, of "
+                               f"{len(os.fsencode(part))} bytes: {why}; expected names of at most {limit} "
+                               "bytes (shorten it)") from None
+    raise FwbenchError(f"{option}: got a directory path of {len(os.fsencode(directory))} bytes: {why}; "
+                       f"expected at most {os.pathconf('/', 'PC_PATH_MAX') - len(path.name) - 2} bytes (shorten it)")
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -187,6 +215,7 @@ class ResultsStore:
         refuse_empty_path(option, directory, "a directory path")
         self.directory = Path(directory)
         self.path = self.directory / records_file
+        _refuse_too_long(option, self.path)
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
         lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
         #: where the lock and claims files live: beside the records file as it really is, where it is a link into

@@ -772,6 +772,37 @@ def test_a_store_file_that_is_a_link_to_a_directory_is_named_as_a_link(tmp_path,
     assert (tmp_path / "P" / "sub" / "mine.txt").read_text() == "notes\n"
 
 
+@pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
+@pytest.mark.parametrize("kind", ["a name too long", "a path too long"])
+def test_a_results_directory_whose_path_is_too_long_is_refused_in_one_line(tmp_path, capsys, monkeypatch, command,
+                                                                           kind):
+    """Break-it finding (h-breakJ): --results-dir holding a name longer than the file system allows (300 bytes; most
+    allow 255), or a path longer than the system's limit: run, report, estimate --against and bench ended in a
+    traceback, "OSError: [Errno 36] File name too long" (ResultsStore's first look at the records file). Each is
+    refused in one line naming the name too long, or the path's length, and the limit; nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    name = "a" * 300
+    results = name if kind == "a name too long" else "/".join(["b" * 200] * 25)
+    option = "--against" if command == "estimate" else "--results-dir"
+    argv = {"run": ["run", str(grid), "--results-dir", results, "--quiet"],
+            "report": ["report", "--results-dir", results, "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", results],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", results, "--quiet"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    if kind == "a name too long":
+        why = (f"got a directory path holding the name '{'a' * 20}…{'a' * 10}', of 300 bytes: File name too long; "
+               f"expected names of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes (shorten it)")
+    else:
+        why = (f"got a directory path of {len(results)} bytes: File name too long; expected at most "
+               f"{os.pathconf('/', 'PC_PATH_MAX') - len('runs.jsonl') - 2 - (command == 'bench')} bytes (shorten it)")
+    assert err == f"fwbench: error: {option}: {why}\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["grid.toml"]
+
+
 @pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
 def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_checkpoint(tmp_path, kind):
     """Break-it finding (h-breakH): R/checkpoints a link that loops (``ln -s checkpoints R/checkpoints``, or a link into
