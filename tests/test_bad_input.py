@@ -2142,6 +2142,22 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / ("a" * 300)), "--quiet")
 
 
+@row("C275")
+def _(ctx):
+    """A records file linked into a directory that is not writable: 'Permission denied' at its lock, with no mend."""
+    import fwbench.run.store as store_module
+
+    first, second = ctx.tmp_path / "R1", ctx.tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "runs.jsonl").write_text("")
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    real_access = os.access  # root may write anywhere: R1's permission is what os.access says
+    ctx.monkeypatch.setattr(store_module.os, "access", lambda path, mode: False if Path(path) == first and
+                            mode == os.W_OK else real_access(path, mode))
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(second), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

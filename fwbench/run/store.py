@@ -266,6 +266,17 @@ class ResultsStore:
             raise FwbenchError(f"--results-dir: cannot create {str(self.directory)!r}: {exc.strerror}") from None
         if not os.access(self.directory, os.W_OK):
             raise FwbenchError(f"--results-dir: {str(self.directory)!r} is not writable; choose a writable directory")
+        # the lock and claims files live beside the records file a link leads to (one set for every directory sharing
+        # it): where they are missing and cannot be made there, it was told as "cannot open '…/R1/runs.lock':
+        # Permission denied; expected a lock file", with no word of why a lock is wanted in R1 nor of a mend
+        wanted = [self.lock_path] + ([self.home / CLAIMS_FILE] if self.lock_path.name == LOCK_FILE else [])
+        if (self.home != self.directory and not os.access(self.home, os.W_OK)
+                and not all(os.path.lexists(path) for path in wanted)):
+            raise FwbenchError(f"--results-dir: got {str(self.path)!r}, a link to {str(self.path.readlink())!r}, in "
+                               f"a directory that is not writable ({str(self.home)!r}); expected a records file whose "
+                               "directory can take its lock and claims files, shared by every results directory "
+                               f"linked to it (make {str(self.home)!r} writable, or put a copy of the file in place of "
+                               "the link)")
 
     def refuse_unreachable(self, expected: str) -> None:
         """Refuse a directory to read (``fwbench report``, ``estimate --against``) that is, or lies under, a link

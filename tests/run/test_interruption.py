@@ -227,6 +227,39 @@ def test_unwritable_store_fails_before_any_training(tmp_path, monkeypatch):
         run_grid(specs, ResultsStore(tmp_path / "file" / "results"), LaunchOptions(device="cpu"), quiet=True)
 
 
+def test_a_records_file_linked_into_a_directory_that_is_not_writable_is_refused_with_a_mend(tmp_path, monkeypatch):
+    """Break-it finding (h-breakJ): R2/runs.jsonl a link to R1/runs.jsonl, R1 not writable (the file itself is): the
+    lock and claims files live beside the records file, in R1, where none can be made: "cannot open '…/R1/runs.lock':
+    Permission denied; expected a lock file", no word of why a lock is wanted in R1 nor of a mend. (Root may write
+    anywhere: R1's permission is what os.access says.) Where both are there already, nothing is refused; the advice
+    followed, the run goes on."""
+    import fwbench.run.store as store_module
+
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "runs.jsonl").write_text("")
+    link = second / "runs.jsonl"
+    link.symlink_to("../R1/runs.jsonl")
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if Path(path) == first and mode == os.W_OK else real_access(path, mode))
+    with pytest.raises(FwbenchError) as caught:
+        ResultsStore(second).check_writable()
+    assert str(caught.value) == (
+        f"--results-dir: got {str(link)!r}, a link to '../R1/runs.jsonl', in a directory that is not writable "
+        f"({str(first)!r}); expected a records file whose directory can take its lock and claims files, shared by "
+        f"every results directory linked to it (make {str(first)!r} writable, or put a copy of the file in place of "
+        "the link)")
+    assert sorted(path.name for path in first.iterdir()) == ["runs.jsonl"]
+    (first / "runs.lock").write_text("")  # the lock and claims files made by R1's owner: nothing to create in R1
+    (first / "claims.lock").write_text("")
+    ResultsStore(second).check_writable()
+    (first / "claims.lock").unlink()
+    monkeypatch.undo()  # the advice followed: R1 made writable
+    ResultsStore(second).check_writable()
+
+
 def test_claim_is_exclusive_between_processes_and_released_when_the_holder_dies(tmp_path):
     store = ResultsStore(tmp_path)
     holder = subprocess.Popen(
