@@ -2154,6 +2154,62 @@ def _(ctx):
     return answer
 
 
+@row("C271")
+def _(ctx):
+    """A checkpoints entry that is a named pipe, with a grid that keeps checkpoints: told as 'File exists'."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    os.mkfifo(results / "checkpoints")
+    # refused before the corpus is read: the data directory holds none
+    grid = grid_file(ctx, LM_GRID + "context = 16\nmax_steps = 4\neval_every = 2\ncheckpoint_every = 2\n")
+    answer = cli(ctx, "run", str(grid), "--results-dir", str(results), "--data-dir", str(ctx.tmp_path), "--quiet")
+    assert (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C272")
+def _(ctx):
+    """A claims file that is a link to a directory: 'move the directory away' named the link's target."""
+    results = ctx.tmp_path / "R"
+    results.mkdir()
+    (ctx.tmp_path / "P" / "sub").mkdir(parents=True)
+    (results / "claims.lock").symlink_to("../P/sub")
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+    assert (results / "runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C273")
+def _(ctx):
+    """A results directory that is a link to itself through a linked directory: said to lead into another link."""
+    (ctx.tmp_path / "via").symlink_to(ctx.tmp_path)
+    results = ctx.tmp_path / "R"
+    results.symlink_to(ctx.tmp_path / "via" / "R")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(results), "--quiet")
+
+
+@row("C274")
+def _(ctx):
+    """A results directory holding a name of 300 bytes: a traceback, 'File name too long'."""
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(ctx.tmp_path / ("a" * 300)), "--quiet")
+
+
+@row("C275")
+def _(ctx):
+    """A records file linked into a directory that is not writable: 'Permission denied' at its lock, with no mend."""
+    import fwbench.run.store as store_module
+
+    first, second = ctx.tmp_path / "R1", ctx.tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "runs.jsonl").write_text("")
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    real_access = os.access  # root may write anywhere: R1's permission is what os.access says
+    ctx.monkeypatch.setattr(store_module.os, "access", lambda path, mode: False if Path(path) == first and
+                            mode == os.W_OK else real_access(path, mode))
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(second), "--quiet")
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

@@ -26,7 +26,7 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import ResultsStore, describe_loop, looping_link
+from fwbench.run.store import ResultsStore, describe_loop, looping_link, special_file
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -64,12 +64,15 @@ def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
     try:
         Path(os.path.realpath(entry)).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        # what the entry is, not mkdir's errno: a named pipe was "got 'R/checkpoints', File exists", and a link to a
+        # file or a device "a link to 'notes.txt': File exists", neither saying what is in the way
+        kind = special_file(entry) or ("a file" if entry.is_file() else None)
         if looping_link(entry) is not None:
             why = describe_loop(looping_link(entry))
         elif entry.is_symlink():
-            why = f"a link to {str(entry.readlink())!r}: {exc.strerror}"
+            why = f"a link to {str(entry.readlink())!r}" + (f", {kind}" if kind else f": {exc.strerror}")
         else:
-            why = "a file" if entry.is_file() else exc.strerror
+            why = kind or exc.strerror
         remedy = "remove the link or point it at a directory" if entry.is_symlink() else "move it away"
         raise FwbenchError(f"--results-dir: got {str(entry)!r}, {why}; expected a directory for the runs' checkpoints, "
                            f"or no such path ({remedy})") from None

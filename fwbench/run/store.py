@@ -5,8 +5,8 @@ Appends are serialised and all-or-nothing: a record is written while an exclusiv
 cut back off, so the file never keeps half a record from a live process. A process killed in the
 middle of a write (``kill -9``, power loss) can still leave an unterminated last line: readers
 report it like any corrupt line, and the next append, under the lock, moves the fragment to
-``runs.jsonl.torn`` before writing, so the store is clean again. Readers take a shared lock when
-they can, so they never see a record being written.
+``runs.jsonl.torn`` (beside the records file as it really is) before writing, so the store is clean
+again. Readers take a shared lock when they can, so they never see a record being written.
 
 Two processes may run grids on the same directory: besides the lock that makes each append
 atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
@@ -111,7 +111,9 @@ def loop_entry(link: Path) -> tuple[list[str], Path | None]:
             visited.append(current)
             target = current.readlink()
             hops.append(str(target))
-            current = target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target
+            # spelled as reached (ln -s /via/R R, via a link; ln -s ../real/S S), R was not found among the visited
+            # and was said to lead into '/via/R', another link, not back to itself
+            current = absolute(target if target.is_absolute() else Path(os.path.realpath(current.parent)) / target)
             continue
         above = looping_link(current)
         if above is None:
@@ -152,6 +154,34 @@ def special_file(path: Path) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
+def _refuse_too_long(option: str, path: Path) -> None:
+    """Refuse ``path`` (a store's records file) where the system cannot even look it up: a name in it longer than its
+    file system allows (255 bytes on most), or the whole longer than the system's path limit. Every command
+    (``run``, ``report``, ``estimate --against``, ``bench``) ended in a traceback, "OSError: [Errno 36] File name too
+    long", from the first look at it.
+
+    Raises:
+        FwbenchError: naming ``option``, the first name too long (or the whole path) and the limit.
+    """
+    try:
+        os.lstat(path)
+        return
+    except OSError as exc:
+        if exc.errno != errno.ENAMETOOLONG:
+            return  # missing, a loop, no permission …: each is told where the store is used
+        why = exc.strerror
+    directory = path.parent
+    for part in directory.parts:
+        limit = os.pathconf("/", "PC_NAME_MAX")
+        if len(os.fsencode(part)) > limit:
+            shown = part if len(part) <= 40 else f"{part[:20]}…{part[-10:]}"
+            raise FwbenchError(f"{option}: got a directory path holding the name {shown!r}, of "
+                               f"{len(os.fsencode(part))} bytes: {why}; expected names of at most {limit} "
+                               "bytes (shorten it)") from None
+    raise FwbenchError(f"{option}: got a directory path of {len(os.fsencode(directory))} bytes: {why}; "
+                       f"expected at most {os.pathconf('/', 'PC_PATH_MAX') - len(path.name) - 2} bytes (shorten it)")
+
+
 @dataclass
 class LoadedRecords:
     """Records read from a store, with a message for each line that could not be parsed."""
@@ -185,15 +215,20 @@ class ResultsStore:
         refuse_empty_path(option, directory, "a directory path")
         self.directory = Path(directory)
         self.path = self.directory / records_file
+        _refuse_too_long(option, self.path)
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
         lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
         #: where the lock and claims files live: beside the records file as it really is, where it is a link into
         #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
         #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
-        #: twice, and one of them dropped its records while saying it had trained them
+        #: twice, and one of them dropped its records while saying it had trained them. Only a link to a records file
+        #: (a regular file, or none yet) moves them: beside a link's device, pipe or directory they were made in a
+        #: directory never named (/dev/runs.lock for ln -s /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…)
+        #: before the records file was refused
         self.home = self.directory
-        if self.path.is_symlink() and Path(os.path.realpath(self.path)).parent.is_dir():
-            self.home = Path(os.path.realpath(self.path)).parent
+        real = Path(os.path.realpath(self.path))
+        if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
+            self.home = real.parent
         self.lock_path = self.home / lock
         self._claims_fd: int | None = None
 
@@ -231,6 +266,17 @@ class ResultsStore:
             raise FwbenchError(f"--results-dir: cannot create {str(self.directory)!r}: {exc.strerror}") from None
         if not os.access(self.directory, os.W_OK):
             raise FwbenchError(f"--results-dir: {str(self.directory)!r} is not writable; choose a writable directory")
+        # the lock and claims files live beside the records file a link leads to (one set for every directory sharing
+        # it): where they are missing and cannot be made there, it was told as "cannot open '…/R1/runs.lock':
+        # Permission denied; expected a lock file", with no word of why a lock is wanted in R1 nor of a mend
+        wanted = [self.lock_path] + ([self.home / CLAIMS_FILE] if self.lock_path.name == LOCK_FILE else [])
+        if (self.home != self.directory and not os.access(self.home, os.W_OK)
+                and not all(os.path.lexists(path) for path in wanted)):
+            raise FwbenchError(f"--results-dir: got {str(self.path)!r}, a link to {str(self.path.readlink())!r}, in "
+                               f"a directory that is not writable ({str(self.home)!r}); expected a records file whose "
+                               "directory can take its lock and claims files, shared by every results directory "
+                               f"linked to it (make {str(self.home)!r} writable, or put a copy of the file in place of "
+                               "the link)")
 
     def refuse_unreachable(self, expected: str) -> None:
         """Refuse a directory to read (``fwbench report``, ``estimate --against``) that is, or lies under, a link
@@ -391,7 +437,12 @@ class ResultsStore:
         # other failures were told by their errno alone ('Is a directory', 'Too many levels of symbolic links'), with
         # no word of what the file must be nor how to mend it
         named, why, remedy = repr(str(path)), exc.strerror, ""
-        if exc.errno == errno.EISDIR:
+        if exc.errno == errno.EISDIR and path.is_symlink():
+            # a link to a directory: "move the directory away" named the link's target, perhaps a directory of the
+            # user's own, as the thing to move
+            named = f"{named}, a link to {str(path.readlink())!r}"
+            remedy = " (remove the link or point it at a file)"
+        elif exc.errno == errno.EISDIR:
             remedy = " (move the directory away)"
         elif exc.errno == errno.ELOOP and path.is_symlink():
             remedy = " (remove the link or point it at a file)"
@@ -516,7 +567,9 @@ class ResultsStore:
                 was called "cannot write 'R/runs.jsonl'", the records file, which was fine, and only at the first
                 append, after a run had trained.
         """
-        torn = self.directory / TORN_FILE
+        # beside the records file as it really is, as the lock is: through a link (ln -s ../R1/runs.jsonl
+        # R2/runs.jsonl) a line torn in R1's file went to R2/runs.jsonl.torn, and vanished from R1 for its user
+        torn = self.home / TORN_FILE
         self._refuse_special(torn, "a file for torn lines")
         try:
             return open(torn, "ab")

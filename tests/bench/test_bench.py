@@ -766,6 +766,24 @@ def test_a_baselines_directory_that_leads_into_another_links_loop_names_that_lin
     assert baseline_path_for(NO_BASELINE_CPU, directory).parent == directory
 
 
+def test_a_baselines_directory_that_links_to_itself_by_another_spelling_is_a_loop_of_its_own(tmp_path):
+    """Break-it finding (h-breakJ): results/baselines a link to itself by an absolute path through a linked directory
+    (``ln -s /via/baselines baselines``, /via a link to its directory) was "a link to '…/via/baselines', which leads
+    into '…/via/baselines', a link that leads back to itself (a loop)", as if it led into another link's loop: it is
+    its own, as ``ln -s baselines baselines`` is (C215)."""
+    (tmp_path / "via").symlink_to(tmp_path)
+    directory = tmp_path / "baselines"
+    directory.symlink_to(tmp_path / "via" / "baselines")
+    expected = (f"baseline directory {directory}: got a link to {str(tmp_path / 'via' / 'baselines')!r}, which leads "
+                "back to it (a loop); expected the directory of the baseline files (perf_baseline*.json), or no such "
+                "path (remove the link or point it at a directory)")
+    for call in (lambda: judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL),
+                 lambda: baseline_path_for(NO_BASELINE_CPU, directory)):
+        with pytest.raises(ValueError) as caught:
+            call()
+        assert str(caught.value) == expected
+
+
 def test_a_baselines_directory_that_is_a_link_to_a_link_to_nothing_names_each_link(tmp_path):
     """Break-it finding (h-breakC): results/baselines -> b -> gone was refused as "a link to 'b', which does not exist",
     advising "create the link's target": b exists (a link), and mkdir b fails. Each link is named, to the missing end."""

@@ -559,13 +559,17 @@ def test_a_results_directory_that_is_a_looping_link_is_told_so(tmp_path, capsys,
 
 
 @pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
-@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself"])
+@pytest.mark.parametrize("kind", ["a link", "a chain of links", "a link into itself", "itself through a linked directory",
+                                  "itself by '..'"])
 def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(tmp_path, capsys, command, kind):
     """Break-it finding (h-breakH): --results-dir R, a link into the loop of another link (``ln -s loop/sub R;
     ln -s loop loop``, or a chain, ``ln -s mid R; ln -s loop/sub mid``): run, report, estimate and bench called R
     "a link that leads back to itself (a loop)", which it is not, and left 'loop', the link that loops, unnamed.
     Each link of R is named, to the one that loops; the advice followed (R pointed at the directory a run wrote),
-    each goes on."""
+    each goes on. Break-it finding (h-breakJ): R a link to itself spelled another way, by an absolute path through a
+    linked directory (``ln -s /via/R R``, /via a link to R's directory) or with '..' (``ln -s ../d/R R``), was "a link
+    to '/via/R', which leads into '/via/R', a link that leads back to itself", R said to lead into another link: it
+    is R's own loop, as ``ln -s R R`` is."""
     grid = tmp_path / "grid.toml"
     grid.write_text(TINY_GRID)
     stored = tmp_path / "stored"
@@ -577,11 +581,17 @@ def test_a_results_directory_that_leads_into_another_links_loop_names_that_link(
         results.symlink_to("mid")
         (tmp_path / "mid").symlink_to("loop/sub")
         named = "a link to 'mid', a link to 'loop/sub'"
+    elif kind == "itself through a linked directory":
+        (tmp_path / "via").symlink_to(tmp_path)
+        results.symlink_to(tmp_path / "via" / "R")
+    elif kind == "itself by '..'":
+        results.symlink_to(f"../{tmp_path.name}/R")
     else:
         results.symlink_to("R/x" if kind == "a link into itself" else "loop/sub")
         named = "a link to 'loop/sub'"
-    why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
-    if kind == "a link into itself":  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
+    if kind in ("a link", "a chain of links"):
+        why = f"{named}, which leads into {str(tmp_path / 'loop')!r}, a link that leads back to itself (a loop)"
+    else:  # ln -s R/x R: R's loop is its own (the walk to the loop's link recursed forever)
         why = "a link that leads back to itself (a loop)"
     out = tmp_path / "out"
     argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
@@ -689,6 +699,110 @@ def test_a_store_file_that_is_a_pipe_or_a_device_is_refused_not_opened(tmp_path,
         assert len((results / "runs.jsonl").read_text().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command, target", [("run", "a directory"), ("report", "a directory"),
+                                             ("estimate", "a directory"), ("bench", "a directory"),
+                                             ("bench", "a named pipe")])
+def test_a_records_file_linked_to_no_file_makes_no_lock_beside_its_target(tmp_path, command, target):
+    """Break-it finding (h-breakJ): R/runs.jsonl (bench.jsonl) a link to a directory or a named pipe in another
+    directory (``ln -s ../P/sub R/runs.jsonl``; ``ln -s ../P/fifo R/bench.jsonl``; ``ln -s /dev/null …`` made
+    /dev/runs.lock): the lock file moved beside the link's target as if it were a records file, so ``fwbench run``,
+    ``report``, ``estimate --against`` and ``bench`` made P/runs.lock (P/bench.lock), in a directory never named,
+    before refusing the records file. They are refused as before, and P is left as it was."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results, elsewhere = tmp_path / "R", tmp_path / "P"
+    results.mkdir()
+    elsewhere.mkdir()
+    records = "bench.jsonl" if command == "bench" else "runs.jsonl"
+    if target == "a directory":
+        (elsewhere / "sub").mkdir()
+        (results / records).symlink_to("../P/sub")
+        expected = (f"cannot read {str(results / records)!r}: Is a directory; expected a file of records, one JSON "
+                    "line each (remove the link or point it at the records file)")
+    else:
+        os.mkfifo(elsewhere / "fifo")
+        (results / records).symlink_to("../P/fifo")
+        expected = (f"got {str(results / records)!r}, a link to '../P/fifo', a named pipe (FIFO); expected a file of "
+                    "records, one JSON line each (remove the link or point it at a regular file)")
+    argv = {"run": ["run", str(grid), "--results-dir", str(results), "--quiet"],
+            "report": ["report", "--results-dir", str(results), "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", str(results)],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", str(results), "--quiet"]}[command]
+    option = "--against" if command == "estimate" else "--results-dir"
+    done = subprocess.run([sys.executable, "-m", "fwbench", *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    if command == "bench" and target == "a directory":  # refused where bench.jsonl is opened to append
+        expected = (f"cannot write {str(results / records)!r}, a link to '../P/sub': Is a directory; expected a "
+                    "records file (remove the link or point it at a file)")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"fwbench: error: {option}: {expected}"), done.stderr
+    assert sorted(path.name for path in elsewhere.iterdir()) == ["fifo" if target == "a named pipe" else "sub"]
+
+
+@pytest.mark.parametrize("file", ["claims.lock", "runs.lock", "runs.jsonl.torn", "bench.jsonl"])
+def test_a_store_file_that_is_a_link_to_a_directory_is_named_as_a_link(tmp_path, capsys, file):
+    """Break-it finding (h-breakJ): R/claims.lock a link to a directory (``ln -s ../P/sub R/claims.lock``; also
+    runs.lock, runs.jsonl.torn where runs.jsonl ends in a torn line, and bench.jsonl for ``fwbench bench``) was
+    refused as if it were the directory, "cannot open 'R/claims.lock': Is a directory; … (move the directory away)":
+    the advice named the link's target, a directory of the user's own, as the thing to move. The link is named, and
+    the remedy is the link's; the advice followed, the command goes on."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    results = tmp_path / "R"
+    results.mkdir()
+    (tmp_path / "P" / "sub").mkdir(parents=True)
+    (tmp_path / "P" / "sub" / "mine.txt").write_text("notes\n")
+    link = results / file
+    link.symlink_to("../P/sub")
+    if file == "runs.jsonl.torn":
+        (results / "runs.jsonl").write_text('{"run_id": "x", "sta')
+    argv = (["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras", "--results-dir",
+             str(results), "--quiet"] if file == "bench.jsonl"
+            else ["run", str(grid), "--results-dir", str(results), "--quiet"])
+    what = {"claims.lock": "a claims file", "runs.lock": "a lock file", "runs.jsonl.torn": "a file for torn lines",
+            "bench.jsonl": "a records file"}[file]
+    verb = "write" if file == "bench.jsonl" else "open"
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"fwbench: error: --results-dir: cannot {verb} {str(link)!r}, a link to '../P/sub': Is a "
+                        f"directory; expected {what} (remove the link or point it at a file)\n"), err
+    link.unlink()  # the advice followed
+    assert main(argv) == 0
+    assert (tmp_path / "P" / "sub" / "mine.txt").read_text() == "notes\n"
+
+
+@pytest.mark.parametrize("command", ["run", "report", "estimate", "bench"])
+@pytest.mark.parametrize("kind", ["a name too long", "a path too long"])
+def test_a_results_directory_whose_path_is_too_long_is_refused_in_one_line(tmp_path, capsys, monkeypatch, command,
+                                                                           kind):
+    """Break-it finding (h-breakJ): --results-dir holding a name longer than the file system allows (300 bytes; most
+    allow 255), or a path longer than the system's limit: run, report, estimate --against and bench ended in a
+    traceback, "OSError: [Errno 36] File name too long" (ResultsStore's first look at the records file). Each is
+    refused in one line naming the name too long, or the path's length, and the limit; nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    name = "a" * 300
+    results = name if kind == "a name too long" else "/".join(["b" * 200] * 25)
+    option = "--against" if command == "estimate" else "--results-dir"
+    argv = {"run": ["run", str(grid), "--results-dir", results, "--quiet"],
+            "report": ["report", "--results-dir", results, "--out", str(tmp_path / "out")],
+            "estimate": ["estimate", str(grid), "--against", results],
+            "bench": ["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+                      "--results-dir", results, "--quiet"]}[command]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    if kind == "a name too long":
+        why = (f"got a directory path holding the name '{'a' * 20}…{'a' * 10}', of 300 bytes: File name too long; "
+               f"expected names of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes (shorten it)")
+    else:
+        why = (f"got a directory path of {len(results)} bytes: File name too long; expected at most "
+               f"{os.pathconf('/', 'PC_PATH_MAX') - len('runs.jsonl') - 2 - (command == 'bench')} bytes (shorten it)")
+    assert err == f"fwbench: error: {option}: {why}\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["grid.toml"]
+
+
 @pytest.mark.parametrize("kind", ["a loop", "a link into a loop"])
 def test_a_checkpoints_entry_that_loops_does_not_stop_a_grid_that_keeps_no_checkpoint(tmp_path, kind):
     """Break-it finding (h-breakH): R/checkpoints a link that loops (``ln -s checkpoints R/checkpoints``, or a link into
@@ -714,21 +828,32 @@ LM_CHECKPOINT_GRID = ('name = "lm"\ntask = "shakespeare"\n[profiles.quick]\nvari
 
 
 @pytest.mark.skipif(not os.environ.get("FWBENCH_DATA_DIR"), reason="needs Tiny Shakespeare ($FWBENCH_DATA_DIR)")
-@pytest.mark.parametrize("kind", ["a file", "a loop"])
+@pytest.mark.parametrize("kind", ["a file", "a loop", "a named pipe", "a link to a file", "a link to a device"])
 def test_a_checkpoints_entry_that_cannot_be_a_directory_is_refused_before_training(tmp_path, capsys, kind):
     """Break-it finding (h-breakH): R/checkpoints a file, or a link that loops, with a grid that keeps checkpoints
     (``checkpoint_every`` > 0, the language model's default): every run trained to its first checkpoint and failed
     there, "run … failed: FileExistsError: [Errno 17] File exists: '…/R/checkpoints'" (exit 0, '1 failed'). It is
-    refused in one line before any training; the advice followed, the run stores its record."""
+    refused in one line before any training; the advice followed, the run stores its record. Break-it finding
+    (h-breakJ): a named pipe there, or a link to a file or a device, was told by mkdir's errno alone, "got
+    'R/checkpoints', File exists", "a link to 'notes.txt': File exists": each is now said to be what it is."""
     results = tmp_path / "R"
     results.mkdir()
     entry = results / "checkpoints"
     if kind == "a file":
         entry.write_text("notes\n")
         why, remedy = "a file", "move it away"
-    else:
+    elif kind == "a loop":
         entry.symlink_to("checkpoints")
         why, remedy = "a link that leads back to itself (a loop)", "remove the link or point it at a directory"
+    elif kind == "a named pipe":
+        os.mkfifo(entry)
+        why, remedy = "a named pipe (FIFO)", "move it away"
+    else:
+        target = "../notes.txt" if kind == "a link to a file" else "/dev/null"
+        (tmp_path / "notes.txt").write_text("notes\n")
+        entry.symlink_to(target)
+        why = f"a link to {target!r}, " + ("a file" if kind == "a link to a file" else "a character device")
+        remedy = "remove the link or point it at a directory"
     grid = tmp_path / "grid.toml"
     grid.write_text(LM_CHECKPOINT_GRID)
     argv = ["run", str(grid), "--results-dir", str(results), "--quiet"]

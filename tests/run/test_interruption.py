@@ -193,6 +193,27 @@ def test_torn_tail_longer_than_a_read_block_is_set_aside_whole(tmp_path):
     assert (tmp_path / TORN_FILE).read_text() == fragment + "\n"
 
 
+def test_a_torn_line_in_a_records_file_shared_by_a_link_is_set_aside_beside_that_file(tmp_path):
+    """Break-it finding (h-breakJ): R2/runs.jsonl a link to R1/runs.jsonl, whose last line a driver killed mid-write
+    left torn: the next append through R2 moved the line to R2/runs.jsonl.torn, so it vanished from R1 for R1's user
+    (the lock and claims files had moved beside the records file, the torn lines had not). It is set aside in
+    R1/runs.jsonl.torn, beside the file it was torn from."""
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    ResultsStore(first).append({"run_id": "a"})
+    fragment = '{"run_id": "b", "sta'
+    with open(first / "runs.jsonl", "a") as handle:
+        handle.write(fragment)
+    store = ResultsStore(second)
+    store.check_writable()
+    store.append({"run_id": "c"})
+    assert [r["run_id"] for r in ResultsStore(first).records()] == ["a", "c"]
+    assert (first / TORN_FILE).read_text() == fragment + "\n"
+    assert not (second / TORN_FILE).exists()
+
+
 def test_unwritable_store_fails_before_any_training(tmp_path, monkeypatch):
     import fwbench.run.runner as runner
 
@@ -204,6 +225,39 @@ def test_unwritable_store_fails_before_any_training(tmp_path, monkeypatch):
     specs = expand(load_grid("capacity"), "quick")[:1]
     with pytest.raises(FwbenchError, match="--results-dir"):
         run_grid(specs, ResultsStore(tmp_path / "file" / "results"), LaunchOptions(device="cpu"), quiet=True)
+
+
+def test_a_records_file_linked_into_a_directory_that_is_not_writable_is_refused_with_a_mend(tmp_path, monkeypatch):
+    """Break-it finding (h-breakJ): R2/runs.jsonl a link to R1/runs.jsonl, R1 not writable (the file itself is): the
+    lock and claims files live beside the records file, in R1, where none can be made: "cannot open '…/R1/runs.lock':
+    Permission denied; expected a lock file", no word of why a lock is wanted in R1 nor of a mend. (Root may write
+    anywhere: R1's permission is what os.access says.) Where both are there already, nothing is refused; the advice
+    followed, the run goes on."""
+    import fwbench.run.store as store_module
+
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "runs.jsonl").write_text("")
+    link = second / "runs.jsonl"
+    link.symlink_to("../R1/runs.jsonl")
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if Path(path) == first and mode == os.W_OK else real_access(path, mode))
+    with pytest.raises(FwbenchError) as caught:
+        ResultsStore(second).check_writable()
+    assert str(caught.value) == (
+        f"--results-dir: got {str(link)!r}, a link to '../R1/runs.jsonl', in a directory that is not writable "
+        f"({str(first)!r}); expected a records file whose directory can take its lock and claims files, shared by "
+        f"every results directory linked to it (make {str(first)!r} writable, or put a copy of the file in place of "
+        "the link)")
+    assert sorted(path.name for path in first.iterdir()) == ["runs.jsonl"]
+    (first / "runs.lock").write_text("")  # the lock and claims files made by R1's owner: nothing to create in R1
+    (first / "claims.lock").write_text("")
+    ResultsStore(second).check_writable()
+    (first / "claims.lock").unlink()
+    monkeypatch.undo()  # the advice followed: R1 made writable
+    ResultsStore(second).check_writable()
 
 
 def test_claim_is_exclusive_between_processes_and_released_when_the_holder_dies(tmp_path):
