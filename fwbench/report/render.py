@@ -290,6 +290,12 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
         run_hours=("wall_s", lambda s: round(float(s.sum()) / 3600, 2)),
     ).reset_index() if {"started_at", "ended_at"} <= set(frame) else \
         frame.groupby(columns, dropna=False).size().reset_index(name="runs")
+    # runs without an environment (failed_record's) made these columns' NaN, and threads a float beside
+    # them: a row of 'nan' and '1.0' CPU threads
+    for column in [*columns, "first_start", "last_end"]:
+        if column in combos:
+            combos[column] = [("—" if pd.isna(value) else str(int(value)) if column == "threads" else value)
+                              for value in combos[column]]
     return ["Runs by environment (device, machine, torch and Python versions, CPU threads, git commit; "
             "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 
