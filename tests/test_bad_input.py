@@ -1286,6 +1286,31 @@ def _(ctx):
     return answer
 
 
+@row("L117")
+def _(ctx):
+    """A layer quantized with quantize_dynamic computes from fp32 input only: float64, fp16 or bf16 x (under
+    autocast too) raised torch's 'expected scalar type Float but found Double' from its first projection,
+    a meta x 'quantized::linear_dynamic: We could not find the fake impl for this operator'."""
+    import warnings
+
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        for modules in {torch.nn.Linear}, {"q_proj"}:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+                layer = torch.ao.quantization.quantize_dynamic(AttentionLayer(spec, 8, 2), modules)
+            x = torch.randn(B, T, 8)
+            assert layer(x)[0].shape == (B, T, 8)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert layer(x)[0].shape == (B, T, 8)
+                answers.add(raised(VariantError, layer, x.bfloat16()).replace("bfloat16", "float64"))
+            for dtype in torch.float64, torch.float16, torch.bfloat16:
+                answers.add(raised(VariantError, layer, x.to(dtype)).replace(str(dtype), "torch.float64"))
+            assert raised(VariantError, layer, x.to("meta")).startswith("VariantError: x.device: got 'meta'")
+    (answer,) = answers
+    return answer
+
+
 @row("L116")
 def _(ctx):
     """The FWM rule's answer to a missing or non-tensor β named the delta rule."""

@@ -120,6 +120,16 @@ def check_queries_like_keys(q: Tensor, k: Tensor, same_compute_dtype: bool = Fal
         raise VariantError(f"q.dtype: got {q.dtype}; expected one computed in the dtype of k ({k.dtype}): {alike}")
 
 
+def _kept_state(W: Tensor, z: Tensor | None, dtype: torch.dtype, state: FastWeightState | None,
+                T: int) -> FastWeightState:
+    """The state after T more tokens, W and z in the compute dtype ``dtype`` that :class:`FastWeightState`
+    promises and the next call checks: under CPU autocast the chunked kernels' products come back in
+    bf16/fp16, and a bf16 W carried to the next segment was refused ('state.W.dtype: got torch.bfloat16;
+    expected torch.float32'). The cast is exact and leaves the outputs as they were."""
+    return FastWeightState(W.to(dtype), None if z is None else z.to(dtype),
+                           (0 if state is None else int(state.position)) + T)
+
+
 def check_form(form: str, chunk_size: int | None) -> None:
     if form not in FORMS:
         raise bad_value("form", form, f"one of {', '.join(FORMS)}")
@@ -332,7 +342,7 @@ class FastWeightAttention(Attention):
         y, W, z = self.update_rule.kernels[kernel_form](
             self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0, self._chunk_size(kernel_form, chunk_size)
         )
-        return y, FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
+        return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
         self, k: Tensor, v: Tensor, beta: Tensor | None = None, state: FastWeightState | None = None,
@@ -347,7 +357,7 @@ class FastWeightAttention(Attention):
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
-        return FastWeightState(W, z, (0 if state is None else int(state.position)) + T)
+        return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
                    state: FastWeightState | None = None) -> Tensor:

@@ -9,6 +9,8 @@ heads concatenated and projected back to d_model.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
@@ -83,12 +85,23 @@ class AttentionLayer(nn.Module):
         projections: float64 only beside float64 weights), where the query projection keeps a floating weight.
         A float64 x into a float32 layer raised torch's 'expected m1 and m2 to have the same dtype' from the first
         projection, and a meta x into a CPU layer returned a meta output for softmax and a device error from
-        inside the kernels for the others."""
+        inside the kernels for the others. A layer quantized with ``torch.ao.quantization.quantize_dynamic``
+        takes fp32 x on its device."""
         weight = getattr(self.q_proj, "weight", None)
+        if callable(weight) and not isinstance(weight, Tensor):
+            packed = weight()  # quantize_dynamic's Linear: weight() unpacks its qint8 (or fp16) weight
+            if isinstance(packed, Tensor):
+                # it computes from fp32 input only, whatever its weight's dtype and under autocast too: a
+                # float64, fp16 or bf16 x raised torch's 'expected scalar type Float but found Double'
+                if x.device != packed.device:
+                    raise bad_value("x.device", str(x.device), f"the layer's device ({packed.device}); move x with .to()")
+                if x.dtype != torch.float32:
+                    raise bad_value("x.dtype", x.dtype, "torch.float32, the input of a layer quantized with "
+                                    "quantize_dynamic; cast x with .float()")
+            return
         if not isinstance(weight, Tensor) or not weight.is_floating_point():
-            # a projection that keeps no floating weight tensor decides what it takes: quantize_dynamic's
-            # Linear (weight() a method returning qint8), a user's wrapper without .weight; reading
-            # weight.device raised AttributeError ('function' object has no attribute 'device')
+            # a projection that keeps no floating weight tensor decides what it takes (a user's wrapper
+            # without .weight); reading weight.device raised AttributeError
             return
         if x.device != weight.device:
             raise bad_value("x.device", str(x.device), f"the layer's device ({weight.device}); move x or the layer with .to()")
@@ -121,6 +134,12 @@ class AttentionLayer(nn.Module):
         beta = None
         if self.beta_proj is not None:
             beta = torch.sigmoid(self.beta_proj(x)).transpose(1, 2)
+        if len({t.dtype for t in (q, k, v, beta) if t is not None}) > 1:
+            # some projections quantized (quantize_dynamic, fp32 out) beside float ones autocast runs in bf16:
+            # the attention takes one dtype, and computes fast weights in fp32 either way
+            common = functools.reduce(torch.promote_types, [t.dtype for t in (q, k, v, beta) if t is not None])
+            q, k, v = q.to(common), k.to(common), v.to(common)
+            beta = None if beta is None else beta.to(common)
         y, state = self.attention(q, k, v, beta=beta, state=state)
         B, _, T, _ = y.shape
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.d_value).to(x.dtype)

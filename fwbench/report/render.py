@@ -83,12 +83,14 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
 
 def _loss_interval_cell(rows: pd.DataFrame, official: float | None = None) -> str:
     """'0.0012 [0.0008, 0.0016]' (geometric mean and log-space interval over the measured seeds),
-    'diverged @ 340' for diverged runs (not measured losses), official in ()."""
+    'diverged @ 340' for diverged runs (not measured losses), '—' where no run measured a loss (failed
+    runs), official in ()."""
     diverged = rows[rows["status"] == "diverged"]
     finite = rows[rows["status"] != "diverged"]
     parts = []
-    if not finite.empty:
-        interval = log_interval(list(finite["best_eval_loss"].astype(float)))
+    interval = log_interval(list(finite["best_eval_loss"].astype(float)))
+    # n == 0: every run of the cell failed (failed_record: no best_eval_loss), which printed 'nan [nan, nan]'
+    if interval.n:
         parts.append(_loss(interval.mean) if interval.n == 1 else
                      f"{_loss(interval.mean)} [{_loss(interval.low)}, {_loss(interval.high)}]")
     if not diverged.empty:
@@ -288,6 +290,12 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
         run_hours=("wall_s", lambda s: round(float(s.sum()) / 3600, 2)),
     ).reset_index() if {"started_at", "ended_at"} <= set(frame) else \
         frame.groupby(columns, dropna=False).size().reset_index(name="runs")
+    # runs without an environment (failed_record's) made these columns' NaN, and threads a float beside
+    # them: a row of 'nan' and '1.0' CPU threads
+    for column in [*columns, "first_start", "last_end"]:
+        if column in combos:
+            combos[column] = [("—" if pd.isna(value) else str(int(value)) if column == "threads" else value)
+                              for value in combos[column]]
     return ["Runs by environment (device, machine, torch and Python versions, CPU threads, git commit; "
             "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 

@@ -204,3 +204,55 @@ def test_probe_at_the_largest_accepted_seed_reads_its_keys_by_a_naive_sum_rule()
                 cosine = read @ values[trial, query] / (read.norm() * values[trial, query].norm())
                 errors.append(1 - cosine**2)
         assert row["error"] == pytest.approx(torch.stack(errors).mean().item(), abs=1e-5)
+
+
+def test_a_setting2_cell_whose_runs_all_failed_reads_a_dash_not_nan(tmp_path):
+    """A failed run (failed_record: no best_eval_loss) reaches the Setting 2 table as a NaN loss. A cell
+    whose every run failed printed 'nan [nan, nan]' (log_interval of no finite value), where the Setting 1
+    and MQAR tables print '—'; a cell with a measured seed beside a failed one keeps its loss."""
+    import json
+
+    from fwbench.analysis.records import records_frame
+    from fwbench.report.render import section_setting2
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.launchers import failed_record
+
+    trained, failing = tmp_path / "trained.toml", tmp_path / "failing.toml"
+    trained.write_text(TINY_SETTING2.replace('["dpfp:nu=1", "dpfp-delta:nu=1", "dpfp-delta-unnorm:nu=1", "tanh-fwm"]',
+                                             '"dpfp:nu=1"').replace("seed = [1, 2]", "seed = 1"))
+    failing.write_text(TINY_SETTING2.replace('"dpfp-delta-unnorm:nu=1", ', ""))
+    results = tmp_path / "results"
+    assert main(["run", str(trained), "--results-dir", str(results), "--quiet"]) == 0
+    [measured] = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
+    # dpfp:nu=1 seed 2 failed beside the measured seed 1; dpfp-delta and tanh-fwm failed at both seeds
+    failed = [failed_record(spec, "RuntimeError: boom") for spec in expand(load_grid(failing), "quick")
+              if (spec.variant, spec.seed) != ("dpfp:nu=1", 1)]
+    text = section_setting2(records_frame([measured, *failed]), tmp_path)
+    assert "nan" not in text
+    header, _, row = text.split("| S |")[1].split("\n\n")[0].splitlines()
+    assert header == " dpfp-delta:nu=1 | dpfp:nu=1 | tanh-fwm |"
+    assert row == f"| 4 | — | {measured['metrics']['best_eval_loss']:.3g} | — |"
+
+
+def test_the_environment_table_names_runs_without_an_environment_in_one_line_not_nan(tmp_path):
+    """A failed run (failed_record) records no environment. Beside it pandas held the environment columns'
+    gaps as NaN and ``threads`` as a float: the report's 'Runs by environment' table read '| cpu | … | 1.0 |'
+    (1.0 CPU threads) and a row '| nan | nan | … | 14 | nan | nan | 0.0 |'."""
+    import json
+
+    from fwbench.run.grid import expand, load_grid
+    from fwbench.run.launchers import failed_record
+
+    grid = tmp_path / "tiny2.toml"
+    grid.write_text(TINY_SETTING2.replace('["dpfp:nu=1", "dpfp-delta:nu=1", "dpfp-delta-unnorm:nu=1", "tanh-fwm"]',
+                                          '"dpfp:nu=1"').replace("seed = [1, 2]", "seed = 1"))
+    results, out = tmp_path / "results", tmp_path / "out"
+    assert main(["run", str(grid), "--results-dir", str(results), "--quiet"]) == 0
+    [measured] = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
+    failed = failed_record(expand(load_grid("mqar"), "quick")[0], "RuntimeError: boom")
+    (results / "runs.jsonl").write_text(json.dumps(measured) + "\n" + json.dumps(failed) + "\n")
+    assert main(["report", "--results-dir", str(results), "--out", str(out)]) == 0
+    table = (out / "REPORT.md").read_text().split("Runs by environment")[1].split("\n\n")[1]
+    _, _, ran, unknown = table.splitlines()
+    assert ran.split(" | ")[4] == str(measured["environment"]["threads"])
+    assert unknown == "| — | — | — | — | — | — | 1 | — | — | 0.0 |"

@@ -234,3 +234,64 @@ def test_a_write_read_takes_half_queries_beside_fp32_keys_as_read_does(spec, for
         model, ids = RetrievalModel(spec, 8, d_key=8, form=form), torch.randint(0, 8, (2, 5))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert model(ids, ids.flip(1), ids[:, :2]).shape == (2, 2, 8)
+
+
+AUTOCAST_SPECS = ["linear", "favor:m=8", "linear-delta", "dpfp-delta", "favor-delta:m=8", "linear-delta-unnorm",
+                  "linear-fwm"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", AUTOCAST_SPECS)
+def test_fast_weights_under_cpu_autocast_keep_an_fp32_state_with_or_without_autograd(spec, form, dtype):
+    """Under ``torch.autocast("cpu")`` the chunked kernels' products come back in bf16/fp16. Without autograd
+    (``torch.no_grad()``: generation, evaluation; a quantized layer, whose weights record nothing) the delta
+    rule's in-place state update raised 'Bad in-place call: input tensor dtype float and output tensor
+    dtype c10::BFloat16 should match', its fused write-then-read '"triangular_solve_cpu" not implemented
+    for 'BFloat16'' (with autograd too); and the sum and delta rules' chunked forms returned a bf16 W,
+    which the next call refused ('state.W.dtype: got torch.bfloat16; expected torch.float32'), so a state
+    could not be carried. Now every call answers, the state is fp32 as FastWeightState promises, and the
+    answers without autograd are those with it, bit for bit."""
+    try:
+        attention = build_attention(spec, 4, form=form, chunk_size=3)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+    generator = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 7, 4, generator=generator).to(dtype) for _ in range(3))
+    beta = torch.rand(2, 2, 7, generator=generator).to(dtype) if attention.uses_beta else None
+
+    def calls(grad: bool) -> list[torch.Tensor]:
+        inputs = [x.detach().requires_grad_(grad) for x in (q, k, v)]
+        qq, kk, vv = inputs
+        with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype):
+            y, state = attention(qq[:, :, :4], kk[:, :, :4], vv[:, :, :4], None if beta is None else beta[:, :, :4])
+            y2, state = attention(qq[:, :, 4:], kk[:, :, 4:], vv[:, :, 4:], None if beta is None else beta[:, :, 4:],
+                                  state=state)
+            written = attention.write(kk, vv, beta)
+            answers = [y, y2, state.W, written.W, attention.read(qq, written),
+                       attention.write_read(kk, vv, qq[:, :, -1:], beta)]
+        assert state.W.dtype == written.W.dtype == torch.float32
+        return [x.detach() for x in answers]
+
+    for with_grad, without in zip(calls(True), calls(False), strict=True):
+        torch.testing.assert_close(without, with_grad, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+@pytest.mark.parametrize("spec", ["linear", "linear-delta", "dpfp-delta", "favor-delta:m=8"])
+def test_a_language_model_generates_under_cpu_autocast_with_a_carried_state(spec, quantized):
+    """Generation (``torch.no_grad``, the recurrent form after the prompt) under CPU autocast, carrying the
+    state into a second call, for a model and its ``quantize_dynamic`` copy: the delta rule's prompt raised
+    'Bad in-place call …' and the sum rule's 'state.W.dtype: got torch.bfloat16; expected torch.float32'."""
+    from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
+
+    torch.manual_seed(0)
+    model = DecoderLM(spec, DecoderConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=1, d_ff=16, context=8,
+                                          form="chunk")).eval()
+    if quantized:
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, states = model.generate(torch.randint(0, 11, (2, 5)), 6, generator=torch.Generator().manual_seed(0))
+        more, _ = model.generate(out[:, -2:], 3, states=states, generator=torch.Generator().manual_seed(1))
+    assert out.shape[0] == more.shape[0] == 2
+    assert all(s.W.dtype == torch.float32 for s in states)

@@ -123,8 +123,13 @@ def _chunk_scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor
     def per_chunk(x: Tensor) -> tuple[Tensor, ...]:
         return x.flatten(0, 1).unbind(1)  # n_chunks tensors of (B·H, C, ·): 3-D for baddbmm
 
+    # under autocast (torch.no_grad() inference, a quantized layer) baddbmm_ gives a bf16/fp16 product that
+    # cannot be written into the fp32 state in place ('Bad in-place call'): update it out of place, as
+    # the recording path does, which gives that path's values
+    in_place = not recording and not _autocast_on(k)
+
     def write(S: Tensor, k_n: Tensor, correction: Tensor) -> Tensor:
-        if recording:
+        if not in_place:
             return torch.baddbmm(S, k_n.mT, correction)                  # S + Kᵀ (U − W_c S)
         return S.baddbmm_(k_n.mT, correction)
 
@@ -187,7 +192,18 @@ def delta_rule_write_read(
         dtype = compute_dtype(q, k, v, beta, W0)
         y = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=dtype)
         return y if W0 is None else y + q.to(dtype) @ W0.to(dtype).mT
+    if _autocast_on(k):
+        # autocast cast the fp32 Gram matrix to bf16/fp16, which solve_triangular does not take on CPU
+        # ('"triangular_solve_cpu" not implemented for 'BFloat16''): computed in fp32 as documented
+        with torch.autocast(k.device.type, enabled=False):
+            return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
     return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
+
+
+def _autocast_on(x: Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (``False`` where the device has none, as meta)."""
+    device = x.device.type
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
 
 class _DeltaWriteRead(torch.autograd.Function):
