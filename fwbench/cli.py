@@ -181,7 +181,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     try:
         path = render_report(args.results_dir, args.out)
     except VariantError as exc:
-        if not str(exc).startswith("variant"):  # not a spec the registry lacks: --variant-module cannot help
+        if not str(exc).startswith("variant: got"):  # not a name the registry lacks: --variant-module cannot help
             raise FwbenchError(f"cannot render the report of {_one_line(args.results_dir)}: {exc}") from None
         raise FwbenchError(f"{exc} (a record in {_one_line(args.results_dir)} names a variant this process does not know: "
                            "if your own module registers it, pass --variant-module PATH_OR_MODULE)") from None

@@ -140,6 +140,8 @@ def test_a_variant_error_that_is_not_an_unknown_variant_gets_no_variant_module_a
     size = refusal("d_key: got 16.0; expected a positive integer (>= 1)")
     assert "--variant-module" not in size and "cannot render the report of" in size and "d_key: got 16.0" in size
     assert "pass --variant-module" in refusal("variant: got 'mine'; expected one of softmax, linear")
+    parameter = refusal("variant dpfp: unknown parameter 'mu'; allowed parameters: nu")  # a built-in's: no module helps
+    assert "--variant-module" not in parameter and "cannot render the report of" in parameter
 
 
 def test_the_lm_table_of_a_store_that_also_holds_retrieval_runs():
