@@ -2210,6 +2210,14 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(second), "--quiet")
 
 
+
+@row("C276")
+def _(ctx):
+    """A results directory that is a link to a name of 260 bytes: said to be a path too long, of 1 byte."""
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    os.symlink("é" * 130, "R")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", "R", "--quiet")
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

@@ -154,30 +154,76 @@ def special_file(path: Path) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
+def _shorten(text: str, longest: int = 40) -> str:
+    """``text`` whole where it is at most ``longest`` characters, else its first 20 and last 10 around an ellipsis."""
+    return text if len(text) <= longest else f"{text[:20]}…{text[-10:]}"
+
+
+def link_to_long_name(path: Path) -> tuple[Path, list[str], str] | None:
+    """(the first of ``path`` and the directories above it, from the root down, that is a link whose links lead to a
+    name longer than the file system allows; the targets of its links as each names them, up to the one holding that
+    name; the name), or None where none is. Such a link cannot be followed: ENAMETOOLONG, though ``path`` as spelled
+    is short (``ln -s aaa…a R``, 300 bytes)."""
+    limit = os.pathconf("/", "PC_NAME_MAX")
+    for candidate in (*reversed(path.parents), path):
+        hops, current = [], candidate
+        while os.path.islink(current) and len(hops) < 40:  # past the kernel's 40 links it is a loop, not this
+            target = current.readlink()
+            hops.append(str(target))
+            long = next((part for part in target.parts if len(os.fsencode(part)) > limit), None)
+            if long is not None:
+                return candidate, hops, long
+            # joined, not resolved: the kernel reads a relative target from the link's directory as reached
+            current = current.parent / target
+    return None
+
+
+def describe_long_name(option: str, path: Path, subject: Path, why: str) -> str | None:
+    """The refusal of ``subject`` (``path`` or a directory above it) where a link on the way to ``path`` leads to a
+    name too long (:func:`link_to_long_name`): naming the link, its targets, the name and the limit; None where no
+    link does."""
+    found = link_to_long_name(path)
+    if found is None:
+        return None
+    link, hops, long = found
+    where = "" if link == subject else f" under {str(link)!r},"
+    named = ", a link to ".join(repr(_shorten(hop, 60)) for hop in hops)
+    return (f"{option}: got {str(subject)!r},{where} a link to {named}, holding the name {_shorten(long)!r}, of "
+            f"{len(os.fsencode(long))} bytes: {why}; expected names of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes "
+            "(point the link at a shorter path)")
+
+
 def _refuse_too_long(option: str, path: Path) -> None:
     """Refuse ``path`` (a store's records file) where the system cannot even look it up: a name in it longer than its
-    file system allows (255 bytes on most), or the whole longer than the system's path limit. Every command
+    file system allows (255 bytes on most), or the whole longer than the system's path limit, or a link on the way to
+    it (the results directory, one above it, the records file itself) whose target holds such a name. Every command
     (``run``, ``report``, ``estimate --against``, ``bench``) ended in a traceback, "OSError: [Errno 36] File name too
     long", from the first look at it.
 
     Raises:
-        FwbenchError: naming ``option``, the first name too long (or the whole path) and the limit.
+        FwbenchError: naming ``option``, the first name too long (or the whole path, or the link) and the limit.
     """
     try:
-        os.lstat(path)
+        os.stat(path)  # followed: a link to a name too long is refused here, not at its first use in a traceback
         return
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             return  # missing, a loop, no permission …: each is told where the store is used
         why = exc.strerror
     directory = path.parent
+    limit = os.pathconf("/", "PC_NAME_MAX")
     for part in directory.parts:
-        limit = os.pathconf("/", "PC_NAME_MAX")
         if len(os.fsencode(part)) > limit:
-            shown = part if len(part) <= 40 else f"{part[:20]}…{part[-10:]}"
-            raise FwbenchError(f"{option}: got a directory path holding the name {shown!r}, of "
+            raise FwbenchError(f"{option}: got a directory path holding the name {_shorten(part)!r}, of "
                                f"{len(os.fsencode(part))} bytes: {why}; expected names of at most {limit} "
                                "bytes (shorten it)") from None
+    if len(os.fsencode(path)) < os.pathconf("/", "PC_PATH_MAX"):
+        # the path as spelled is short: a link on the way leads to the long name ('got a directory path of 1 bytes:
+        # …; expected at most 4084 bytes' was said of ln -s aaa…a R)
+        subject = path if os.path.islink(path) and link_to_long_name(directory) is None else directory
+        told = describe_long_name(option, path, subject, why)
+        if told is not None:
+            raise FwbenchError(told)
     raise FwbenchError(f"{option}: got a directory path of {len(os.fsencode(directory))} bytes: {why}; "
                        f"expected at most {os.pathconf('/', 'PC_PATH_MAX') - len(path.name) - 2} bytes (shorten it)")
 
@@ -429,7 +475,14 @@ class ResultsStore:
         error said only "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its
         target are named."""
         path = self.path if path is None else path
-        if path.is_symlink() and not path.exists() and exc.errno == errno.ENOENT:
+        if exc.errno == errno.ENAMETOOLONG:
+            # a store file that is a link to a name too long (ln -s aaa…a R/claims.lock) ended in a traceback,
+            # "OSError: [Errno 36] File name too long", from Path.exists below
+            told = describe_long_name("--results-dir", path, path, exc.strerror)
+            if told is not None:
+                return FwbenchError(told.replace(f"got {str(path)!r},", f"cannot {verb} {str(path)!r},", 1)
+                                    .replace("expected names", f"expected {what}, with names", 1))
+        if path.is_symlink() and not os.path.exists(path) and exc.errno == errno.ENOENT:
             target = Path(os.path.realpath(path))
             return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}, a link to {str(path.readlink())!r}: "
                                 f"{exc.strerror}; expected {what} or a link to one that can be made (create "

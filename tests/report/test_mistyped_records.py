@@ -913,3 +913,52 @@ def test_every_line_naming_a_path_that_holds_a_newline_stays_one_line(tmp_path, 
                  f"{tmp_path}/R\\nnew/bench.jsonl: record 'b' skipped: no benchmark record (missing or mistyped: kind)"):
         assert line in report, line
     assert not [line for line in report.splitlines() if line.startswith(("new/runs.jsonl", "new/bench.jsonl"))]
+
+
+@pytest.mark.parametrize("entry", ["R", "R, a link to a link", "a directory under R", "runs.jsonl", "claims.lock",
+                                   "runs.lock", "checkpoints", "bench.jsonl"])
+def test_a_link_to_a_name_too_long_is_named_in_one_line(tmp_path, capsys, monkeypatch, entry):
+    """Break-it finding (h-breakL): a link on a store's way whose target holds a name longer than the file system
+    allows (``ln -s ééé…é R``, 130 characters, 260 bytes in UTF-8): the results directory, or one above it, was said
+    to be a path too long, "got a directory path of 1 bytes: File name too long; expected at most 4084 bytes
+    (shorten it)", R being one byte; a records file, lock, claims file or checkpoints entry so linked ended every
+    command in a traceback, "OSError: [Errno 36] File name too long". The link and the name are named, in bytes."""
+    monkeypatch.chdir(tmp_path)
+    long = "é" * 130
+    shown = f"{'é' * 20}…{'é' * 10}"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID if entry == "checkpoints" else TINY_GRID)
+    results, subject, hops, verb = "R", "R", [shown], "got"
+    if entry == "R":
+        os.symlink(long, "R")
+    elif entry == "R, a link to a link":
+        os.symlink("mid", "R")
+        os.symlink(long, "mid")
+        hops = ["mid", shown]
+    elif entry == "a directory under R":
+        os.symlink(long, "R")
+        results = subject = "R/sub"
+    else:
+        os.mkdir("R")
+        os.symlink(long, f"R/{entry}")
+        subject = f"R/{entry}"
+    named = ", a link to ".join(repr(hop) for hop in hops)
+    where = " under 'R'," if entry == "a directory under R" else ""
+    expected = "names"
+    if entry in ("claims.lock", "runs.lock"):
+        verb, expected = "cannot open", f"a {'claims' if entry == 'claims.lock' else 'lock'} file, with names"
+    elif entry == "checkpoints":
+        expected = "a directory for the runs' checkpoints, with names"
+    argv = (["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras", "--results-dir",
+             results, "--quiet"] if entry == "bench.jsonl" else ["run", str(grid), "--results-dir", results, "--quiet"])
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: {verb} {subject!r},{where} a link to {named}, holding the name {shown!r}, of "
+        f"260 bytes: File name too long; expected {expected} of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes "
+        "(point the link at a shorter path)\n")
+    if entry in ("R", "runs.jsonl"):  # the readers too
+        assert main(["report", "--results-dir", results, "--out", "out"]) == 2
+        assert f"got {subject!r}, a link to {named}, holding the name" in capsys.readouterr().err
+        assert main(["estimate", str(grid), "--against", results]) == 2
+        assert capsys.readouterr().err.startswith(f"fwbench: error: --against: got {subject!r}, a link to {named}")
+        assert not (tmp_path / "out").exists()
