@@ -2218,6 +2218,20 @@ def _(ctx):
     os.symlink("é" * 130, "R")
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", "R", "--quiet")
 
+
+@row("C277")
+def _(ctx):
+    """A relative results directory under a working directory past the path limit, keeping checkpoints: each run
+    failed at its first checkpoint, named by its full path."""
+    grid = grid_file(ctx, LM_GRID + "context = 16\nmax_steps = 4\neval_every = 2\ncheckpoint_every = 2\n")
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    for _ in range(25):
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+    answer = cli(ctx, "run", str(grid), "--results-dir", "R", "--data-dir", str(ctx.tmp_path), "--quiet")
+    assert Path("R/runs.jsonl").read_text() == ""
+    return answer
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

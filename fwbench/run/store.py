@@ -58,6 +58,16 @@ def link_chain(path: Path) -> tuple[list[str], str]:
     return hops, os.path.realpath(current)
 
 
+def reachable(path: str) -> str:
+    """``path`` (absolute, as :func:`os.path.realpath` gives it) as the system can look it up: relative to the working
+    directory where it is longer than the system's path limit, as it is under a deep working directory (a relative
+    --results-dir there is short; its records file's target made absolute is not, and a store whose runs.jsonl is a
+    link ended in a traceback, "OSError: [Errno 36] File name too long")."""
+    if len(os.fsencode(path)) < os.pathconf("/", "PC_PATH_MAX"):
+        return path
+    return os.path.relpath(path)
+
+
 def blocking_file(path: str | Path) -> Path | None:
     """The nearest directory above ``path`` (a path that does not exist) that exists and is no directory (a file),
     so that ``path`` can never be made (``mkdir -p`` says 'Not a directory'); None where it can be."""
@@ -154,7 +164,7 @@ def special_file(path: Path) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
-def _shorten(text: str, longest: int = 40) -> str:
+def shorten(text: str, longest: int = 40) -> str:
     """``text`` whole where it is at most ``longest`` characters, else its first 20 and last 10 around an ellipsis."""
     return text if len(text) <= longest else f"{text[:20]}…{text[-10:]}"
 
@@ -187,8 +197,8 @@ def describe_long_name(option: str, path: Path, subject: Path, why: str) -> str 
         return None
     link, hops, long = found
     where = "" if link == subject else f" under {str(link)!r},"
-    named = ", a link to ".join(repr(_shorten(hop, 60)) for hop in hops)
-    return (f"{option}: got {str(subject)!r},{where} a link to {named}, holding the name {_shorten(long)!r}, of "
+    named = ", a link to ".join(repr(shorten(hop, 60)) for hop in hops)
+    return (f"{option}: got {str(subject)!r},{where} a link to {named}, holding the name {shorten(long)!r}, of "
             f"{len(os.fsencode(long))} bytes: {why}; expected names of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes "
             "(point the link at a shorter path)")
 
@@ -214,7 +224,7 @@ def _refuse_too_long(option: str, path: Path) -> None:
     limit = os.pathconf("/", "PC_NAME_MAX")
     for part in directory.parts:
         if len(os.fsencode(part)) > limit:
-            raise FwbenchError(f"{option}: got a directory path holding the name {_shorten(part)!r}, of "
+            raise FwbenchError(f"{option}: got a directory path holding the name {shorten(part)!r}, of "
                                f"{len(os.fsencode(part))} bytes: {why}; expected names of at most {limit} "
                                "bytes (shorten it)") from None
     if len(os.fsencode(path)) < os.pathconf("/", "PC_PATH_MAX"):
@@ -272,7 +282,7 @@ class ResultsStore:
         #: directory never named (/dev/runs.lock for ln -s /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…)
         #: before the records file was refused
         self.home = self.directory
-        real = Path(os.path.realpath(self.path))
+        real = Path(reachable(os.path.realpath(self.path)))
         if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
             self.home = real.parent
         self.lock_path = self.home / lock

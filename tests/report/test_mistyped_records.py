@@ -962,3 +962,35 @@ def test_a_link_to_a_name_too_long_is_named_in_one_line(tmp_path, capsys, monkey
         assert main(["estimate", str(grid), "--against", results]) == 2
         assert capsys.readouterr().err.startswith(f"fwbench: error: --against: got {subject!r}, a link to {named}")
         assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("store", ["a records file linked beside", "a grid that keeps checkpoints"])
+def test_a_relative_results_directory_under_a_deep_working_directory(tmp_path, capsys, monkeypatch, store):
+    """Break-it finding (h-breakL): a relative --results-dir under a working directory deeper than the system's path
+    limit (25 names of 200 bytes): R2/runs.jsonl a link to ../R1/runs.jsonl ended ``fwbench run`` in a traceback,
+    "OSError: [Errno 36] File name too long" (the lock's home, R1, looked up by its full path); a grid that keeps
+    checkpoints trained its run and failed it at its first checkpoint, named by its full path. The link is written
+    through, its lock beside R1's file; the checkpoints are refused in one line before any training."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID if store == "a grid that keeps checkpoints" else TINY_GRID)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(25):
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+    argv = ["run", str(grid), "--results-dir", "R2", "--quiet"]
+    if store == "a records file linked beside":
+        os.mkdir("R1")
+        os.mkdir("R2")
+        os.symlink("../R1/runs.jsonl", "R2/runs.jsonl")
+        assert main(argv) == 0
+        assert len(Path("R1/runs.jsonl").read_text().splitlines()) == 1
+        assert sorted(os.listdir("R1")) == ["claims.lock", "runs.jsonl", "runs.lock"]
+        assert os.listdir("R2") == ["runs.jsonl"]
+        return
+    full = os.path.join(os.getcwd(), "R2", "checkpoints")
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got 'R2/checkpoints', whose full path, '{full[:20]}…{full[-10:]}', is of "
+        f"{len(full)} bytes; expected at most {os.pathconf('/', 'PC_PATH_MAX') - 21} bytes where runs keep "
+        "checkpoints, named by their full path (choose a results directory nearer the root)\n")
+    assert Path("R2/runs.jsonl").read_text() == ""  # nothing trained
