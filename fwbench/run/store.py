@@ -273,20 +273,32 @@ class ResultsStore:
         self.path = self.directory / records_file
         _refuse_too_long(option, self.path)
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
-        lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
-        #: where the lock and claims files live: beside the records file as it really is, where it is a link into
-        #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
-        #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
-        #: twice, and one of them dropped its records while saying it had trained them. Only a link to a records file
-        #: (a regular file, or none yet) moves them: beside a link's device, pipe or directory they were made in a
-        #: directory never named (/dev/runs.lock for ln -s /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…)
-        #: before the records file was refused
-        self.home = self.directory
+        self._lock_name = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
+        self._claims_fd: int | None = None
+
+    @property
+    def home(self) -> Path:
+        """Where the lock and claims files (and the torn lines' file) live: beside the records file as it really is,
+        where it is a link into another directory that exists, else :attr:`directory`. Looked up at each use, not
+        once: a link re-pointed while a driver ran (ln -sf ../R3/runs.jsonl R2/runs.jsonl) had it lock R1's lock
+        while it wrote R3's file, beside another driver that held R3's, and take that driver's line, half written,
+        for a torn one.
+
+        Two results directories whose runs.jsonl lead to one file (ln -s ../R1/runs.jsonl R2/runs.jsonl) each locked
+        and claimed in their own: two drivers trained every run twice, and one of them dropped its records while
+        saying it had trained them. Only a link to a records file (a regular file, or none yet) moves them: beside a
+        link's device, pipe or directory they were made in a directory never named (/dev/runs.lock for ln -s
+        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused."""
         real = Path(reachable(os.path.realpath(self.path)))
         if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
-            self.home = real.parent
-        self.lock_path = self.home / lock
-        self._claims_fd: int | None = None
+            return real.parent
+        return self.directory
+
+    @property
+    def lock_path(self) -> Path:
+        """The records file's lock (``runs.lock`` for ``runs.jsonl``, ``bench.lock`` for ``bench.jsonl``) in
+        :attr:`home`."""
+        return self.home / self._lock_name
 
     def _ensure_writable(self) -> None:
         loop = looping_link(self.directory)
@@ -411,26 +423,33 @@ class ResultsStore:
         """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
         to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
         results directory)."""
-        self._refuse_special(self.lock_path, "a lock file")  # opened for writing, a FIFO blocks
-        if shared:
-            try:
-                lock = open(self.lock_path, "a")
-            except OSError:
-                yield
+        while True:
+            lock_path = self.lock_path
+            self._refuse_special(lock_path, "a lock file")  # opened for writing, a FIFO blocks
+            if shared:
+                try:
+                    lock = open(lock_path, "a")
+                except OSError:
+                    yield
+                    return
+            else:
+                self._ensure_writable()
+                try:
+                    lock = open(lock_path, "a")
+                except OSError as exc:
+                    # a lock file linked into a missing directory said only "No such file or directory", R being there
+                    raise self._unwritable(exc, lock_path, "open", "a lock file") from None
+            with lock:
+                fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                if self.lock_path != lock_path:
+                    # the records file's link was re-pointed while this waited: the lock held is no longer its own
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
                 return
-        else:
-            self._ensure_writable()
-            try:
-                lock = open(self.lock_path, "a")
-            except OSError as exc:
-                # a lock file linked into a missing directory said only "No such file or directory", R being there
-                raise self._unwritable(exc, self.lock_path, "open", "a lock file") from None
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def load(self) -> LoadedRecords:
         """Every parseable record in file order; a later record with the same run_id wins.

@@ -343,3 +343,46 @@ def test_two_results_directories_sharing_one_records_file_by_a_link_train_each_c
     assert driver.returncode == 0, err
     assert f"{len(cells) - 1} trained now, 1 already in" in out, out + err
     assert_one_clean_record_per_cell(first, cells, uninterrupted)
+
+
+@pytest.mark.parametrize("meets", ["another driver's lock", "a torn line"])
+def test_a_records_file_link_re_pointed_while_a_driver_runs_is_locked_where_it_now_leads(tmp_path, meets):
+    """Break-it finding (h-breakL): R2/runs.jsonl a link to ../R1/runs.jsonl, re-pointed to ../R3/runs.jsonl while a
+    driver on R2 ran (its store made, its records file checked): the driver's next append held R1's lock, looked up
+    once, while it wrote R3's file. Beside another driver holding R3's lock in the middle of its write, it went on at
+    once, took that driver's half-written line for a torn one and moved it to R1/runs.jsonl.torn, leaving the rest a
+    corrupt line. The lock is the records file's where it leads at each use: the append waits for R3's lock, and a
+    torn line in R3's file is set aside beside it."""
+    import fcntl
+    import threading
+
+    first, second, third = (tmp_path / name for name in ("R1", "R2", "R3"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    store = ResultsStore(second)
+    store.check_writable()
+    (second / "runs.jsonl").unlink()
+    (second / "runs.jsonl").symlink_to("../R3/runs.jsonl")  # re-pointed
+    record = {"run_id": "a", "status": "ok"}
+    if meets == "a torn line":
+        (third / "runs.jsonl").write_bytes(b'{"run_id": "b", "sta')
+        assert store.append(record)
+        assert (third / TORN_FILE).read_bytes() == b'{"run_id": "b", "sta\n'
+        assert not (first / TORN_FILE).exists()
+        assert [json.loads(line) for line in (third / "runs.jsonl").read_text().splitlines()] == [record]
+        return
+    (third / "runs.jsonl").write_bytes(b'{"run_id": "b", "sta')  # the other driver, mid-write under its lock
+    with open(third / "runs.lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        appending = threading.Thread(target=store.append, args=(record,))
+        appending.start()
+        appending.join(1.0)
+        waited = appending.is_alive()
+        with open(third / "runs.jsonl", "ab") as handle:
+            handle.write(b'tus": "ok"}\n')
+        fcntl.flock(other, fcntl.LOCK_UN)
+    appending.join()
+    assert waited
+    assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == ["b", "a"]
+    assert not (first / TORN_FILE).exists()
