@@ -68,6 +68,18 @@ def reachable(path: str) -> str:
     return os.path.relpath(path)
 
 
+def spelled_target(path: Path) -> Path:
+    """Where the links from ``path`` on lead, each relative target joined to the path its link was reached by, not
+    resolved ('R/X2/../X1/runs.jsonl' for R/X2/runs.jsonl a link to ../X1/runs.jsonl): the system resolves it as it
+    would the links, yet it stays as short as they are where the resolved path is past the system's limit."""
+    current = Path(path)
+    for _ in range(40):  # the kernel's limit: past it the links loop, which is told where they are used
+        if not os.path.islink(current):
+            break
+        current = current.parent / current.readlink()
+    return current
+
+
 def blocking_file(path: str | Path) -> Path | None:
     """The nearest directory above ``path`` (a path that does not exist) that exists and is no directory (a file),
     so that ``path`` can never be made (``mkdir -p`` says 'Not a directory'); None where it can be."""
@@ -290,6 +302,10 @@ class ResultsStore:
         link's device, pipe or directory they were made in a directory never named (/dev/runs.lock for ln -s
         /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused."""
         real = Path(reachable(os.path.realpath(self.path)))
+        if len(os.fsencode(real)) >= os.pathconf("/", "PC_PATH_MAX"):
+            # past the limit from the working directory too (R a link into a deep tree): its links as spelled, each
+            # target read from where its link is reached, are short, and lead to the same file
+            real = spelled_target(self.path)
         if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
             return real.parent
         return self.directory

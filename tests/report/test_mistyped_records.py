@@ -994,3 +994,31 @@ def test_a_relative_results_directory_under_a_deep_working_directory(tmp_path, c
         f"{len(full)} bytes; expected at most {os.pathconf('/', 'PC_PATH_MAX') - 21} bytes where runs keep "
         "checkpoints, named by their full path (choose a results directory nearer the root)\n")
     assert Path("R2/runs.jsonl").read_text() == ""  # nothing trained
+
+
+def test_a_records_file_linked_beside_it_in_a_directory_reached_by_links_past_the_path_limit(tmp_path, monkeypatch):
+    """Break-it finding (h-breakL): R a link into a directory whose full path is past the system's limit (R → 12
+    names of 200 bytes, a link there → 13 more), its X2/runs.jsonl a link to ../X1/runs.jsonl: ``fwbench run
+    GRID --results-dir R/rest/X2`` ended in a traceback, "OSError: [Errno 36] File name too long" (the lock's home
+    looked up by its resolved path, past the limit from the working directory as well). The links, as spelled, lead
+    there: the run writes through the link and locks beside X1's file."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    monkeypatch.chdir(tmp_path)
+    name = "d" * 200
+    os.symlink("/".join(["deep"] + [name] * 12), "R")
+    os.mkdir("deep")
+    os.chdir("deep")
+    for level in range(25):
+        if level == 12:
+            os.symlink("/".join([name] * 13), "rest")
+        os.mkdir(name)
+        os.chdir(name)
+    os.mkdir("X1")
+    os.mkdir("X2")
+    os.symlink("../X1/runs.jsonl", "X2/runs.jsonl")
+    os.chdir(tmp_path)
+    assert main(["run", str(grid), "--results-dir", "R/rest/X2", "--quiet"]) == 0
+    assert len(Path("R/rest/X1/runs.jsonl").read_text().splitlines()) == 1
+    assert sorted(os.listdir("R/rest/X1")) == ["claims.lock", "runs.jsonl", "runs.lock"]
+    assert os.listdir("R/rest/X2") == ["runs.jsonl"]
