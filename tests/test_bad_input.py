@@ -2232,6 +2232,23 @@ def _(ctx):
     assert Path("R/runs.jsonl").read_text() == ""
     return answer
 
+
+@row("C278")
+def _(ctx):
+    """A bench records file linked into a directory that is not writable: said to want its claims file too."""
+    import fwbench.run.store as store_module
+
+    first, second = ctx.tmp_path / "R1", ctx.tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "bench.jsonl").write_text("")
+    (second / "bench.jsonl").symlink_to("../R1/bench.jsonl")
+    real_access = os.access  # root may write anywhere: R1's permission is what os.access says
+    ctx.monkeypatch.setattr(store_module.os, "access", lambda path, mode: False if Path(path) == first and
+                            mode == os.W_OK else real_access(path, mode))
+    return cli(ctx, "bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+               "--results-dir", str(second), "--quiet")
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

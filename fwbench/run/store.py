@@ -356,9 +356,11 @@ class ResultsStore:
         wanted = [self.lock_path] + ([self.home / CLAIMS_FILE] if self.lock_path.name == LOCK_FILE else [])
         if (self.home != self.directory and not os.access(self.home, os.W_OK)
                 and not all(os.path.lexists(path) for path in wanted)):
+            # bench.jsonl has a lock and no claims file: 'its lock and claims files' named one never made
+            files = "lock and claims files" if len(wanted) > 1 else "lock file"
             raise FwbenchError(f"--results-dir: got {str(self.path)!r}, a link to {str(self.path.readlink())!r}, in "
                                f"a directory that is not writable ({str(self.home)!r}); expected a records file whose "
-                               "directory can take its lock and claims files, shared by every results directory "
+                               f"directory can take its {files}, shared by every results directory "
                                f"linked to it (make {str(self.home)!r} writable, or put a copy of the file in place of "
                                "the link)")
 

@@ -386,3 +386,28 @@ def test_a_records_file_link_re_pointed_while_a_driver_runs_is_locked_where_it_n
     assert waited
     assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == ["b", "a"]
     assert not (first / TORN_FILE).exists()
+
+
+def test_a_bench_records_file_linked_into_a_directory_that_is_not_writable_names_only_its_lock(tmp_path, monkeypatch):
+    """Break-it finding (h-breakL): R2/bench.jsonl a link to ../R1/bench.jsonl, R1 not writable: ``fwbench bench``
+    was refused as wanting "a records file whose directory can take its lock and claims files", though bench.jsonl
+    has no claims file. It names its lock file alone; bench.lock there already, nothing is refused."""
+    import fwbench.run.store as store_module
+
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "bench.jsonl").write_text("")
+    (second / "bench.jsonl").symlink_to("../R1/bench.jsonl")
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if Path(path) == first and mode == os.W_OK else real_access(path, mode))
+    with pytest.raises(FwbenchError) as caught:
+        ResultsStore(second, "bench.jsonl").check_writable(claims=False)
+    assert str(caught.value) == (
+        f"--results-dir: got {str(second / 'bench.jsonl')!r}, a link to '../R1/bench.jsonl', in a directory that is "
+        f"not writable ({str(first)!r}); expected a records file whose directory can take its lock file, shared by "
+        f"every results directory linked to it (make {str(first)!r} writable, or put a copy of the file in place of "
+        "the link)")
+    (first / "bench.lock").write_text("")
+    ResultsStore(second, "bench.jsonl").check_writable(claims=False)
