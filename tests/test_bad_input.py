@@ -2235,6 +2235,45 @@ def _(ctx):
     return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", str(second), "--quiet")
 
 
+
+@row("C276")
+def _(ctx):
+    """A results directory that is a link to a name of 260 bytes: said to be a path too long, of 1 byte."""
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    os.symlink("é" * 130, "R")
+    return cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", "R", "--quiet")
+
+
+@row("C277")
+def _(ctx):
+    """A relative results directory under a working directory past the path limit, keeping checkpoints: each run
+    failed at its first checkpoint, named by its full path."""
+    grid = grid_file(ctx, LM_GRID + "context = 16\nmax_steps = 4\neval_every = 2\ncheckpoint_every = 2\n")
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    for _ in range(25):
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+    answer = cli(ctx, "run", str(grid), "--results-dir", "R", "--data-dir", str(ctx.tmp_path), "--quiet")
+    assert Path("R/runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C278")
+def _(ctx):
+    """A bench records file linked into a directory that is not writable: said to want its claims file too."""
+    import fwbench.run.store as store_module
+
+    first, second = ctx.tmp_path / "R1", ctx.tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "bench.jsonl").write_text("")
+    (second / "bench.jsonl").symlink_to("../R1/bench.jsonl")
+    real_access = os.access  # root may write anywhere: R1's permission is what os.access says
+    ctx.monkeypatch.setattr(store_module.os, "access", lambda path, mode: False if Path(path) == first and
+                            mode == os.W_OK else real_access(path, mode))
+    return cli(ctx, "bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
+               "--results-dir", str(second), "--quiet")
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

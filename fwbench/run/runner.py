@@ -6,6 +6,7 @@ never repeated, so an interrupted grid resumes without losing anything.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -26,7 +27,7 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import ResultsStore, describe_loop, looping_link, special_file
+from fwbench.run.store import ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -61,9 +62,25 @@ def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
     if not any(getattr(spec.task_config(), "checkpoint_every", 0) for spec in specs):
         return
     entry = store.directory / CHECKPOINT_DIR
+    full = os.path.realpath(entry)
+    longest = os.pathconf("/", "PC_PATH_MAX") - len(f"/{'0' * 16}.pt") - 1
+    if len(os.fsencode(full)) > longest:
+        # a checkpoint is named by its full path (a Ray worker runs elsewhere): under a deep working directory, a
+        # relative --results-dir there is short but that path is not, and every run failed at its first checkpoint,
+        # after training that far, "OSError: [Errno 36] File name too long" (or, where checkpoints was missing, the
+        # grid was refused as "got 'R/checkpoints', File name too long; … (move it away)", nothing being there)
+        raise FwbenchError(f"--results-dir: got {str(entry)!r}, whose full path, {shorten(full, 60)!r}, is of "
+                           f"{len(os.fsencode(full))} bytes; expected at most {longest} bytes where runs keep "
+                           "checkpoints, named by their full path (choose a results directory nearer the root)")
     try:
         Path(os.path.realpath(entry)).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
+        told = describe_long_name("--results-dir", entry, entry, exc.strerror) if exc.errno == errno.ENAMETOOLONG else None
+        if told is not None:
+            # a link to a name too long (ln -s aaa…a R/checkpoints) ended in a traceback, "OSError: [Errno 36] File
+            # name too long", from Path.is_file below
+            raise FwbenchError(told.replace("expected names", "expected a directory for the runs' checkpoints, with "
+                                            "names", 1)) from None
         # what the entry is, not mkdir's errno: a named pipe was "got 'R/checkpoints', File exists", and a link to a
         # file or a device "a link to 'notes.txt': File exists", neither saying what is in the way
         kind = special_file(entry) or ("a file" if entry.is_file() else None)

@@ -58,6 +58,28 @@ def link_chain(path: Path) -> tuple[list[str], str]:
     return hops, os.path.realpath(current)
 
 
+def reachable(path: str) -> str:
+    """``path`` (absolute, as :func:`os.path.realpath` gives it) as the system can look it up: relative to the working
+    directory where it is longer than the system's path limit, as it is under a deep working directory (a relative
+    --results-dir there is short; its records file's target made absolute is not, and a store whose runs.jsonl is a
+    link ended in a traceback, "OSError: [Errno 36] File name too long")."""
+    if len(os.fsencode(path)) < os.pathconf("/", "PC_PATH_MAX"):
+        return path
+    return os.path.relpath(path)
+
+
+def spelled_target(path: Path) -> Path:
+    """Where the links from ``path`` on lead, each relative target joined to the path its link was reached by, not
+    resolved ('R/X2/../X1/runs.jsonl' for R/X2/runs.jsonl a link to ../X1/runs.jsonl): the system resolves it as it
+    would the links, yet it stays as short as they are where the resolved path is past the system's limit."""
+    current = Path(path)
+    for _ in range(40):  # the kernel's limit: past it the links loop, which is told where they are used
+        if not os.path.islink(current):
+            break
+        current = current.parent / current.readlink()
+    return current
+
+
 def blocking_file(path: str | Path) -> Path | None:
     """The nearest directory above ``path`` (a path that does not exist) that exists and is no directory (a file),
     so that ``path`` can never be made (``mkdir -p`` says 'Not a directory'); None where it can be."""
@@ -154,30 +176,76 @@ def special_file(path: Path) -> str | None:
     return next((what for test, what in SPECIAL_FILES if test(mode)), None)
 
 
+def shorten(text: str, longest: int = 40) -> str:
+    """``text`` whole where it is at most ``longest`` characters, else its first 20 and last 10 around an ellipsis."""
+    return text if len(text) <= longest else f"{text[:20]}…{text[-10:]}"
+
+
+def link_to_long_name(path: Path) -> tuple[Path, list[str], str] | None:
+    """(the first of ``path`` and the directories above it, from the root down, that is a link whose links lead to a
+    name longer than the file system allows; the targets of its links as each names them, up to the one holding that
+    name; the name), or None where none is. Such a link cannot be followed: ENAMETOOLONG, though ``path`` as spelled
+    is short (``ln -s aaa…a R``, 300 bytes)."""
+    limit = os.pathconf("/", "PC_NAME_MAX")
+    for candidate in (*reversed(path.parents), path):
+        hops, current = [], candidate
+        while os.path.islink(current) and len(hops) < 40:  # past the kernel's 40 links it is a loop, not this
+            target = current.readlink()
+            hops.append(str(target))
+            long = next((part for part in target.parts if len(os.fsencode(part)) > limit), None)
+            if long is not None:
+                return candidate, hops, long
+            # joined, not resolved: the kernel reads a relative target from the link's directory as reached
+            current = current.parent / target
+    return None
+
+
+def describe_long_name(option: str, path: Path, subject: Path, why: str) -> str | None:
+    """The refusal of ``subject`` (``path`` or a directory above it) where a link on the way to ``path`` leads to a
+    name too long (:func:`link_to_long_name`): naming the link, its targets, the name and the limit; None where no
+    link does."""
+    found = link_to_long_name(path)
+    if found is None:
+        return None
+    link, hops, long = found
+    where = "" if link == subject else f" under {str(link)!r},"
+    named = ", a link to ".join(repr(shorten(hop, 60)) for hop in hops)
+    return (f"{option}: got {str(subject)!r},{where} a link to {named}, holding the name {shorten(long)!r}, of "
+            f"{len(os.fsencode(long))} bytes: {why}; expected names of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes "
+            "(point the link at a shorter path)")
+
+
 def _refuse_too_long(option: str, path: Path) -> None:
     """Refuse ``path`` (a store's records file) where the system cannot even look it up: a name in it longer than its
-    file system allows (255 bytes on most), or the whole longer than the system's path limit. Every command
+    file system allows (255 bytes on most), or the whole longer than the system's path limit, or a link on the way to
+    it (the results directory, one above it, the records file itself) whose target holds such a name. Every command
     (``run``, ``report``, ``estimate --against``, ``bench``) ended in a traceback, "OSError: [Errno 36] File name too
     long", from the first look at it.
 
     Raises:
-        FwbenchError: naming ``option``, the first name too long (or the whole path) and the limit.
+        FwbenchError: naming ``option``, the first name too long (or the whole path, or the link) and the limit.
     """
     try:
-        os.lstat(path)
+        os.stat(path)  # followed: a link to a name too long is refused here, not at its first use in a traceback
         return
     except OSError as exc:
         if exc.errno != errno.ENAMETOOLONG:
             return  # missing, a loop, no permission …: each is told where the store is used
         why = exc.strerror
     directory = path.parent
+    limit = os.pathconf("/", "PC_NAME_MAX")
     for part in directory.parts:
-        limit = os.pathconf("/", "PC_NAME_MAX")
         if len(os.fsencode(part)) > limit:
-            shown = part if len(part) <= 40 else f"{part[:20]}…{part[-10:]}"
-            raise FwbenchError(f"{option}: got a directory path holding the name {shown!r}, of "
+            raise FwbenchError(f"{option}: got a directory path holding the name {shorten(part)!r}, of "
                                f"{len(os.fsencode(part))} bytes: {why}; expected names of at most {limit} "
                                "bytes (shorten it)") from None
+    if len(os.fsencode(path)) < os.pathconf("/", "PC_PATH_MAX"):
+        # the path as spelled is short: a link on the way leads to the long name ('got a directory path of 1 bytes:
+        # …; expected at most 4084 bytes' was said of ln -s aaa…a R)
+        subject = path if os.path.islink(path) and link_to_long_name(directory) is None else directory
+        told = describe_long_name(option, path, subject, why)
+        if told is not None:
+            raise FwbenchError(told)
     raise FwbenchError(f"{option}: got a directory path of {len(os.fsencode(directory))} bytes: {why}; "
                        f"expected at most {os.pathconf('/', 'PC_PATH_MAX') - len(path.name) - 2} bytes (shorten it)")
 
@@ -217,20 +285,36 @@ class ResultsStore:
         self.path = self.directory / records_file
         _refuse_too_long(option, self.path)
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
-        lock = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
-        #: where the lock and claims files live: beside the records file as it really is, where it is a link into
-        #: another directory that exists. Two results directories whose runs.jsonl lead to one file (ln -s
-        #: ../R1/runs.jsonl R2/runs.jsonl) each locked and claimed in their own: two drivers trained every run
-        #: twice, and one of them dropped its records while saying it had trained them. Only a link to a records file
-        #: (a regular file, or none yet) moves them: beside a link's device, pipe or directory they were made in a
-        #: directory never named (/dev/runs.lock for ln -s /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…)
-        #: before the records file was refused
-        self.home = self.directory
-        real = Path(os.path.realpath(self.path))
-        if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
-            self.home = real.parent
-        self.lock_path = self.home / lock
+        self._lock_name = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
         self._claims_fd: int | None = None
+
+    @property
+    def home(self) -> Path:
+        """Where the lock and claims files (and the torn lines' file) live: beside the records file as it really is,
+        where it is a link into another directory that exists, else :attr:`directory`. Looked up at each use, not
+        once: a link re-pointed while a driver ran (ln -sf ../R3/runs.jsonl R2/runs.jsonl) had it lock R1's lock
+        while it wrote R3's file, beside another driver that held R3's, and take that driver's line, half written,
+        for a torn one.
+
+        Two results directories whose runs.jsonl lead to one file (ln -s ../R1/runs.jsonl R2/runs.jsonl) each locked
+        and claimed in their own: two drivers trained every run twice, and one of them dropped its records while
+        saying it had trained them. Only a link to a records file (a regular file, or none yet) moves them: beside a
+        link's device, pipe or directory they were made in a directory never named (/dev/runs.lock for ln -s
+        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused."""
+        real = Path(reachable(os.path.realpath(self.path)))
+        if len(os.fsencode(real)) >= os.pathconf("/", "PC_PATH_MAX"):
+            # past the limit from the working directory too (R a link into a deep tree): its links as spelled, each
+            # target read from where its link is reached, are short, and lead to the same file
+            real = spelled_target(self.path)
+        if self.path.is_symlink() and real.parent.is_dir() and (real.is_file() or not os.path.lexists(real)):
+            return real.parent
+        return self.directory
+
+    @property
+    def lock_path(self) -> Path:
+        """The records file's lock (``runs.lock`` for ``runs.jsonl``, ``bench.lock`` for ``bench.jsonl``) in
+        :attr:`home`."""
+        return self.home / self._lock_name
 
     def _ensure_writable(self) -> None:
         loop = looping_link(self.directory)
@@ -272,9 +356,11 @@ class ResultsStore:
         wanted = [self.lock_path] + ([self.home / CLAIMS_FILE] if self.lock_path.name == LOCK_FILE else [])
         if (self.home != self.directory and not os.access(self.home, os.W_OK)
                 and not all(os.path.lexists(path) for path in wanted)):
+            # bench.jsonl has a lock and no claims file: 'its lock and claims files' named one never made
+            files = "lock and claims files" if len(wanted) > 1 else "lock file"
             raise FwbenchError(f"--results-dir: got {str(self.path)!r}, a link to {str(self.path.readlink())!r}, in "
                                f"a directory that is not writable ({str(self.home)!r}); expected a records file whose "
-                               "directory can take its lock and claims files, shared by every results directory "
+                               f"directory can take its {files}, shared by every results directory "
                                f"linked to it (make {str(self.home)!r} writable, or put a copy of the file in place of "
                                "the link)")
 
@@ -355,26 +441,33 @@ class ResultsStore:
         """Hold the records file's lock (``runs.lock`` for ``runs.jsonl``): exclusively to write, shared
         to read (readers skip it where they cannot create the lock file, e.g. a read-only copy of a
         results directory)."""
-        self._refuse_special(self.lock_path, "a lock file")  # opened for writing, a FIFO blocks
-        if shared:
-            try:
-                lock = open(self.lock_path, "a")
-            except OSError:
-                yield
+        while True:
+            lock_path = self.lock_path
+            self._refuse_special(lock_path, "a lock file")  # opened for writing, a FIFO blocks
+            if shared:
+                try:
+                    lock = open(lock_path, "a")
+                except OSError:
+                    yield
+                    return
+            else:
+                self._ensure_writable()
+                try:
+                    lock = open(lock_path, "a")
+                except OSError as exc:
+                    # a lock file linked into a missing directory said only "No such file or directory", R being there
+                    raise self._unwritable(exc, lock_path, "open", "a lock file") from None
+            with lock:
+                fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+                if self.lock_path != lock_path:
+                    # the records file's link was re-pointed while this waited: the lock held is no longer its own
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                    continue
+                try:
+                    yield
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
                 return
-        else:
-            self._ensure_writable()
-            try:
-                lock = open(self.lock_path, "a")
-            except OSError as exc:
-                # a lock file linked into a missing directory said only "No such file or directory", R being there
-                raise self._unwritable(exc, self.lock_path, "open", "a lock file") from None
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def load(self) -> LoadedRecords:
         """Every parseable record in file order; a later record with the same run_id wins.
@@ -429,7 +522,14 @@ class ResultsStore:
         error said only "cannot write 'R/runs.jsonl': No such file or directory", R being there: the link and its
         target are named."""
         path = self.path if path is None else path
-        if path.is_symlink() and not path.exists() and exc.errno == errno.ENOENT:
+        if exc.errno == errno.ENAMETOOLONG:
+            # a store file that is a link to a name too long (ln -s aaa…a R/claims.lock) ended in a traceback,
+            # "OSError: [Errno 36] File name too long", from Path.exists below
+            told = describe_long_name("--results-dir", path, path, exc.strerror)
+            if told is not None:
+                return FwbenchError(told.replace(f"got {str(path)!r},", f"cannot {verb} {str(path)!r},", 1)
+                                    .replace("expected names", f"expected {what}, with names", 1))
+        if path.is_symlink() and not os.path.exists(path) and exc.errno == errno.ENOENT:
             target = Path(os.path.realpath(path))
             return FwbenchError(f"--results-dir: cannot {verb} {str(path)!r}, a link to {str(path.readlink())!r}: "
                                 f"{exc.strerror}; expected {what} or a link to one that can be made (create "

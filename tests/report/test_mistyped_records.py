@@ -913,3 +913,112 @@ def test_every_line_naming_a_path_that_holds_a_newline_stays_one_line(tmp_path, 
                  f"{tmp_path}/R\\nnew/bench.jsonl: record 'b' skipped: no benchmark record (missing or mistyped: kind)"):
         assert line in report, line
     assert not [line for line in report.splitlines() if line.startswith(("new/runs.jsonl", "new/bench.jsonl"))]
+
+
+@pytest.mark.parametrize("entry", ["R", "R, a link to a link", "a directory under R", "runs.jsonl", "claims.lock",
+                                   "runs.lock", "checkpoints", "bench.jsonl"])
+def test_a_link_to_a_name_too_long_is_named_in_one_line(tmp_path, capsys, monkeypatch, entry):
+    """Break-it finding (h-breakL): a link on a store's way whose target holds a name longer than the file system
+    allows (``ln -s ééé…é R``, 130 characters, 260 bytes in UTF-8): the results directory, or one above it, was said
+    to be a path too long, "got a directory path of 1 bytes: File name too long; expected at most 4084 bytes
+    (shorten it)", R being one byte; a records file, lock, claims file or checkpoints entry so linked ended every
+    command in a traceback, "OSError: [Errno 36] File name too long". The link and the name are named, in bytes."""
+    monkeypatch.chdir(tmp_path)
+    long = "é" * 130
+    shown = f"{'é' * 20}…{'é' * 10}"
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID if entry == "checkpoints" else TINY_GRID)
+    results, subject, hops, verb = "R", "R", [shown], "got"
+    if entry == "R":
+        os.symlink(long, "R")
+    elif entry == "R, a link to a link":
+        os.symlink("mid", "R")
+        os.symlink(long, "mid")
+        hops = ["mid", shown]
+    elif entry == "a directory under R":
+        os.symlink(long, "R")
+        results = subject = "R/sub"
+    else:
+        os.mkdir("R")
+        os.symlink(long, f"R/{entry}")
+        subject = f"R/{entry}"
+    named = ", a link to ".join(repr(hop) for hop in hops)
+    where = " under 'R'," if entry == "a directory under R" else ""
+    expected = "names"
+    if entry in ("claims.lock", "runs.lock"):
+        verb, expected = "cannot open", f"a {'claims' if entry == 'claims.lock' else 'lock'} file, with names"
+    elif entry == "checkpoints":
+        expected = "a directory for the runs' checkpoints, with names"
+    argv = (["bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras", "--results-dir",
+             results, "--quiet"] if entry == "bench.jsonl" else ["run", str(grid), "--results-dir", results, "--quiet"])
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: {verb} {subject!r},{where} a link to {named}, holding the name {shown!r}, of "
+        f"260 bytes: File name too long; expected {expected} of at most {os.pathconf('/', 'PC_NAME_MAX')} bytes "
+        "(point the link at a shorter path)\n")
+    if entry in ("R", "runs.jsonl"):  # the readers too
+        assert main(["report", "--results-dir", results, "--out", "out"]) == 2
+        assert f"got {subject!r}, a link to {named}, holding the name" in capsys.readouterr().err
+        assert main(["estimate", str(grid), "--against", results]) == 2
+        assert capsys.readouterr().err.startswith(f"fwbench: error: --against: got {subject!r}, a link to {named}")
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("store", ["a records file linked beside", "a grid that keeps checkpoints"])
+def test_a_relative_results_directory_under_a_deep_working_directory(tmp_path, capsys, monkeypatch, store):
+    """Break-it finding (h-breakL): a relative --results-dir under a working directory deeper than the system's path
+    limit (25 names of 200 bytes): R2/runs.jsonl a link to ../R1/runs.jsonl ended ``fwbench run`` in a traceback,
+    "OSError: [Errno 36] File name too long" (the lock's home, R1, looked up by its full path); a grid that keeps
+    checkpoints trained its run and failed it at its first checkpoint, named by its full path. The link is written
+    through, its lock beside R1's file; the checkpoints are refused in one line before any training."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(LM_CHECKPOINT_GRID if store == "a grid that keeps checkpoints" else TINY_GRID)
+    monkeypatch.chdir(tmp_path)
+    for _ in range(25):
+        os.mkdir("d" * 200)
+        os.chdir("d" * 200)
+    argv = ["run", str(grid), "--results-dir", "R2", "--quiet"]
+    if store == "a records file linked beside":
+        os.mkdir("R1")
+        os.mkdir("R2")
+        os.symlink("../R1/runs.jsonl", "R2/runs.jsonl")
+        assert main(argv) == 0
+        assert len(Path("R1/runs.jsonl").read_text().splitlines()) == 1
+        assert sorted(os.listdir("R1")) == ["claims.lock", "runs.jsonl", "runs.lock"]
+        assert os.listdir("R2") == ["runs.jsonl"]
+        return
+    full = os.path.join(os.getcwd(), "R2", "checkpoints")
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"fwbench: error: --results-dir: got 'R2/checkpoints', whose full path, '{full[:20]}…{full[-10:]}', is of "
+        f"{len(full)} bytes; expected at most {os.pathconf('/', 'PC_PATH_MAX') - 21} bytes where runs keep "
+        "checkpoints, named by their full path (choose a results directory nearer the root)\n")
+    assert Path("R2/runs.jsonl").read_text() == ""  # nothing trained
+
+
+def test_a_records_file_linked_beside_it_in_a_directory_reached_by_links_past_the_path_limit(tmp_path, monkeypatch):
+    """Break-it finding (h-breakL): R a link into a directory whose full path is past the system's limit (R → 12
+    names of 200 bytes, a link there → 13 more), its X2/runs.jsonl a link to ../X1/runs.jsonl: ``fwbench run
+    GRID --results-dir R/rest/X2`` ended in a traceback, "OSError: [Errno 36] File name too long" (the lock's home
+    looked up by its resolved path, past the limit from the working directory as well). The links, as spelled, lead
+    there: the run writes through the link and locks beside X1's file."""
+    grid = tmp_path / "grid.toml"
+    grid.write_text(TINY_GRID)
+    monkeypatch.chdir(tmp_path)
+    name = "d" * 200
+    os.symlink("/".join(["deep"] + [name] * 12), "R")
+    os.mkdir("deep")
+    os.chdir("deep")
+    for level in range(25):
+        if level == 12:
+            os.symlink("/".join([name] * 13), "rest")
+        os.mkdir(name)
+        os.chdir(name)
+    os.mkdir("X1")
+    os.mkdir("X2")
+    os.symlink("../X1/runs.jsonl", "X2/runs.jsonl")
+    os.chdir(tmp_path)
+    assert main(["run", str(grid), "--results-dir", "R/rest/X2", "--quiet"]) == 0
+    assert len(Path("R/rest/X1/runs.jsonl").read_text().splitlines()) == 1
+    assert sorted(os.listdir("R/rest/X1")) == ["claims.lock", "runs.jsonl", "runs.lock"]
+    assert os.listdir("R/rest/X2") == ["runs.jsonl"]

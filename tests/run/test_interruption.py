@@ -343,3 +343,71 @@ def test_two_results_directories_sharing_one_records_file_by_a_link_train_each_c
     assert driver.returncode == 0, err
     assert f"{len(cells) - 1} trained now, 1 already in" in out, out + err
     assert_one_clean_record_per_cell(first, cells, uninterrupted)
+
+
+@pytest.mark.parametrize("meets", ["another driver's lock", "a torn line"])
+def test_a_records_file_link_re_pointed_while_a_driver_runs_is_locked_where_it_now_leads(tmp_path, meets):
+    """Break-it finding (h-breakL): R2/runs.jsonl a link to ../R1/runs.jsonl, re-pointed to ../R3/runs.jsonl while a
+    driver on R2 ran (its store made, its records file checked): the driver's next append held R1's lock, looked up
+    once, while it wrote R3's file. Beside another driver holding R3's lock in the middle of its write, it went on at
+    once, took that driver's half-written line for a torn one and moved it to R1/runs.jsonl.torn, leaving the rest a
+    corrupt line. The lock is the records file's where it leads at each use: the append waits for R3's lock, and a
+    torn line in R3's file is set aside beside it."""
+    import fcntl
+    import threading
+
+    first, second, third = (tmp_path / name for name in ("R1", "R2", "R3"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../R1/runs.jsonl")
+    store = ResultsStore(second)
+    store.check_writable()
+    (second / "runs.jsonl").unlink()
+    (second / "runs.jsonl").symlink_to("../R3/runs.jsonl")  # re-pointed
+    record = {"run_id": "a", "status": "ok"}
+    if meets == "a torn line":
+        (third / "runs.jsonl").write_bytes(b'{"run_id": "b", "sta')
+        assert store.append(record)
+        assert (third / TORN_FILE).read_bytes() == b'{"run_id": "b", "sta\n'
+        assert not (first / TORN_FILE).exists()
+        assert [json.loads(line) for line in (third / "runs.jsonl").read_text().splitlines()] == [record]
+        return
+    (third / "runs.jsonl").write_bytes(b'{"run_id": "b", "sta')  # the other driver, mid-write under its lock
+    with open(third / "runs.lock", "a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        appending = threading.Thread(target=store.append, args=(record,))
+        appending.start()
+        appending.join(1.0)
+        waited = appending.is_alive()
+        with open(third / "runs.jsonl", "ab") as handle:
+            handle.write(b'tus": "ok"}\n')
+        fcntl.flock(other, fcntl.LOCK_UN)
+    appending.join()
+    assert waited
+    assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == ["b", "a"]
+    assert not (first / TORN_FILE).exists()
+
+
+def test_a_bench_records_file_linked_into_a_directory_that_is_not_writable_names_only_its_lock(tmp_path, monkeypatch):
+    """Break-it finding (h-breakL): R2/bench.jsonl a link to ../R1/bench.jsonl, R1 not writable: ``fwbench bench``
+    was refused as wanting "a records file whose directory can take its lock and claims files", though bench.jsonl
+    has no claims file. It names its lock file alone; bench.lock there already, nothing is refused."""
+    import fwbench.run.store as store_module
+
+    first, second = tmp_path / "R1", tmp_path / "R2"
+    first.mkdir()
+    second.mkdir()
+    (first / "bench.jsonl").write_text("")
+    (second / "bench.jsonl").symlink_to("../R1/bench.jsonl")
+    real_access = os.access
+    monkeypatch.setattr(store_module.os, "access",
+                        lambda path, mode: False if Path(path) == first and mode == os.W_OK else real_access(path, mode))
+    with pytest.raises(FwbenchError) as caught:
+        ResultsStore(second, "bench.jsonl").check_writable(claims=False)
+    assert str(caught.value) == (
+        f"--results-dir: got {str(second / 'bench.jsonl')!r}, a link to '../R1/bench.jsonl', in a directory that is "
+        f"not writable ({str(first)!r}); expected a records file whose directory can take its lock file, shared by "
+        f"every results directory linked to it (make {str(first)!r} writable, or put a copy of the file in place of "
+        "the link)")
+    (first / "bench.lock").write_text("")
+    ResultsStore(second, "bench.jsonl").check_writable(claims=False)
