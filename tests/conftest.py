@@ -24,3 +24,21 @@ def _seeded_fp32():
     torch.manual_seed(0)
     yield
     torch.set_default_dtype(previous)
+
+
+@pytest.fixture(autouse=True)
+def _run_settings_restored():
+    """Put back the run settings that `fwbench run --data-dir DIR` writes into this process's environment
+    (so that Ray workers and subprocesses inherit them): test_bad_input[C277] left FWBENCH_DATA_DIR
+    at its own temporary directory, and every later LM test in that process lost the corpus."""
+    import os
+
+    from fwbench.run.environment import RUN_SETTINGS_ENV
+
+    saved = {name: os.environ.get(name) for name in RUN_SETTINGS_ENV}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
