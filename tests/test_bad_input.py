@@ -1311,6 +1311,33 @@ def _(ctx):
     return answer
 
 
+@row("L118")
+def _(ctx):
+    """A layer with only its key, value, β or output projection quantized (quantize_dynamic(layer,
+    {"k_proj"})) took a bf16 or fp16 x under autocast past the query projection's check, and the quantized
+    projection raised torch's 'expected scalar type Float but found BFloat16'; outside autocast the
+    query's check answered 'expected the layer's dtype (torch.float32)' for what a quantized layer cannot
+    take at all."""
+    import warnings
+
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        projections = ["k_proj", "v_proj", "out_proj"] + (["beta_proj"] if "delta" in spec or "fwm" in spec else [])
+        for projection in projections:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+                layer = torch.ao.quantization.quantize_dynamic(AttentionLayer(spec, 8, 2), {projection})
+            x = torch.randn(B, T, 8)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                assert layer(x)[0].shape == (B, T, 8)
+                for dtype in torch.bfloat16, torch.float16:
+                    answers.add(raised(VariantError, layer, x.to(dtype)).replace(str(dtype), "torch.bfloat16"))
+            for dtype in torch.float64, torch.float16, torch.bfloat16:
+                answers.add(raised(VariantError, layer, x.to(dtype)).replace(str(dtype), "torch.bfloat16"))
+    (answer,) = answers
+    return answer
+
+
 @row("L116")
 def _(ctx):
     """The FWM rule's answer to a missing or non-tensor β named the delta rule."""

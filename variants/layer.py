@@ -29,6 +29,16 @@ def _autocast_on(device_type: str) -> bool:
         return False
 
 
+def _dynamic_quantized_weight(projection: nn.Module | None) -> Tensor | None:
+    """The weight of a projection quantized with ``torch.ao.quantization.quantize_dynamic`` (its ``weight()``
+    method unpacks the qint8 or fp16 weight); ``None`` for any other projection or none."""
+    weight = getattr(projection, "weight", None)
+    if callable(weight) and not isinstance(weight, Tensor):
+        packed = weight()
+        return packed if isinstance(packed, Tensor) else None
+    return None
+
+
 class AttentionLayer(nn.Module):
     """Projections + attention variant.
 
@@ -86,11 +96,12 @@ class AttentionLayer(nn.Module):
         A float64 x into a float32 layer raised torch's 'expected m1 and m2 to have the same dtype' from the first
         projection, and a meta x into a CPU layer returned a meta output for softmax and a device error from
         inside the kernels for the others. A layer quantized with ``torch.ao.quantization.quantize_dynamic``
-        takes fp32 x on its device."""
-        weight = getattr(self.q_proj, "weight", None)
-        if callable(weight) and not isinstance(weight, Tensor):
-            packed = weight()  # quantize_dynamic's Linear: weight() unpacks its qint8 (or fp16) weight
-            if isinstance(packed, Tensor):
+        takes fp32 x on its device, whichever of its projections were quantized."""
+        for projection in (self.q_proj, self.k_proj, self.v_proj, self.beta_proj, self.out_proj):
+            # any quantized projection, not the query's only: with k_proj alone quantized a bf16 x under autocast
+            # passed the query's check and raised torch's 'expected scalar type Float but found BFloat16'
+            packed = _dynamic_quantized_weight(projection)
+            if packed is not None:
                 # it computes from fp32 input only, whatever its weight's dtype and under autocast too: a
                 # float64, fp16 or bf16 x raised torch's 'expected scalar type Float but found Double'
                 if x.device != packed.device:
@@ -98,7 +109,8 @@ class AttentionLayer(nn.Module):
                 if x.dtype != torch.float32:
                     raise bad_value("x.dtype", x.dtype, "torch.float32, the input of a layer quantized with "
                                     "quantize_dynamic; cast x with .float()")
-            return
+                return
+        weight = getattr(self.q_proj, "weight", None)
         if not isinstance(weight, Tensor) or not weight.is_floating_point():
             # a projection that keeps no floating weight tensor decides what it takes (a user's wrapper
             # without .weight); reading weight.device raised AttributeError

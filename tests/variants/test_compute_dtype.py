@@ -295,3 +295,61 @@ def test_a_language_model_generates_under_cpu_autocast_with_a_carried_state(spec
         more, _ = model.generate(out[:, -2:], 3, states=states, generator=torch.Generator().manual_seed(1))
     assert out.shape[0] == more.shape[0] == 2
     assert all(s.W.dtype == torch.float32 for s in states)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk"])
+@pytest.mark.parametrize("spec", ["linear-delta", "dpfp-delta", "favor-delta:m=8", "linear-delta-unnorm"])
+def test_a_delta_rule_trains_under_cpu_autocast_with_the_backward_outside_it(spec, form, dtype):
+    """The training step torch documents for autocast: the forward inside ``torch.autocast("cpu")``, the
+    backward after it. The chunked delta rule's Gram matrix came back in bf16/fp16 beside fp32 keys (or
+    fp32 beside bf16 FAVOR+ features), and its hand-written backward raised 'expected scalar type BFloat16
+    but found Float'. Now the gradients are those of the fp32 run to half-precision rounding."""
+    torch.manual_seed(0)
+    attention = build_attention(spec, 4, form=form, chunk_size=3)
+    generator = torch.Generator().manual_seed(1)
+    # small keys keep the unnormalised ablation's write stable (β ‖φ(k)‖² < 2)
+    q, k, v = (0.3 * torch.randn(2, 2, 7, 4, generator=generator) for _ in range(3))
+    beta = 0.5 * torch.rand(2, 2, 7, generator=generator)
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v, beta)]
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            y, _ = attention(*inputs)
+        y.float().sum().backward()
+        return [x.grad for x in inputs]
+
+    for half, full in zip(grads(True), grads(False), strict=True):
+        assert half.dtype == torch.float32
+        torch.testing.assert_close(half, full, rtol=0.1, atol=0.05)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", ["dpfp", "linear", "favor:m=8", "dpfp-delta", "linear-fwm"])
+def test_fast_weights_under_cpu_autocast_are_computed_in_fp32(spec, form, dtype):
+    """Fast weights are computed in fp32 under CPU autocast too (the compute dtype of bf16/fp16 inputs).
+    Autocast ran φ's and the kernels' matmuls in bf16/fp16, and the sum-normalised read's gradient, a
+    difference of near-equal terms over a small mass, lost every digit: DPFP's query gradient was 100 %
+    off the fp32 run's (bf16, every form), its key gradient 64 % (chunk form). Now fp32 inputs under
+    autocast give the fp32 run's outputs, state and gradients."""
+    torch.manual_seed(0)
+    try:
+        attention = build_attention(spec, 4, form=form, chunk_size=2)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
+    beta = 0.5 * torch.rand(1, 2, 6, generator=generator) if attention.uses_beta else None
+    weights = torch.cos(torch.arange(48.0)).reshape(1, 2, 6, 4)
+
+    def run(autocast: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        with torch.autocast("cpu", dtype=dtype, enabled=autocast):
+            y, state = attention(*inputs, beta)
+            read = attention.read(inputs[0], attention.write(inputs[1], inputs[2], beta))
+        ((y.float() + read.float()) * weights).sum().backward()
+        return [y.detach().float(), state.W, read.detach().float(), *(x.grad for x in inputs)]
+
+    for half, full in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(half, full)

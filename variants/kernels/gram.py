@@ -17,7 +17,11 @@ class _SymmetricGram(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (k,) = ctx.saved_tensors
-        return (grad + grad.mT) @ k
+        # under autocast the forward's product came back in bf16/fp16 beside an fp32 k (or an fp32 grad beside
+        # a bf16 k), and a backward run outside autocast, as torch recommends, raised 'expected scalar type
+        # BFloat16 but found Float': one dtype for both, a no-op where they agree
+        dtype = torch.promote_types(grad.dtype, k.dtype)
+        return (grad + grad.mT).to(dtype) @ k.to(dtype)
 
 
 def gram(k: Tensor) -> Tensor:
