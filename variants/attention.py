@@ -29,7 +29,7 @@ or the state raises :class:`~variants.errors.NonFiniteError`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
-from .kernels.precision import compute_dtype
+from .kernels.precision import compute_dtype, computed_in_fp32
 from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
@@ -128,19 +128,6 @@ def _kept_state(W: Tensor, z: Tensor | None, dtype: torch.dtype, state: FastWeig
     expected torch.float32'). The cast is exact and leaves the outputs as they were."""
     return FastWeightState(W.to(dtype), None if z is None else z.to(dtype),
                            (0 if state is None else int(state.position)) + T)
-
-
-def _fast_weights_in_fp32(x: Tensor) -> AbstractContextManager:
-    """Autocast off for φ and the fast-weight kernels while it is on for ``x``'s device; else nothing.
-
-    Fast weights are computed in the compute dtype (fp32 for bf16/fp16 inputs). Under autocast their
-    matmuls ran in bf16/fp16, and the sum-normalised read's gradient, a difference of near-equal terms
-    over a small mass zᵀφ(q), lost every digit: DPFP's query gradient 100 % off the fp32 run's in every
-    form, its key gradient 64 % in the chunk form, where bf16 inputs computed in fp32 are 0.6 % off."""
-    device = x.device.type
-    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
-        return torch.autocast(device, enabled=False)
-    return nullcontext()
 
 
 def check_form(form: str, chunk_size: int | None) -> None:
@@ -352,7 +339,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with _fast_weights_in_fp32(q):
+        with computed_in_fp32(q):
             y, W, z = self.update_rule.kernels[kernel_form](
                 self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0,
                 self._chunk_size(kernel_form, chunk_size))
@@ -370,7 +357,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with _fast_weights_in_fp32(k):
+        with computed_in_fp32(k):
             W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
         return _kept_state(W, z, compute_dtype(k), state, T)
 
@@ -392,7 +379,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with _fast_weights_in_fp32(k):
+        with computed_in_fp32(k):
             return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, _beta_for(beta, k), W0, z0,
                                                self._chunk_size("write_read", None))
 
@@ -404,7 +391,7 @@ class FastWeightAttention(Attention):
         self._check_query(q)
         self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
         self._check_finite_values(state, q=q)
-        with _fast_weights_in_fp32(q):
+        with computed_in_fp32(q):
             return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
 
     def extra_repr(self) -> str:

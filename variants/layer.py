@@ -18,15 +18,8 @@ from .attention import Attention
 from .checks import check_dense, check_finite
 from .errors import VariantError, bad_value
 from .feature_maps import positive_int
+from .kernels.precision import autocast_on
 from .registry import VariantSpec, build_attention, parse_spec
-
-
-def _autocast_on(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type``; ``False`` for a device autocast does not know (meta)."""
-    try:
-        return torch.is_autocast_enabled(device_type)
-    except RuntimeError:  # "unknown device type for autocast"
-        return False
 
 
 def _dynamic_quantized_weight(projection: nn.Module | None) -> Tensor | None:
@@ -118,7 +111,7 @@ class AttentionLayer(nn.Module):
         if x.device != weight.device:
             raise bad_value("x.device", str(x.device), f"the layer's device ({weight.device}); move x or the layer with .to()")
         if x.dtype != weight.dtype and not (
-                _autocast_on(x.device.type)  # casts fp16, bf16 and fp32 alike for the projections, never float64
+                autocast_on(x)  # casts fp16, bf16 and fp32 alike for the projections, never float64
                 and (x.dtype == torch.float64) == (weight.dtype == torch.float64)):
             raise VariantError(f"x.dtype: got {x.dtype}; expected the layer's dtype ({weight.dtype}); cast x, or the "
                                "layer with .to(dtype)")

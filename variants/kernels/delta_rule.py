@@ -37,7 +37,7 @@ from torch import Tensor
 from ..errors import VariantError
 from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
 from .gram import gram
-from .precision import all_finite, causal_matmul, compute_dtype
+from .precision import all_finite, autocast_on, causal_matmul, compute_dtype, computed_in_fp32
 
 
 def _initial_state(k: Tensor, v: Tensor, W0: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -126,7 +126,7 @@ def _chunk_scan(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tensor
     # under autocast (torch.no_grad() inference, a quantized layer) baddbmm_ gives a bf16/fp16 product that
     # cannot be written into the fp32 state in place ('Bad in-place call'): update it out of place, as
     # the recording path does, which gives that path's values
-    in_place = not recording and not _autocast_on(k)
+    in_place = not recording and not autocast_on(k)
 
     def write(S: Tensor, k_n: Tensor, correction: Tensor) -> Tensor:
         if not in_place:
@@ -192,18 +192,10 @@ def delta_rule_write_read(
         dtype = compute_dtype(q, k, v, beta, W0)
         y = q.new_zeros(*q.shape[:3], v.shape[-1], dtype=dtype)
         return y if W0 is None else y + q.to(dtype) @ W0.to(dtype).mT
-    if _autocast_on(k):
-        # autocast cast the fp32 Gram matrix to bf16/fp16, which solve_triangular does not take on CPU
-        # ('"triangular_solve_cpu" not implemented for 'BFloat16''): computed in fp32 as documented
-        with torch.autocast(k.device.type, enabled=False):
-            return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
-    return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
-
-
-def _autocast_on(x: Tensor) -> bool:
-    """Whether autocast is on for ``x``'s device (``False`` where the device has none, as meta)."""
-    device = x.device.type
-    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    # autocast cast the fp32 Gram matrix to bf16/fp16, which solve_triangular does not take on CPU
+    # ('"triangular_solve_cpu" not implemented for 'BFloat16''): computed in fp32 as documented
+    with computed_in_fp32(k):
+        return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
 
 
 class _DeltaWriteRead(torch.autograd.Function):

@@ -14,7 +14,7 @@ read them instead.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import Tensor
@@ -24,6 +24,20 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     """float64 if any given tensor is float64, else fp32 (``None`` entries are skipped)."""
     wide = any(x is not None and x.dtype == torch.float64 for x in tensors)
     return torch.float64 if wide else torch.float32
+
+
+def autocast_on(x: Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device (``False`` where the device has none, as meta)."""
+    device = x.device.type
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+
+
+def computed_in_fp32(x: Tensor) -> AbstractContextManager:
+    """Autocast off while it is on for ``x``'s device, else nothing: fast weights are computed in
+    :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. There the sum-normalised
+    read's gradient, a difference of near-equal terms over a small mass zᵀφ(q), lost every digit
+    (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16."""
+    return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
 
 
 def all_finite(*tensors: Tensor | None) -> bool:
