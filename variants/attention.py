@@ -40,7 +40,7 @@ from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
-from .kernels.precision import compute_dtype, computed_in_fp32
+from .kernels.precision import compute_dtype, run_in_fp32
 from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
@@ -285,6 +285,11 @@ class FastWeightAttention(Attention):
             return self.feature_map.for_queries(x)
         return self.feature_map(x)
 
+    def _phi_params(self) -> list[Tensor]:
+        """φ's learnable tensors (none in the built-in maps; a registered map may have some), which
+        :func:`~variants.kernels.precision.run_in_fp32` must see to give them their gradients."""
+        return [p for p in self.feature_map.parameters() if p.requires_grad]
+
     def _kernel_form(self, form: str) -> str:
         """The rule's kernel form that ``form`` runs; raises for a form the rule has no kernel for."""
         return self.update_rule.kernel_form(form)
@@ -339,10 +344,9 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(q):
-            y, W, z = self.update_rule.kernels[kernel_form](
-                self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0,
-                self._chunk_size(kernel_form, chunk_size))
+        kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
+        y, W, z = run_in_fp32(lambda q, k, v, beta, W0, z0: kernel(self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),
+                              q, k, v, _beta_for(beta, q), W0, z0, params=self._phi_params())
         return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
@@ -357,8 +361,9 @@ class FastWeightAttention(Attention):
         self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(k):
-            W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
+        size = self._chunk_size("write", chunk_size)
+        W, z = run_in_fp32(lambda k, v, beta, W0, z0: self.update_rule.write(self.phi(k), v, beta, W0, z0, size),
+                           k, v, _beta_for(beta, k), W0, z0, params=self._phi_params())
         return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -379,9 +384,11 @@ class FastWeightAttention(Attention):
         self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(k):
-            return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, _beta_for(beta, k), W0, z0,
-                                               self._chunk_size("write_read", None))
+        size = self._chunk_size("write_read", None)
+        y, = run_in_fp32(lambda k, v, q, beta, W0, z0: (self.update_rule.write_read(
+            self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),), k, v, q, _beta_for(beta, k), W0, z0,
+            params=self._phi_params())
+        return y
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32 (float64 for float64
@@ -391,8 +398,9 @@ class FastWeightAttention(Attention):
         self._check_query(q)
         self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
         self._check_finite_values(state, q=q)
-        with computed_in_fp32(q):
-            return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
+        y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
+                         params=self._phi_params())
+        return y
 
     def extra_repr(self) -> str:
         return (f"rule={self.update_rule.key}, sum_normalize={self.sum_normalize}, form={self.form}, "
