@@ -40,7 +40,7 @@ from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
-from .kernels.precision import compute_dtype, run_in_fp32
+from .kernels.precision import cat, compute_dtype, run_in_fp32
 from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
@@ -477,7 +477,7 @@ class SoftmaxAttention(Attention):
             check_finite(k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
         if state is not None:
-            k, v = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
+            k, v = cat([state.k.to(k.dtype), k], dim=2), cat([state.v.to(v.dtype), v], dim=2)
         position = (0 if state is None else int(state.position)) + k.shape[2] - (0 if state is None else state.k.shape[2])
         if self.window is not None:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]

@@ -427,3 +427,24 @@ def test_model_parameters_get_the_same_gradients_from_a_backward_inside_cpu_auto
     for make, call in cases:
         for inside, outside in zip(grads(make, call, True), grads(make, call, False), strict=True):
             torch.testing.assert_close(inside, outside, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_softmax_takes_fp16_inputs_under_bf16_autocast(form):
+    """fp16 q, k, v under ``torch.autocast("cpu", dtype=torch.bfloat16)``: CPU autocast's cat knows fp32,
+    float64 and its own dtype only, so the recurrent form, and every form and write with a carried cache,
+    raised torch's 'Unexpected floating ScalarType in at::autocast::prioritize'. Now they answer, as the
+    fp32 run does to bf16 rounding."""
+    attention = build_attention("softmax", 4, form=form)
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=generator).half() for _ in range(3))
+
+    def calls(x: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        _, state = attention(x(q[:, :, :2]), x(k[:, :, :2]), x(v[:, :, :2]))
+        y, _ = attention(x(q[:, :, 2:]), x(k[:, :, 2:]), x(v[:, :, 2:]), state=state)
+        return [y.float(), attention.read(x(q), attention.write(x(k[:, :, 2:]), x(v[:, :, 2:]), state=state)).float()]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = calls(lambda x: x)
+    for got, expected in zip(half, calls(lambda x: x.float()), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05)

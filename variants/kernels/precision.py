@@ -128,6 +128,16 @@ class _AutocastOff(torch.autograd.Function):
         return (None, None, None, *(None if t is None else next(found) for t in leaves))
 
 
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat`` of tensors of one dtype (a KV cache and its new tokens), with autocast off for their
+    device where it is on: CPU autocast's promote policy for cat knows fp32, float64 and its own dtype
+    only, and raised 'Unexpected floating ScalarType in at::autocast::prioritize' for fp16 tensors
+    under bf16 autocast (softmax's recurrent form, and every form with a carried cache). For one dtype
+    the result is autocast's own where it answers."""
+    with computed_in_fp32(tensors[0]):
+        return torch.cat(tensors, dim=dim)
+
+
 def all_finite(*tensors: Tensor | None) -> bool:
     """Whether every element of the given tensors is finite: one sum per tensor (a sum is finite
     only if every term is; NaN and ±inf propagate), and the exact per-element check only when a
