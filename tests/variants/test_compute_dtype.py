@@ -448,3 +448,18 @@ def test_softmax_takes_fp16_inputs_under_bf16_autocast(form):
         half = calls(lambda x: x)
     for got, expected in zip(half, calls(lambda x: x.float()), strict=True):
         torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_the_softmax_retrieval_model_answers_under_cpu_autocast(form):
+    """The retrieval model's keys add an fp32 table to a projection that autocast runs in bf16, so they
+    come out fp32 beside bf16 queries: softmax attention, which takes one dtype, refused its own model's
+    write-then-read ('q.dtype: got torch.bfloat16; expected the dtype of k (torch.float32)'). Now it
+    answers, near the fp32 run."""
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    torch.manual_seed(0)
+    model, ids = RetrievalModel("softmax", 8, d_key=8, form=form), torch.randint(0, 8, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = model(ids, ids.flip(1), ids[:, :2])
+    torch.testing.assert_close(half, model(ids, ids.flip(1), ids[:, :2]), rtol=0.05, atol=0.02)
