@@ -35,7 +35,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dense, check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
+from .checks import (
+    check_dense,
+    check_dtype_and_device,
+    check_finite,
+    check_key_size,
+    check_state_position,
+    check_state_recordable,
+    check_state_tensor,
+)
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
@@ -299,8 +307,10 @@ class FastWeightAttention(Attention):
         chosen = chunk_size if chunk_size is not None else self.chunk_size
         return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
-    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype) -> None:
-        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v."""
+    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype,
+                     *inputs: Tensor | None) -> None:
+        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v.
+        ``inputs``: the call's tensors, for :func:`~variants.checks.check_state_recordable`."""
         if state is None:
             return
         if not isinstance(state, FastWeightState):
@@ -323,6 +333,7 @@ class FastWeightAttention(Attention):
             check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
+        check_state_recordable((state.W, state.z), (*inputs, *self._phi_params()))
 
     def _check_finite_values(self, state: FastWeightState | None, **tensors: Tensor | None) -> None:
         if self.check_finite:
@@ -341,7 +352,7 @@ class FastWeightAttention(Attention):
         self._check_inputs(q, k, v, beta)
         kernel_form = self._kernel_form(form)
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
+        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q), q, k, v, beta)
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
@@ -358,7 +369,7 @@ class FastWeightAttention(Attention):
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
+        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k), k, v, beta)
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         size = self._chunk_size("write", chunk_size)
@@ -381,7 +392,7 @@ class FastWeightAttention(Attention):
         if path != "write_read":
             return super().write_read(k, v, q, beta, state)
         self._check_write_read(k, v, q, beta)
-        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k), q, k, v, beta)
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         size = self._chunk_size("write_read", None)
@@ -396,7 +407,7 @@ class FastWeightAttention(Attention):
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
-        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
+        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q), q)
         self._check_finite_values(state, q=q)
         y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
                          params=self._phi_params())
@@ -422,7 +433,9 @@ class SoftmaxAttention(Attention):
         kept = tokens if self.window is None else min(tokens, self.window - 1)
         return 4 * batch * n_heads * kept * (self.d_key + d_v)
 
-    def _check_state(self, state, q: Tensor, v: Tensor) -> None:
+    def _check_state(self, state, q: Tensor, v: Tensor, *inputs: Tensor) -> None:
+        """The carried cache against q and v (a read passes the cache's v); ``inputs``: the call's other
+        tensors, for :func:`~variants.checks.check_state_recordable`."""
         if state is None:
             return
         if not isinstance(state, KVCacheState):
@@ -444,6 +457,7 @@ class SoftmaxAttention(Attention):
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "
                 f"q {tuple(q.shape)} and v {tuple(v.shape)} (B, H and D must agree)"
             )
+        check_state_recordable((state.k, state.v), (q, v, *inputs))
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
@@ -455,7 +469,7 @@ class SoftmaxAttention(Attention):
         form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, None)
-        self._check_state(state, q, v)
+        self._check_state(state, q, v, k)
         if self.check_finite:
             check_finite(q=q, k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
