@@ -28,6 +28,7 @@ or the state raises :class:`~variants.errors.NonFiniteError`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -293,11 +294,6 @@ class FastWeightAttention(Attention):
             return self.feature_map.for_queries(x)
         return self.feature_map(x)
 
-    def _phi_params(self) -> list[Tensor]:
-        """φ's learnable tensors (none in the built-in maps; a registered map may have some), which
-        :func:`~variants.kernels.precision.run_in_fp32` must see to give them their gradients."""
-        return [p for p in self.feature_map.parameters() if p.requires_grad]
-
     def _kernel_form(self, form: str) -> str:
         """The rule's kernel form that ``form`` runs; raises for a form the rule has no kernel for."""
         return self.update_rule.kernel_form(form)
@@ -333,7 +329,7 @@ class FastWeightAttention(Attention):
             check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
-        check_state_recordable((state.W, state.z), (*inputs, *self._phi_params()))
+        check_state_recordable((state.W, state.z), itertools.chain(inputs, self.feature_map.parameters()))
 
     def _check_finite_values(self, state: FastWeightState | None, **tensors: Tensor | None) -> None:
         if self.check_finite:
@@ -357,7 +353,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
         y, W, z = run_in_fp32(lambda q, k, v, beta, W0, z0: kernel(self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),
-                              q, k, v, _beta_for(beta, q), W0, z0, params=self._phi_params())
+                              q, k, v, _beta_for(beta, q), W0, z0, params=self.feature_map.parameters())
         return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
@@ -374,7 +370,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         size = self._chunk_size("write", chunk_size)
         W, z = run_in_fp32(lambda k, v, beta, W0, z0: self.update_rule.write(self.phi(k), v, beta, W0, z0, size),
-                           k, v, _beta_for(beta, k), W0, z0, params=self._phi_params())
+                           k, v, _beta_for(beta, k), W0, z0, params=self.feature_map.parameters())
         return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -398,7 +394,7 @@ class FastWeightAttention(Attention):
         size = self._chunk_size("write_read", None)
         y, = run_in_fp32(lambda k, v, q, beta, W0, z0: (self.update_rule.write_read(
             self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),), k, v, q, _beta_for(beta, k), W0, z0,
-            params=self._phi_params())
+            params=self.feature_map.parameters())
         return y
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
@@ -410,7 +406,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q), q)
         self._check_finite_values(state, q=q)
         y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
-                         params=self._phi_params())
+                         params=self.feature_map.parameters())
         return y
 
     def extra_repr(self) -> str:

@@ -13,7 +13,7 @@ read them instead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
@@ -36,14 +36,15 @@ def autocast_on(x: Tensor) -> bool:
 
 def computed_in_fp32(x: Tensor) -> AbstractContextManager:
     """Autocast off while it is on for ``x``'s device, else nothing: fast weights are computed in
-    :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. There the sum-normalised
+    :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. This reaches the forward
+    only; :func:`run_in_fp32` turns it off for the backward too. There the sum-normalised
     read's gradient, a difference of near-equal terms over a small mass zᵀφ(q), lost every digit
     (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16."""
     return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
 
 
 def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | None,
-                params: Sequence[Tensor] = ()) -> tuple[Tensor | None, ...]:
+                params: Iterable[Tensor] = ()) -> tuple[Tensor | None, ...]:
     """``fn(*inputs)`` (a sequence of tensors or ``None``) with autocast off for the inputs' device in its
     forward *and* its backward, where autocast is on; else ``fn(*inputs)`` itself, untouched.
 
@@ -87,6 +88,7 @@ class _AutocastOff(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, n_inputs, device, *tensors):
         ctx.fn, ctx.n_inputs = fn, n_inputs
+        ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
         ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[3:])
         ctx.save_for_backward(*tensors)
