@@ -1338,6 +1338,40 @@ def _(ctx):
     return answer
 
 
+@row("L119")
+def _(ctx):
+    """A state made under torch.inference_mode() carried into a call that records autograd: torch's
+    'Inference tensors cannot be saved for backward. …' (several lines) from inside a kernel, in the forms
+    whose ops saved the state only; a state made under no_grad, or a call that records nothing, is taken."""
+    answers = set()
+    for spec in SPECS + ["linear-fwm"]:
+        for form in "auto", "parallel", "chunk", "recurrent":
+            if spec.endswith("fwm") and form in ("parallel", "chunk"):
+                continue
+            attention = variants.build_attention(spec, 8, form=form, chunk_size=2)
+            q, k, v = (torch.randn(B, 2, T, 8) for _ in range(3))
+            beta = torch.rand(B, 2, T) if attention.uses_beta else None
+            with torch.inference_mode():
+                _, state = attention(q, k, v, beta)
+            with torch.no_grad():
+                _, kept = attention(q, k, v, beta)
+            graded = q.clone().requires_grad_(True)
+            assert attention(q, k, v, beta, state=state)[0].shape == (B, 2, T, 8)  # records nothing
+            attention(graded, k, v, beta, state=kept)[0].sum().backward()
+            if not any(t.is_inference() for t in vars(state).values() if isinstance(t, torch.Tensor)):
+                continue  # softmax's parallel forms keep the caller's own keys and values as the cache
+            answers.add(raised(VariantError, attention, graded, k, v, beta, state=state))
+            answers.add(raised(VariantError, attention.write, graded, v, beta, state))
+            answers.add(raised(VariantError, attention.read, graded, state))
+            answers.add(raised(VariantError, attention.write_read, graded, v, graded, beta, state))
+        layer = AttentionLayer(spec, 8, 2)
+        with torch.inference_mode():
+            _, state = layer(torch.randn(B, T, 8))
+        answers.add(raised(VariantError, layer, torch.randn(B, T, 8), state))
+    (answer,) = answers
+    return answer
+
+
 @row("L116")
 def _(ctx):
     """The FWM rule's answer to a missing or non-tensor β named the delta rule."""

@@ -28,6 +28,7 @@ or the state raises :class:`~variants.errors.NonFiniteError`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -35,12 +36,20 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .checks import check_dense, check_dtype_and_device, check_finite, check_key_size, check_state_position, check_state_tensor
+from .checks import (
+    check_dense,
+    check_dtype_and_device,
+    check_finite,
+    check_key_size,
+    check_state_position,
+    check_state_recordable,
+    check_state_tensor,
+)
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
-from .kernels.precision import compute_dtype, computed_in_fp32
+from .kernels.precision import cat, compute_dtype, run_in_fp32
 from .rules import UpdateRule, get_rule
 from .state import FastWeightState, KVCacheState
 
@@ -294,8 +303,10 @@ class FastWeightAttention(Attention):
         chosen = chunk_size if chunk_size is not None else self.chunk_size
         return chosen if chosen is not None else self.update_rule.default_chunk_size(path)
 
-    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype) -> None:
-        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v."""
+    def _check_state(self, state, B: int, H: int, d_v: int | None, device: torch.device, dtype: torch.dtype,
+                     *inputs: Tensor | None) -> None:
+        """``d_v``: the values' size, or ``None`` for a read, which has no values: any W's own d_v.
+        ``inputs``: the call's tensors, for :func:`~variants.checks.check_state_recordable`."""
         if state is None:
             return
         if not isinstance(state, FastWeightState):
@@ -318,6 +329,7 @@ class FastWeightAttention(Attention):
             check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
+        check_state_recordable((state.W, state.z), itertools.chain(inputs, self.feature_map.parameters()))
 
     def _check_finite_values(self, state: FastWeightState | None, **tensors: Tensor | None) -> None:
         if self.check_finite:
@@ -336,13 +348,12 @@ class FastWeightAttention(Attention):
         self._check_inputs(q, k, v, beta)
         kernel_form = self._kernel_form(form)
         B, H, T, _ = q.shape
-        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q))
+        self._check_state(state, B, H, v.shape[-1], q.device, compute_dtype(q), q, k, v, beta)
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(q):
-            y, W, z = self.update_rule.kernels[kernel_form](
-                self.phi(q, query=True), self.phi(k), v, _beta_for(beta, q), W0, z0,
-                self._chunk_size(kernel_form, chunk_size))
+        kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
+        y, W, z = run_in_fp32(lambda q, k, v, beta, W0, z0: kernel(self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),
+                              q, k, v, _beta_for(beta, q), W0, z0, params=self.feature_map.parameters())
         return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
@@ -354,11 +365,12 @@ class FastWeightAttention(Attention):
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, beta)
         B, H, T, _ = k.shape
-        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k))
+        self._check_state(state, B, H, v.shape[-1], k.device, compute_dtype(k), k, v, beta)
         self._check_finite_values(state, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(k):
-            W, z = self.update_rule.write(self.phi(k), v, _beta_for(beta, k), W0, z0, self._chunk_size("write", chunk_size))
+        size = self._chunk_size("write", chunk_size)
+        W, z = run_in_fp32(lambda k, v, beta, W0, z0: self.update_rule.write(self.phi(k), v, beta, W0, z0, size),
+                           k, v, _beta_for(beta, k), W0, z0, params=self.feature_map.parameters())
         return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -376,12 +388,14 @@ class FastWeightAttention(Attention):
         if path != "write_read":
             return super().write_read(k, v, q, beta, state)
         self._check_write_read(k, v, q, beta)
-        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k))
+        self._check_state(state, k.shape[0], k.shape[1], v.shape[-1], k.device, compute_dtype(k), q, k, v, beta)
         self._check_finite_values(state, q=q, k=k, v=v, beta=beta)
         W0, z0 = (None, None) if state is None else (state.W, state.z)
-        with computed_in_fp32(k):
-            return self.update_rule.write_read(self.phi(q, query=True), self.phi(k), v, _beta_for(beta, k), W0, z0,
-                                               self._chunk_size("write_read", None))
+        size = self._chunk_size("write_read", None)
+        y, = run_in_fp32(lambda k, v, q, beta, W0, z0: (self.update_rule.write_read(
+            self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),), k, v, q, _beta_for(beta, k), W0, z0,
+            params=self.feature_map.parameters())
+        return y
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
         """Query the memory, (B, H, T_q, d_key) → (B, H, T_q, d_v) in fp32 (float64 for float64
@@ -389,10 +403,11 @@ class FastWeightAttention(Attention):
         if state is None:
             raise bad_value("state", None, "the FastWeightState returned by write() or forward()")
         self._check_query(q)
-        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q))
+        self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q), q)
         self._check_finite_values(state, q=q)
-        with computed_in_fp32(q):
-            return self.update_rule.read(self.phi(q, query=True), state.W, state.z)
+        y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
+                         params=self.feature_map.parameters())
+        return y
 
     def extra_repr(self) -> str:
         return (f"rule={self.update_rule.key}, sum_normalize={self.sum_normalize}, form={self.form}, "
@@ -414,7 +429,9 @@ class SoftmaxAttention(Attention):
         kept = tokens if self.window is None else min(tokens, self.window - 1)
         return 4 * batch * n_heads * kept * (self.d_key + d_v)
 
-    def _check_state(self, state, q: Tensor, v: Tensor) -> None:
+    def _check_state(self, state, q: Tensor, v: Tensor, *inputs: Tensor) -> None:
+        """The carried cache against q and v (a read passes the cache's v); ``inputs``: the call's other
+        tensors, for :func:`~variants.checks.check_state_recordable`."""
         if state is None:
             return
         if not isinstance(state, KVCacheState):
@@ -436,6 +453,7 @@ class SoftmaxAttention(Attention):
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "
                 f"q {tuple(q.shape)} and v {tuple(v.shape)} (B, H and D must agree)"
             )
+        check_state_recordable((state.k, state.v), (q, v, *inputs))
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
@@ -447,7 +465,7 @@ class SoftmaxAttention(Attention):
         form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, None)
-        self._check_state(state, q, v)
+        self._check_state(state, q, v, k)
         if self.check_finite:
             check_finite(q=q, k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
@@ -469,7 +487,7 @@ class SoftmaxAttention(Attention):
             check_finite(k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
         if state is not None:
-            k, v = torch.cat([state.k.to(k.dtype), k], dim=2), torch.cat([state.v.to(v.dtype), v], dim=2)
+            k, v = cat([state.k.to(k.dtype), k], dim=2), cat([state.v.to(v.dtype), v], dim=2)
         position = (0 if state is None else int(state.position)) + k.shape[2] - (0 if state is None else state.k.shape[2])
         if self.window is not None:
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]

@@ -71,6 +71,25 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
         raise VariantError(f"{name}.dtype: got {x.dtype}; expected {dtype} ({why})")
 
 
+def check_state_recordable(state_tensors: Iterable[Tensor | None], inputs: Iterable[Tensor | None]) -> None:
+    """Refuse a carried state made under ``torch.inference_mode()`` in a call that records autograd (grad
+    mode on and some input or state tensor requiring a gradient): autograd cannot save an inference
+    tensor for the backward, and torch answered from deep inside a kernel, in several lines ('Inference
+    tensors cannot be saved for backward. …'), and only in the forms whose ops saved it. A state made
+    under ``torch.no_grad()`` serves both; so does any state in a call that records nothing.
+
+    Raises:
+        VariantError: naming ``state``."""
+    if not torch.is_grad_enabled():  # also inside inference_mode, where grad mode is off
+        return
+    carried = [t for t in state_tensors if isinstance(t, Tensor)]
+    if not any(t.is_inference() for t in carried):
+        return
+    if any(isinstance(t, Tensor) and t.requires_grad for t in (*inputs, *carried)):
+        raise VariantError("state: got a state made under torch.inference_mode(); expected one made outside it "
+                           "(under torch.no_grad(), say) for a call that records autograd")
+
+
 def check_state_position(position: object) -> None:
     """A carried state's ``position`` counts the tokens it has seen: an integer >= 0. Each call adds
     its T to it (``None`` or a string raised a bare TypeError there; a float or a tensor was carried

@@ -353,3 +353,113 @@ def test_fast_weights_under_cpu_autocast_are_computed_in_fp32(spec, form, dtype)
 
     for half, full in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(half, full)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("form", ["auto", "parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", ["dpfp:nu=1", "dpfp:nu=3", "linear", "favor:m=8", "dpfp-delta", "linear-fwm"])
+def test_a_backward_inside_cpu_autocast_gives_the_gradients_of_one_outside_it(spec, form, dtype):
+    """The autograd engine runs a backward under the autocast state of the thread that calls it, so with
+    ``loss.backward()`` inside the ``torch.autocast("cpu")`` block the backward matmuls of φ, the normaliser
+    and every op outside a hand-written kernel ran in bf16/fp16, though the forward had turned autocast off:
+    DPFP's query gradient came out 67 % off the backward-outside run's (chunk form; 33 % parallel, 9 %
+    recurrent), linear's 4 %, FAVOR+'s 3 %, finite and without a warning. Now every call (forward with and
+    without a carried state, write, read, write_read) gives the same gradients, inside or outside, to fp32
+    rounding."""
+    torch.manual_seed(0)
+    try:
+        attention = build_attention(spec, 4, form=form, chunk_size=4)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 16, 4, generator=generator) for _ in range(3))
+    beta = torch.rand(1, 2, 16, generator=generator)
+
+    def grads(inside: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v, beta)]
+        qq, kk, vv, bb = inputs
+        bb = bb if attention.uses_beta else None
+        with torch.autocast("cpu", dtype=dtype):
+            _, state = attention(qq[:, :, :5], kk[:, :, :5], vv[:, :, :5], None if bb is None else bb[:, :, :5])
+            y, _ = attention(qq, kk, vv, bb, state=state)
+            read = attention.read(qq, attention.write(kk, vv, bb, state=state))
+            answer = attention.write_read(kk, vv, qq[:, :, -3:], bb)
+            loss = y.float().square().sum() + read.float().square().sum() + answer.float().square().sum()
+            if inside:
+                loss.backward()
+        if not inside:
+            loss.backward()
+        return [x.grad for x in inputs if x.grad is not None]
+
+    for inside, outside in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, outside, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["dpfp", "linear-delta", "favor:m=8"])
+def test_model_parameters_get_the_same_gradients_from_a_backward_inside_cpu_autocast(spec):
+    """The layer and model wrappers (AttentionLayer, the retrieval model, the LM) under bf16 autocast: the
+    parameters' gradients from a backward inside the block are those from one outside it (DPFP's were up to
+    tens of % apart through the fast-weight part of the graph)."""
+    from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
+    from fwbench.tasks.retrieval import RetrievalModel
+    from fwbench.variants import AttentionLayer
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 9, 8, generator=generator)
+    ids = torch.randint(0, 8, (2, 6), generator=generator)
+    tokens = torch.randint(0, 11, (2, 8), generator=generator)
+    config = DecoderConfig(vocab_size=11, d_model=8, n_heads=2, n_layers=2, d_ff=16, context=8, form="chunk")
+    cases = [(lambda: AttentionLayer(spec, 8, 2, form="chunk", chunk_size=4), lambda m: m(x)[0]),
+             (lambda: RetrievalModel(spec, 8, d_key=8, form="chunk"), lambda m: m(ids, ids.flip(1), ids[:, :2])),
+             (lambda: DecoderLM(spec, config), lambda m: m(tokens)[0] if isinstance(m(tokens), tuple) else m(tokens))]
+
+    def grads(make, call, inside: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = make()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = call(model).float().square().sum()
+            if inside:
+                loss.backward()
+        if not inside:
+            loss.backward()
+        return [p.grad for p in model.parameters() if p.grad is not None]
+
+    for make, call in cases:
+        for inside, outside in zip(grads(make, call, True), grads(make, call, False), strict=True):
+            torch.testing.assert_close(inside, outside, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_softmax_takes_fp16_inputs_under_bf16_autocast(form):
+    """fp16 q, k, v under ``torch.autocast("cpu", dtype=torch.bfloat16)``: CPU autocast's cat knows fp32,
+    float64 and its own dtype only, so the recurrent form, and every form and write with a carried cache,
+    raised torch's 'Unexpected floating ScalarType in at::autocast::prioritize'. Now they answer, as the
+    fp32 run does to bf16 rounding."""
+    attention = build_attention("softmax", 4, form=form)
+    generator = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=generator).half() for _ in range(3))
+
+    def calls(x: Callable[[torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+        _, state = attention(x(q[:, :, :2]), x(k[:, :, :2]), x(v[:, :, :2]))
+        y, _ = attention(x(q[:, :, 2:]), x(k[:, :, 2:]), x(v[:, :, 2:]), state=state)
+        return [y.float(), attention.read(x(q), attention.write(x(k[:, :, 2:]), x(v[:, :, 2:]), state=state)).float()]
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = calls(lambda x: x)
+    for got, expected in zip(half, calls(lambda x: x.float()), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_the_softmax_retrieval_model_answers_under_cpu_autocast(form):
+    """The retrieval model's keys add an fp32 table to a projection that autocast runs in bf16, so they
+    come out fp32 beside bf16 queries: softmax attention, which takes one dtype, refused its own model's
+    write-then-read ('q.dtype: got torch.bfloat16; expected the dtype of k (torch.float32)'). Now it
+    answers, near the fp32 run."""
+    from fwbench.tasks.retrieval import RetrievalModel
+
+    torch.manual_seed(0)
+    model, ids = RetrievalModel("softmax", 8, d_key=8, form=form), torch.randint(0, 8, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        half = model(ids, ids.flip(1), ids[:, :2])
+    torch.testing.assert_close(half, model(ids, ids.flip(1), ids[:, :2]), rtol=0.05, atol=0.02)

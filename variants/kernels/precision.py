@@ -13,11 +13,13 @@ read them instead.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 from torch import Tensor
+
+from .double_backward import kept_graph
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -34,10 +36,108 @@ def autocast_on(x: Tensor) -> bool:
 
 def computed_in_fp32(x: Tensor) -> AbstractContextManager:
     """Autocast off while it is on for ``x``'s device, else nothing: fast weights are computed in
-    :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. There the sum-normalised
+    :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. This reaches the forward
+    only; :func:`run_in_fp32` turns it off for the backward too. There the sum-normalised
     read's gradient, a difference of near-equal terms over a small mass zᵀφ(q), lost every digit
     (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16."""
     return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
+
+
+def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | None,
+                params: Iterable[Tensor] = ()) -> tuple[Tensor | None, ...]:
+    """``fn(*inputs)`` (a sequence of tensors or ``None``) with autocast off for the inputs' device in its
+    forward *and* its backward, where autocast is on; else ``fn(*inputs)`` itself, untouched.
+
+    :func:`computed_in_fp32` alone reaches the forward only: the autograd engine runs every backward
+    node under the autocast state of the thread that calls ``backward()``, so a backward inside the
+    ``torch.autocast`` block ran the backward matmuls of φ, of the normaliser and of every op outside a
+    hand-written kernel in bf16/fp16 (DPFP's query gradient 67 % off the same step's with the backward
+    outside the block, chunk form; 9-33 % in the others), finite and without a warning. Where autograd
+    records, ``fn``'s graph is therefore built inside one :class:`_AutocastOff` node, whose backward
+    differentiates it with autocast off. ``params``: tensors ``fn`` reads besides ``inputs`` (a
+    learnable φ's parameters), which get their gradients through the same node.
+
+    Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
+    x = next(t for t in inputs if t is not None)
+    if not autocast_on(x):
+        return tuple(fn(*inputs))
+    with torch.autocast(x.device.type, enabled=False):
+        params = [p for p in params if p.requires_grad]
+        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (*inputs, *params)):
+            return tuple(fn(*inputs))
+        missing: list[bool] = []
+
+        def present(*args: Tensor | None) -> tuple[Tensor, ...]:
+            # an autograd function returns tensors only: a None output (the delta rule's z) is left out
+            outputs = tuple(fn(*args))
+            missing[:] = [out is None for out in outputs]
+            return tuple(out for out in outputs if out is not None)
+
+        found = iter(_AutocastOff.apply(present, len(inputs), x.device.type, *inputs, *params))
+    return tuple(None if gone else next(found) for gone in missing)
+
+
+class _AutocastOff(torch.autograd.Function):
+    """:func:`run_in_fp32`'s node: ``fn``'s graph is built inside ``forward`` on detached inputs, kept
+    in ``ctx`` and differentiated by ``backward`` with autocast off (let go after the first backward,
+    as :func:`~.double_backward.kept_graph` does; a second one, through a retained graph, builds it
+    again). Under ``create_graph=True`` the backward runs ``fn`` again on the saved inputs (connected
+    to the caller's graph) and differentiates that, so second derivatives keep every path; that
+    second-order graph's own backward runs under the caller's autocast state."""
+
+    @staticmethod
+    def forward(ctx, fn, n_inputs, device, *tensors):
+        ctx.fn, ctx.n_inputs = fn, n_inputs
+        ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
+        ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
+        ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[3:])
+        ctx.save_for_backward(*tensors)
+        return tuple(out.detach() for out in ctx.graph[1])
+
+    @staticmethod
+    def _graph(fn, n_inputs, tensors, needs_grad):
+        """(the leaves ``fn``'s graph starts from, its outputs): the inputs detached, the params as they are."""
+        inputs = [None if t is None else t.detach().requires_grad_(need)
+                  for t, need in zip(tensors[:n_inputs], needs_grad)]
+        with torch.enable_grad():
+            outputs = fn(*inputs)
+        return [*inputs, *tensors[n_inputs:]], outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors  # raises on a backward through a freed graph
+        device, _, dtype = ctx.autocast
+        n = ctx.n_inputs
+        with torch.autocast(device, dtype=dtype, enabled=False):
+            if torch.is_grad_enabled():  # create_graph=True: the kept graph's inputs are detached from the caller's
+                ctx.graph = None
+                # each input through a view of its own: a tensor passed twice (write's k as q) had its
+                # gradient counted once per use by autograd.grad with respect to the tensor itself
+                leaves = [None if t is None or not t.requires_grad else t.view_as(t) for t in saved[:n]]
+                with torch.enable_grad():
+                    outputs = ctx.fn(*[t if view is None else view for view, t in zip(leaves, saved)])
+                leaves += [t if t.requires_grad else None for t in saved[n:]]
+            else:
+                leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._graph(ctx.fn, n, saved, ctx.needs_input_grad[3:]))
+                leaves = [t if t is not None and t.requires_grad else None for t in leaves]
+            wanted = [t for t in leaves if t is not None]
+            pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
+                     if grad is not None and out.requires_grad]
+            if not wanted or not pairs:
+                return (None,) * (3 + len(saved))
+            found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
+                                             create_graph=torch.is_grad_enabled(), allow_unused=True))
+        return (None, None, None, *(None if t is None else next(found) for t in leaves))
+
+
+def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
+    """``torch.cat`` of tensors of one dtype (a KV cache and its new tokens), with autocast off for their
+    device where it is on: CPU autocast's promote policy for cat knows fp32, float64 and its own dtype
+    only, and raised 'Unexpected floating ScalarType in at::autocast::prioritize' for fp16 tensors
+    under bf16 autocast (softmax's recurrent form, and every form with a carried cache). For one dtype
+    the result is autocast's own where it answers."""
+    with computed_in_fp32(tensors[0]):
+        return torch.cat(tensors, dim=dim)
 
 
 def all_finite(*tensors: Tensor | None) -> bool:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .double_backward import autocast_state, grad_by_recomputation, kept_graph, under_autocast
-from .precision import compute_dtype, masked_matmul, zeroed_in_layout
+from .precision import cat, compute_dtype, masked_matmul, zeroed_in_layout
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -44,8 +44,8 @@ def softmax_parallel(
     window: int | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """All queries at once against cache + new keys. Returns (y, new k cache, new v cache)."""
-    keys = k if k_cache is None else torch.cat([k_cache.to(k.dtype), k], dim=2)
-    values = v if v_cache is None else torch.cat([v_cache.to(v.dtype), v], dim=2)
+    keys = k if k_cache is None else cat([k_cache.to(k.dtype), k], dim=2)
+    values = v if v_cache is None else cat([v_cache.to(v.dtype), v], dim=2)
     T, P = q.shape[2], keys.shape[2] - k.shape[2]
     if T == 0:  # the cache as it came: trimmed, a write's cache of `window` tokens lost one and reads changed
         return v.new_zeros(v.shape), keys, values
@@ -344,15 +344,15 @@ def softmax_recurrent(
     wide = compute_dtype(q, k, v)  # as the fused kernel: fp16 and bf16 logits and sums in fp32
     outputs = []
     for t in range(T):
-        keys = torch.cat([keys, k[:, :, t : t + 1]], dim=2)
-        values = torch.cat([values, v[:, :, t : t + 1]], dim=2)
+        keys = cat([keys, k[:, :, t : t + 1]], dim=2)
+        values = cat([values, v[:, :, t : t + 1]], dim=2)
         if window is not None:
             keys, values = keys[:, :, -window:], values[:, :, -window:]
         weights = torch.softmax((q[:, :, t : t + 1].to(wide) @ keys.to(wide).mT) * scale, dim=-1)
         outputs.append((weights @ values.to(wide)).to(v.dtype))
     if not outputs:  # T = 0: the cache as it came (see softmax_parallel)
         return v.new_zeros(v.shape), keys, values
-    return torch.cat(outputs, dim=2), *_trim(keys, values, window)
+    return cat(outputs, dim=2), *_trim(keys, values, window)
 
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
