@@ -411,3 +411,57 @@ def test_a_bench_records_file_linked_into_a_directory_that_is_not_writable_names
         "the link)")
     (first / "bench.lock").write_text("")
     ResultsStore(second, "bench.jsonl").check_writable(claims=False)
+
+
+CLAIMS_HOLDER = (
+    "import sys; from fwbench.run.store import ResultsStore\n"
+    "store = ResultsStore(sys.argv[1])\n"
+    "with store.claim(sys.argv[2]):\n"
+    "    print('held', flush=True)\n"
+    "    for line in sys.stdin:\n"  # each line a run id to try: True where this process could claim it
+    "        with store.claim(line.strip(), wait=False) as free:\n"
+    "            print(free, flush=True)\n"
+)
+
+
+def test_claims_follow_a_records_file_link_re_pointed_while_a_driver_runs(tmp_path):
+    """Break-it finding (h-relink): B/runs.jsonl a link to ../A/runs.jsonl, re-pointed to ../C/runs.jsonl while a
+    driver on B ran (ln -sfn ../C/runs.jsonl B/runs.jsonl), beside a driver on C: the driver on B kept claiming in
+    A/claims.lock, opened once at its first claim, so neither driver saw the other's claims and both trained every
+    cell (24 trainings for 12 cells). Its claims are now taken in the claims file beside the records file where it
+    leads at each claim: a run the driver on C holds is held for B's driver too, and one B's driver claims is held
+    for the driver on C. A claim held across the move is let go on the file it was taken on."""
+    first, second, third = (tmp_path / name for name in ("A", "B", "C"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    store = ResultsStore(second)
+    store.check_writable()
+    holder = subprocess.Popen([sys.executable, "-c", CLAIMS_HOLDER, str(third), "held"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def free_for_the_driver_on_c(run_id: str) -> bool:
+        holder.stdin.write(run_id + "\n")
+        holder.stdin.flush()
+        return holder.stdout.readline().strip() == "True"
+
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with store.claim("training", wait=False) as claimed:  # the cell in training when the link moves
+            assert claimed
+            with store.claim("held", wait=False) as claimed:  # A's claims: C's driver unseen, as the link says
+                assert claimed
+            (second / "runs.jsonl").unlink()
+            (second / "runs.jsonl").symlink_to("../C/runs.jsonl")  # re-pointed
+            with store.claim("held", wait=False) as claimed:
+                assert not claimed  # the driver on C holds it
+            with store.claim("mine", wait=False) as claimed:
+                assert claimed
+                assert not free_for_the_driver_on_c("mine")
+            assert free_for_the_driver_on_c("mine")
+        assert (first / "claims.lock").exists() and (third / "claims.lock").exists()
+    finally:
+        holder.kill()
+        holder.communicate()
+    store.close()
+
