@@ -27,7 +27,7 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
+from fwbench.run.store import LoadedRecords, ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -95,19 +95,22 @@ def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
                            f"or no such path ({remedy})") from None
 
 
-def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
+def settled_elsewhere(store: ResultsStore, read: LoadedRecords) -> set[str]:
     """Run ids that this driver must not train: those with a finished record, and those given any record, a
-    ``failed`` one included, since ``read`` (:attr:`LoadedRecords.counts` of the load the to-do list came from).
+    ``failed`` one included, since ``read`` (the load the to-do list came from).
 
     The second set is another process's try of a run in this same sweep (its holder's, or a process that
     stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
     one sweep and its failure went unreported; a failed record already stored when the driver started is
-    retried, as ever.
+    retried, as ever. Where the records file is no longer the one read (its link re-pointed since, ln -sfn
+    ../C/runs.jsonl B/runs.jsonl), every record of the file it now leads to was given by others: counted against
+    the old file's, a run failed in both, stored failed in the new one by its driver meanwhile, was trained again.
     """
     loaded = store.load()
+    since = read.counts if loaded.source == read.source else Counter()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed
     # record before the read and was tried again elsewhere since, and failed again, read as one record as before
-    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > read[run_id]}
+    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > since[run_id]}
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -172,7 +175,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                       checkpoint_dir=os.path.realpath(store.directory / CHECKPOINT_DIR))
     store.check_writable()
     loaded = store.load()  # one read: the to-do list and the counts later checks compare against
-    read, done = loaded.counts, loaded.finished_ids()
+    read, done = loaded, loaded.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     check_checkpoint_dir(store, todo)
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
@@ -271,7 +274,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     check_checkpoint_dir(store, specs)
     if context.is_main:
         loaded = store.load()  # one read: the to-do list and the counts later checks compare against
-        read, done = loaded.counts, loaded.finished_ids()
+        read, done = loaded, loaded.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
     todo = [s for s in specs if s.run_id in set(todo_ids)]

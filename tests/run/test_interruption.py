@@ -572,3 +572,39 @@ def test_two_drivers_beside_a_records_file_link_re_pointed_mid_run_store_what_th
     assert sorted(stored[1]) == sorted(cells) and len(set(stored[0])) == len(stored[0])
     said = [int(out.split(" trained now, ")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]
     assert sum(said) == len(stored[0]) + len(stored[1]), outputs
+
+
+def test_a_run_failed_before_and_stored_failed_in_the_file_a_re_pointed_link_now_leads_to_is_not_trained_again(
+        grid_path, tmp_path, monkeypatch):
+    """Break-it finding (h-relink): the counts a driver's to-do list was read with were compared with the records
+    file's where its link led later: B/runs.jsonl a link to ../A/runs.jsonl, which held a failed record of a run
+    (retried: in the to-do list, read once); the link re-pointed to ../C/runs.jsonl, where another driver stored a
+    failed record of that run meanwhile: one line there against one read from A, it was taken for no try since the
+    read and trained again, a second failure of one run in one sweep. Every record of the file a re-pointed link
+    now leads to was stored by others: the run is left to them."""
+    import fwbench.run.runner as runner
+
+    first, second, third = (tmp_path / name for name in ("A", "B", "C"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    specs = expand(load_grid(grid_path), "quick")[:2]
+    retried = specs[1].run_id
+    ResultsStore(first).append({"run_id": retried, "status": "failed", "error": "before"})
+    launched = []
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            launched.append(spec.run_id)
+            if len(launched) == 1:  # while the first run trains, the link is re-pointed and C's driver fails the other
+                (second / "runs.jsonl").unlink()
+                (second / "runs.jsonl").symlink_to("../C/runs.jsonl")
+                ResultsStore(third).append({"run_id": retried, "status": "failed", "error": "elsewhere"})
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+
+    monkeypatch.setattr(runner, "launch", launch)
+    summary = run_grid(specs, ResultsStore(second), LaunchOptions(device="cpu"), quiet=True, pack=False)
+    assert launched == [specs[0].run_id]
+    assert summary == {"total": 2, "skipped": 1, "ran": 1, "discarded": 0, "diverged": 0, "failed": 0}
+    assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == [
+        retried, specs[0].run_id]
