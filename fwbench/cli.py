@@ -144,9 +144,13 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
             if not context.is_main:
                 continue
             launcher = f"torchrun, {context.world_size} processes, {context.backend}"
+        # a run trained here whose record another driver stored first is no run trained now: said so, not counted
+        discarded = summary.get("discarded", 0)
+        also = (f", {discarded} trained here but discarded (another driver stored {'it' if discarded == 1 else 'them'} "
+                "first)") if discarded else ""
         print(
             f"grid {grid.name} [{profile}] on {device} ({launcher}): {summary['ran']} trained now, {summary['skipped']} "
-            f"already in {_one_line(store.path)}, {summary['diverged']} diverged, {summary['failed']} failed "
+            f"already in {_one_line(store.path)}{also}, {summary['diverged']} diverged, {summary['failed']} failed "
             f"({time.perf_counter() - started:.0f} s)",
             flush=True,
         )

@@ -27,7 +27,7 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
+from fwbench.run.store import LoadedRecords, ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -95,19 +95,22 @@ def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
                            f"or no such path ({remedy})") from None
 
 
-def settled_elsewhere(store: ResultsStore, read: Counter) -> set[str]:
+def settled_elsewhere(store: ResultsStore, read: LoadedRecords) -> set[str]:
     """Run ids that this driver must not train: those with a finished record, and those given any record, a
-    ``failed`` one included, since ``read`` (:attr:`LoadedRecords.counts` of the load the to-do list came from).
+    ``failed`` one included, since ``read`` (the load the to-do list came from).
 
     The second set is another process's try of a run in this same sweep (its holder's, or a process that
     stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
     one sweep and its failure went unreported; a failed record already stored when the driver started is
-    retried, as ever.
+    retried, as ever. Where the records file is no longer the one read (its link re-pointed since, ln -sfn
+    ../C/runs.jsonl B/runs.jsonl), every record of the file it now leads to was given by others: counted against
+    the old file's, a run failed in both, stored failed in the new one by its driver meanwhile, was trained again.
     """
     loaded = store.load()
+    since = read.counts if loaded.source == read.source else Counter()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed
     # record before the read and was tried again elsewhere since, and failed again, read as one record as before
-    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > read[run_id]}
+    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > since[run_id]}
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -131,6 +134,21 @@ def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[li
             yield free
 
 
+def count_stored(summary: dict, stored: bool, record: dict) -> bool:
+    """Count a run this driver trained in ``summary``: ``ran`` (with ``diverged`` and ``failed`` by its status) where
+    its record was ``stored``, else ``discarded``, its record refused because another driver stored that run first
+    (its claim was on a claims file this driver did not see: the records file's link re-pointed while both ran).
+    Such a run was counted as trained and its record said stored ("12 trained now") while the store kept the other
+    driver's. Returns ``stored``."""
+    if not stored:
+        summary["discarded"] += 1
+        return False
+    summary["ran"] += 1
+    summary["diverged"] += record["status"] == "diverged"
+    summary["failed"] += record["status"] == "failed"
+    return True
+
+
 def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions | None = None,
              quiet: bool = False, pack: bool = True) -> dict:
     """Run every spec whose run_id is not finished in ``store``, appending each record as it arrives.
@@ -144,8 +162,9 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     ``pack``: on the local launcher with one process, runs that share shapes train as one packed
     model where that pays (:mod:`fwbench.run.packing`; ``FWBENCH_PACK`` forces or disables it); a pack trains only its
     runs that are neither stored nor held by another process.
-    Summary keys: ``total``, ``ran``, ``skipped`` (already stored, here or by another process),
-    ``diverged``, ``failed``.
+    Summary keys: ``total``, ``ran`` (trained and stored here), ``skipped`` (already stored, here or by another
+    process), ``discarded`` (trained here, but another process stored the run first: its record was not kept),
+    ``diverged``, ``failed`` (of the runs stored here).
 
     Raises:
         FwbenchError: the store cannot be written (checked before any training).
@@ -156,10 +175,11 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                       checkpoint_dir=os.path.realpath(store.directory / CHECKPOINT_DIR))
     store.check_writable()
     loaded = store.load()  # one read: the to-do list and the counts later checks compare against
-    read, done = loaded.counts, loaded.finished_ids()
+    read, done = loaded, loaded.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     check_checkpoint_dir(store, todo)
-    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
+               "failed": 0}
     if not todo:
         return summary
     bar, progress = _progress_bar(len(todo), quiet)
@@ -179,13 +199,11 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         return progress
 
     def store_record(record: dict) -> None:
-        store.append(record)
-        summary["ran"] += 1
-        summary["diverged"] += record["status"] == "diverged"
-        summary["failed"] += record["status"] == "failed"
+        bar.update(1)
+        if not count_stored(summary, store.append(record), record):
+            return
         if record["status"] == "failed":
             bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
-        bar.update(1)
 
     def run_claimed(spec: RunSpec) -> None:
         if not not_settled([spec]):
@@ -256,11 +274,12 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     check_checkpoint_dir(store, specs)
     if context.is_main:
         loaded = store.load()  # one read: the to-do list and the counts later checks compare against
-        read, done = loaded.counts, loaded.finished_ids()
+        read, done = loaded, loaded.finished_ids()
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
     todo = [s for s in specs if s.run_id in set(todo_ids)]
-    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "diverged": 0, "failed": 0}
+    summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
+               "failed": 0}
     show = context.is_main and not quiet
     bar, progress = _progress_bar(len(todo), quiet=not show)
 
@@ -281,10 +300,8 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
             return
         bar.set_description(spec.label)
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
-        if context.is_main:
-            store.append(record)
-        summary["ran"] += 1
-        summary["diverged"] += record["status"] == "diverged"
+        # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
+        count_stored(summary, store.append(record) if context.is_main else True, record)
         bar.update(1)
 
     def try_each(specs: list[RunSpec]) -> list[RunSpec]:

@@ -12,8 +12,9 @@ Two processes may run grids on the same directory: besides the lock that makes e
 atomic and refuses a second record for a run_id, :meth:`ResultsStore.claim` lets a runner hold a
 run while training it (a POSIX byte-range lock on ``claims.lock``, one byte per run id, released
 by the kernel if the process dies), so the other process waits for that run instead of repeating it.
-Both lock files live beside the records file as it really is: where ``runs.jsonl`` is a link into
-another results directory, the drivers of the two directories share one lock and one set of claims.
+Both lock files live beside the records file as it really is, looked up at each use: where ``runs.jsonl`` is a
+link into another results directory, the drivers of the two directories share one lock and one set of claims, and
+where that link is re-pointed while they run, they follow it.
 
 Reading tolerates a corrupt or truncated line anywhere: it is reported with its line number and
 the rest is still read.
@@ -262,6 +263,9 @@ class LoadedRecords:
     #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
+    #: (device, inode) of the file read, None where there was none: what was read is compared only with a later read
+    #: of the same file (a records file's link re-pointed between the two leads to another store's file)
+    source: tuple[int, int] | None = None
 
     def finished_ids(self) -> set[str]:
         """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
@@ -286,7 +290,9 @@ class ResultsStore:
         _refuse_too_long(option, self.path)
         # one lock per records file: runs.jsonl → runs.lock (as before), bench.jsonl → bench.lock
         self._lock_name = LOCK_FILE if records_file == RECORDS_FILE else f"{Path(records_file).stem}.lock"
-        self._claims_fd: int | None = None
+        # the claims files opened, by (device, inode): one per file the records file has led to (see claim)
+        self._claims_fds: dict[tuple[int, int], int] = {}
+        self._spare_fds: list[int] = []
 
     @property
     def home(self) -> Path:
@@ -565,6 +571,7 @@ class ResultsStore:
             # ended in a traceback (IsADirectoryError) from its check of an empty store
             raise self._unreadable(exc) from None
         with handle:
+            found = os.fstat(handle.fileno())
             for number, raw in enumerate(handle, start=1):
                 text = _line_text(raw, first=number == 1)
                 if not text:
@@ -582,7 +589,8 @@ class ResultsStore:
                     continue
                 records[run_id] = record
                 counts[run_id] += 1
-        return LoadedRecords(list(records.values()), problems, skipped_lines, counts)
+        return LoadedRecords(list(records.values()), problems, skipped_lines, counts,
+                             (found.st_dev, found.st_ino))
 
     def records(self) -> list[dict]:
         return self.load().records
@@ -701,25 +709,67 @@ class ResultsStore:
         it. Claims are POSIX byte-range locks (one byte of ``claims.lock`` per run id): the kernel
         drops them when the process exits or is killed, so a crash never leaves a run claimed.
         Within one process claims never conflict (one runner runs one cell at a time).
+
+        The claims file is the one beside the records file where it leads at this claim (:attr:`home`), as the
+        lock is: a records file's link re-pointed while a driver ran (ln -sfn ../C/runs.jsonl B/runs.jsonl) had it
+        go on claiming in the old target's claims.lock, opened once, unseen by the drivers of the new one, so
+        both trained every cell. A claim taken while the link moved is let go and taken again where it now leads.
+        A claim already held when the link moves stays on the old file: that run may be trained by a driver of
+        the new target too, and only the first of the two records is stored (:meth:`append`).
+
+        Raises:
+            FwbenchError: the claims file cannot be opened (a directory, a link into a missing directory, a loop).
         """
-        if self._claims_fd is None:
-            self._ensure_writable()
-            self._claims_fd = self._open_claims()
         offset = int(hashlib.sha256(run_id.encode()).hexdigest()[:15], 16)  # stable across processes
-        try:
-            fcntl.lockf(self._claims_fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, offset)
-        except OSError as exc:
-            if wait or exc.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            yield False
-            return
+        while True:
+            fd, key = self._claims_descriptor()
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB), 1, offset)
+            except OSError as exc:
+                if wait or exc.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                yield False
+                return
+            if self._claims_key() == key:
+                break
+            # the link was re-pointed while this claimed (or waited): the byte held is no longer this store's claim
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
         try:
             yield True
         finally:
-            fcntl.lockf(self._claims_fd, fcntl.LOCK_UN, 1, offset)
+            fcntl.lockf(fd, fcntl.LOCK_UN, 1, offset)
+
+    def _claims_key(self) -> tuple[int, int] | None:
+        """(device, inode) of the claims file where :attr:`home` now puts it; None where there is none yet."""
+        try:
+            found = os.stat(self.home / CLAIMS_FILE)
+        except OSError:
+            return None
+        return found.st_dev, found.st_ino
+
+    def _claims_descriptor(self) -> tuple[int, tuple[int, int]]:
+        """(a descriptor of the claims file where :attr:`home` now puts it, that file's (device, inode)).
+
+        One descriptor per file, kept until :meth:`close`: closing any descriptor of a file drops every POSIX lock
+        this process holds on it, so a second one, opened and closed again, would let go of the claims held through
+        the first.
+        """
+        key = self._claims_key()
+        if key in self._claims_fds:
+            return self._claims_fds[key], key
+        self._ensure_writable()
+        fd = self._open_claims()
+        found = os.fstat(fd)
+        key = (found.st_dev, found.st_ino)
+        if key in self._claims_fds:
+            # made meanwhile and opened already through another path: keep this one open too (see above)
+            self._spare_fds.append(fd)
+            return self._claims_fds[key], key
+        self._claims_fds[key] = fd
+        return fd, key
 
     def _open_claims(self) -> int:
-        """A descriptor of ``claims.lock``, opened for reading and writing (created where missing).
+        """A descriptor of ``claims.lock`` in :attr:`home`, opened for reading and writing (created where missing).
 
         Raises:
             FwbenchError: it cannot be opened (a directory, a link to nothing in a missing directory, a loop).
@@ -732,10 +782,11 @@ class ResultsStore:
             raise self._unwritable(exc, path, "open", "a claims file") from None
 
     def close(self) -> None:
-        """Release the claims file (and with it any claim still held)."""
-        if self._claims_fd is not None:
-            os.close(self._claims_fd)
-            self._claims_fd = None
+        """Release the claims files (and with them any claim still held)."""
+        for fd in [*self._claims_fds.values(), *self._spare_fds]:
+            os.close(fd)
+        self._claims_fds.clear()
+        self._spare_fds.clear()
 
 
 def _line_text(raw: bytes, first: bool) -> str:

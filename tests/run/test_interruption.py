@@ -411,3 +411,200 @@ def test_a_bench_records_file_linked_into_a_directory_that_is_not_writable_names
         "the link)")
     (first / "bench.lock").write_text("")
     ResultsStore(second, "bench.jsonl").check_writable(claims=False)
+
+
+CLAIMS_HOLDER = (
+    "import sys; from fwbench.run.store import ResultsStore\n"
+    "store = ResultsStore(sys.argv[1])\n"
+    "with store.claim(sys.argv[2]):\n"
+    "    print('held', flush=True)\n"
+    "    for line in sys.stdin:\n"  # each line a run id to try: True where this process could claim it
+    "        with store.claim(line.strip(), wait=False) as free:\n"
+    "            print(free, flush=True)\n"
+)
+
+
+def test_claims_follow_a_records_file_link_re_pointed_while_a_driver_runs(tmp_path):
+    """Break-it finding (h-relink): B/runs.jsonl a link to ../A/runs.jsonl, re-pointed to ../C/runs.jsonl while a
+    driver on B ran (ln -sfn ../C/runs.jsonl B/runs.jsonl), beside a driver on C: the driver on B kept claiming in
+    A/claims.lock, opened once at its first claim, so neither driver saw the other's claims and both trained every
+    cell (24 trainings for 12 cells). Its claims are now taken in the claims file beside the records file where it
+    leads at each claim: a run the driver on C holds is held for B's driver too, and one B's driver claims is held
+    for the driver on C. A claim held across the move is let go on the file it was taken on."""
+    first, second, third = (tmp_path / name for name in ("A", "B", "C"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    store = ResultsStore(second)
+    store.check_writable()
+    holder = subprocess.Popen([sys.executable, "-c", CLAIMS_HOLDER, str(third), "held"],
+                              cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def free_for_the_driver_on_c(run_id: str) -> bool:
+        holder.stdin.write(run_id + "\n")
+        holder.stdin.flush()
+        return holder.stdout.readline().strip() == "True"
+
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with store.claim("training", wait=False) as claimed:  # the cell in training when the link moves
+            assert claimed
+            with store.claim("held", wait=False) as claimed:  # A's claims: C's driver unseen, as the link says
+                assert claimed
+            (second / "runs.jsonl").unlink()
+            (second / "runs.jsonl").symlink_to("../C/runs.jsonl")  # re-pointed
+            with store.claim("held", wait=False) as claimed:
+                assert not claimed  # the driver on C holds it
+            with store.claim("mine", wait=False) as claimed:
+                assert claimed
+                assert not free_for_the_driver_on_c("mine")
+            assert free_for_the_driver_on_c("mine")
+        assert (first / "claims.lock").exists() and (third / "claims.lock").exists()
+    finally:
+        holder.kill()
+        holder.communicate()
+    store.close()
+
+
+def another_driver_stores_first(results: Path):
+    """A launcher standing in for ``launch`` whose every run's record another driver on ``results`` stores while
+    this one trains it (its claim unseen: the records file's link re-pointed while both ran)."""
+    def launch(specs, options, progress_for):
+        other = ResultsStore(results)
+        for spec in specs:
+            record = {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+            assert other.append(dict(record, by="another driver"))
+            yield dict(record, by="this driver")
+    return launch
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_run_whose_record_another_driver_stored_first_is_not_counted_as_trained_now(grid_path, cells, tmp_path,
+                                                                                         monkeypatch, capsys, jobs):
+    """Break-it finding (h-relink): a run this driver trained whose record ``append`` refused, another driver having
+    stored that run first (B/runs.jsonl re-pointed to C's while drivers on B and C ran, each unseen by the other's
+    claims), was counted as trained: "12 trained now", of which 10 records had been dropped as duplicates. Each such
+    run is counted apart, as discarded, and the summary says so; one record per cell is kept, the first."""
+    import fwbench.run.runner as runner
+    from fwbench.cli import main
+
+    results = tmp_path / "results"
+    monkeypatch.setattr(runner, "launch", another_driver_stores_first(results))
+    assert main(["run", str(grid_path), "--results-dir", str(results), "--quiet", "--device", "cpu", "--no-pack",
+                 "--jobs", jobs]) == 0
+    out = capsys.readouterr().out
+    assert (f"0 trained now, 0 already in {results / 'runs.jsonl'}, {len(cells)} trained here but discarded "
+            "(another driver stored them first), 0 diverged, 0 failed") in out, out
+    lines = [json.loads(line) for line in (results / "runs.jsonl").read_text().splitlines()]
+    assert sorted(r["run_id"] for r in lines) == sorted(cells) and {r["by"] for r in lines} == {"another driver"}
+    monkeypatch.undo()
+    assert run_grid(expand(load_grid(grid_path), "quick"), ResultsStore(results), LaunchOptions(device="cpu"),
+                    quiet=True) == {"total": len(cells), "skipped": len(cells), "ran": 0, "discarded": 0,
+                                    "diverged": 0, "failed": 0}
+
+
+def test_a_torchrun_run_whose_record_another_driver_stored_first_is_not_counted_as_trained_now(grid_path, cells,
+                                                                                                 tmp_path, monkeypatch):
+    """:func:`run_grid_distributed`'s count, as :func:`run_grid`'s: a run rank 0 trained whose record another driver
+    stored first was counted in "trained now"."""
+    import torch
+
+    import fwbench.run.runner as runner
+    from fwbench.run.distributed import DistributedContext
+    from fwbench.run.runner import run_grid_distributed
+
+    class OneRank(DistributedContext):
+        def broadcast(self, value):
+            return value
+
+    results = tmp_path / "results"
+    other = ResultsStore(results)
+    specs = expand(load_grid(grid_path), "quick")
+    stolen = specs[0].run_id
+
+    def execute(spec, device, progress, checkpoint, distributed):
+        record = {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+        if spec.run_id == stolen:
+            assert other.append(dict(record, by="another driver"))
+        return dict(record, by="this driver")
+
+    monkeypatch.setattr(runner, "execute", execute)
+    summary = run_grid_distributed(specs, ResultsStore(results), OneRank(0, 0, 1, "gloo"), torch.device("cpu"),
+                                   quiet=True)
+    assert summary == {"total": len(cells), "skipped": 0, "ran": len(cells) - 1, "discarded": 1, "diverged": 0,
+                       "failed": 0}
+    assert {r["run_id"]: r["by"] for r in other.records()}[stolen] == "another driver"
+
+
+RE_POINTED_GRID = GRID.replace("max_steps = 40", "max_steps = 20").replace('S = [4, 8]', 'S = [4, 6, 8]')
+
+
+def test_two_drivers_beside_a_records_file_link_re_pointed_mid_run_store_what_they_say(tmp_path):
+    """Break-it finding (h-relink), end to end: ``fwbench run GRID --results-dir B`` (B/runs.jsonl a link to
+    ../A/runs.jsonl) and ``fwbench run GRID --results-dir C`` (``--jobs 2`` alike), the link re-pointed to ../C/runs.jsonl once
+    the driver on B has stored a record: the driver on B went on claiming in A/claims.lock, trained every cell the
+    driver on C was training and said so ("6 trained now"), its records dropped as duplicates. Now every run a
+    driver says it trained now is a line of A's or C's file, one per cell in each; a run trained by both (the one in
+    training on B when the link moved) is said to be discarded by the driver whose record came second."""
+    grid = tmp_path / "relinked.toml"
+    grid.write_text(RE_POINTED_GRID)
+    cells = {spec.run_id for spec in expand(load_grid(grid), "quick")}
+    first, second, third = (tmp_path / name for name in ("A", "B", "C"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    drivers = [start_run(grid, second), start_run(grid, third)]
+    try:
+        deadline = time.monotonic() + 120
+        while complete_lines(first / "runs.jsonl") < 1 and drivers[0].poll() is None:
+            assert time.monotonic() < deadline, "fwbench run made no progress"
+            time.sleep(0.02)
+        os.symlink("../C/runs.jsonl", second / "next")
+        os.replace(second / "next", second / "runs.jsonl")  # ln -sfn: the link re-pointed at once
+        outputs = [driver.communicate(timeout=240) for driver in drivers]
+    finally:
+        for driver in drivers:
+            driver.kill()
+    for driver, (_, err) in zip(drivers, outputs, strict=True):
+        assert driver.returncode == 0 and "Traceback" not in err, err
+    stored = [[json.loads(line)["run_id"] for line in (directory / "runs.jsonl").read_text().splitlines()]
+              for directory in (first, third)]
+    assert sorted(stored[1]) == sorted(cells) and len(set(stored[0])) == len(stored[0])
+    said = [int(out.split(" trained now, ")[0].rsplit(" ", 1)[-1]) for out, _ in outputs]
+    assert sum(said) == len(stored[0]) + len(stored[1]), outputs
+
+
+def test_a_run_failed_before_and_stored_failed_in_the_file_a_re_pointed_link_now_leads_to_is_not_trained_again(
+        grid_path, tmp_path, monkeypatch):
+    """Break-it finding (h-relink): the counts a driver's to-do list was read with were compared with the records
+    file's where its link led later: B/runs.jsonl a link to ../A/runs.jsonl, which held a failed record of a run
+    (retried: in the to-do list, read once); the link re-pointed to ../C/runs.jsonl, where another driver stored a
+    failed record of that run meanwhile: one line there against one read from A, it was taken for no try since the
+    read and trained again, a second failure of one run in one sweep. Every record of the file a re-pointed link
+    now leads to was stored by others: the run is left to them."""
+    import fwbench.run.runner as runner
+
+    first, second, third = (tmp_path / name for name in ("A", "B", "C"))
+    for directory in (first, second, third):
+        directory.mkdir()
+    (second / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    specs = expand(load_grid(grid_path), "quick")[:2]
+    retried = specs[1].run_id
+    ResultsStore(first).append({"run_id": retried, "status": "failed", "error": "before"})
+    launched = []
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            launched.append(spec.run_id)
+            if len(launched) == 1:  # while the first run trains, the link is re-pointed and C's driver fails the other
+                (second / "runs.jsonl").unlink()
+                (second / "runs.jsonl").symlink_to("../C/runs.jsonl")
+                ResultsStore(third).append({"run_id": retried, "status": "failed", "error": "elsewhere"})
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+
+    monkeypatch.setattr(runner, "launch", launch)
+    summary = run_grid(specs, ResultsStore(second), LaunchOptions(device="cpu"), quiet=True, pack=False)
+    assert launched == [specs[0].run_id]
+    assert summary == {"total": 2, "skipped": 1, "ran": 1, "discarded": 0, "diverged": 0, "failed": 0}
+    assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == [
+        retried, specs[0].run_id]

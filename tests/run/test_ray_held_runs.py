@@ -102,10 +102,10 @@ def test_a_run_held_elsewhere_is_waited_for_and_run_here_unless_its_holder_store
     assert all(record["status"] != "failed" for record in records.values())
     if holder_ends == "dies":
         assert "stored_by" not in records[held] and records[held]["steps"] > 0  # trained by this driver
-        assert summary == {"total": 3, "skipped": 0, "ran": 3, "diverged": 0, "failed": 0}
+        assert summary == {"total": 3, "skipped": 0, "ran": 3, "discarded": 0, "diverged": 0, "failed": 0}
     else:
         assert records[held]["stored_by"] == "holder"  # waited for, not trained again
-        assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+        assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
 
 
 def test_a_run_held_elsewhere_is_trained_by_a_torchrun_group_once_its_holder_dies(tmp_path):
@@ -171,7 +171,7 @@ def test_a_run_stored_elsewhere_after_the_read_is_not_trained_again(launcher, st
     records = ResultsStore(store.directory).records()
     assert [record.get("stored_by") for record in records if record["run_id"] == specs[1].run_id] == ["another"]
     assert len(records) == 3
-    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
 
 
 @pytest.mark.parametrize("launcher", ["serial", "jobs"])
@@ -204,7 +204,7 @@ def test_a_held_run_its_holder_stored_as_failed_is_not_trained_again(launcher, t
     records = ResultsStore(store.directory).records()
     assert [(record["status"], record.get("stored_by")) for record in records if record["run_id"] == held] == [
         ("failed", "holder")]
-    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
 
 
 def test_a_torchrun_group_does_not_train_again_a_run_another_process_stored_as_failed(tmp_path, monkeypatch):
@@ -229,7 +229,7 @@ def test_a_torchrun_group_does_not_train_again_a_run_another_process_stored_as_f
     store = StoredByAnotherAfterTheRead(tmp_path / "r", specs[1].run_id, "failed")
     summary = runner.run_grid_distributed(specs, store, Alone(0, 0, 1, "gloo"), device=None, quiet=True)
     assert trained == [specs[0].run_id, specs[2].run_id]
-    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
 
 
 @pytest.mark.parametrize("status", ["failed", "ok"])
@@ -262,4 +262,4 @@ def test_a_run_failed_before_the_read_and_stored_again_elsewhere_since_is_not_tr
     lines = [json.loads(line) for line in (store.path).read_text().splitlines()]
     assert [line.get("stored_by") for line in lines if line["run_id"] == retried] == ["an earlier command", "another"]
     assert len(lines) == 4
-    assert summary == {"total": 3, "skipped": 1, "ran": 2, "diverged": 0, "failed": 0}
+    assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
