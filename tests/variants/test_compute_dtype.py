@@ -463,3 +463,29 @@ def test_the_softmax_retrieval_model_answers_under_cpu_autocast(form):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         half = model(ids, ids.flip(1), ids[:, :2])
     torch.testing.assert_close(half, model(ids, ids.flip(1), ids[:, :2]), rtol=0.05, atol=0.02)
+
+
+@pytest.mark.parametrize("spec", ["linear", "linear-fwm", "dpfp", "favor:m=8"])
+def test_a_gradient_penalty_inside_cpu_autocast_gives_the_gradients_of_one_without_it(spec):
+    """``g = grad(loss, q, create_graph=True); (loss + 0.1 ‖g‖²).backward()`` inside the bf16 block: the
+    create_graph backward recomputed φ and the kernel with autocast off, but the second-order graph it built
+    ran its own backward under the caller's autocast, so second derivatives were bf16 (linear-fwm's key
+    gradient 110 % off the run without autocast, DPFP's 11 %). Now every order runs with autocast off, and
+    the gradients are those without autocast to fp32 rounding."""
+    torch.manual_seed(0)
+    attention = build_attention(spec, 4)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 16, 4, generator=generator) for _ in range(3))
+    beta = torch.rand(1, 2, 16, generator=generator) if attention.uses_beta else None
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(*inputs, beta)
+            loss = y.float().square().sum()
+            g, = torch.autograd.grad(loss, inputs[0], create_graph=True)
+            (loss + 0.1 * g.square().sum()).backward()
+        return [x.grad for x in inputs]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-3, atol=1e-5)

@@ -65,15 +65,22 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         params = [p for p in params if p.requires_grad]
         if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (*inputs, *params)):
             return tuple(fn(*inputs))
-        missing: list[bool] = []
+        return _apply(fn, len(inputs), x.device.type, (*inputs, *params))
 
-        def present(*args: Tensor | None) -> tuple[Tensor, ...]:
-            # an autograd function returns tensors only: a None output (the delta rule's z) is left out
-            outputs = tuple(fn(*args))
-            missing[:] = [out is None for out in outputs]
-            return tuple(out for out in outputs if out is not None)
 
-        found = iter(_AutocastOff.apply(present, len(inputs), x.device.type, *inputs, *params))
+def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: str,
+           tensors: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+    """``fn(*tensors[:n_inputs])`` through one :class:`_AutocastOff` node (``tensors[n_inputs:]``: the
+    params ``fn`` reads), ``None`` outputs kept in place."""
+    missing: list[bool] = []
+
+    def present(*args: Tensor | None) -> tuple[Tensor, ...]:
+        # an autograd function returns tensors only: a None output (the delta rule's z) is left out
+        outputs = tuple(fn(*args))
+        missing[:] = [out is None for out in outputs]
+        return tuple(out for out in outputs if out is not None)
+
+    found = iter(_AutocastOff.apply(present, n_inputs, device, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
 
 
@@ -81,9 +88,11 @@ class _AutocastOff(torch.autograd.Function):
     """:func:`run_in_fp32`'s node: ``fn``'s graph is built inside ``forward`` on detached inputs, kept
     in ``ctx`` and differentiated by ``backward`` with autocast off (let go after the first backward,
     as :func:`~.double_backward.kept_graph` does; a second one, through a retained graph, builds it
-    again). Under ``create_graph=True`` the backward runs ``fn`` again on the saved inputs (connected
-    to the caller's graph) and differentiates that, so second derivatives keep every path; that
-    second-order graph's own backward runs under the caller's autocast state."""
+    again). Under ``create_graph=True`` the backward's vector-Jacobian product is itself computed
+    through another such node (a function of the saved inputs and the incoming gradients that runs
+    ``fn`` again and differentiates it), so the second-order graph's backward runs with autocast off
+    too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
+    derivatives were bf16 (linear-fwm's 460 % off the fp32 run's)."""
 
     @staticmethod
     def forward(ctx, fn, n_inputs, device, *tensors):
@@ -104,30 +113,43 @@ class _AutocastOff(torch.autograd.Function):
         return [*inputs, *tensors[n_inputs:]], outputs
 
     @staticmethod
+    def _vjp(fn, n_inputs, n_outputs, params):
+        """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
+        then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
+
+        def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
+            inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
+            return _AutocastOff._grads(inputs, fn(*inputs), grads, params, create_graph=True)
+
+        return vjp
+
+    @staticmethod
+    def _grads(inputs, outputs, grads, params, create_graph):
+        """The gradient of Σ⟨grads, outputs⟩ for every input and param that requires one (else ``None``)."""
+        leaves = [t if t is not None and t.requires_grad else None for t in (*inputs, *params)]
+        wanted = [t for t in leaves if t is not None]
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
+                 if grad is not None and out.requires_grad]
+        if not wanted or not pairs:
+            return (None,) * len(leaves)
+        found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
+                                         create_graph=create_graph, allow_unused=True))
+        return tuple(None if t is None else next(found) for t in leaves)
+
+    @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors  # raises on a backward through a freed graph
         device, _, dtype = ctx.autocast
         n = ctx.n_inputs
         with torch.autocast(device, dtype=dtype, enabled=False):
-            if torch.is_grad_enabled():  # create_graph=True: the kept graph's inputs are detached from the caller's
+            if torch.is_grad_enabled():  # create_graph=True: a node of its own, whose backward is autocast-off too
                 ctx.graph = None
-                # each input through a view of its own: a tensor passed twice (write's k as q) had its
-                # gradient counted once per use by autograd.grad with respect to the tensor itself
-                leaves = [None if t is None or not t.requires_grad else t.view_as(t) for t in saved[:n]]
-                with torch.enable_grad():
-                    outputs = ctx.fn(*[t if view is None else view for view, t in zip(leaves, saved)])
-                leaves += [t if t.requires_grad else None for t in saved[n:]]
-            else:
-                leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._graph(ctx.fn, n, saved, ctx.needs_input_grad[3:]))
-                leaves = [t if t is not None and t.requires_grad else None for t in leaves]
-            wanted = [t for t in leaves if t is not None]
-            pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
-                     if grad is not None and out.requires_grad]
-            if not wanted or not pairs:
-                return (None,) * (3 + len(saved))
-            found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
-                                             create_graph=torch.is_grad_enabled(), allow_unused=True))
-        return (None, None, None, *(None if t is None else next(found) for t in leaves))
+                params = saved[n:]
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params)
+                return (None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
+            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._graph(ctx.fn, n, saved, ctx.needs_input_grad[3:]))
+            found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
+        return (None, None, None, *found)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
