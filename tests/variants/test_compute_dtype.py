@@ -489,3 +489,35 @@ def test_a_gradient_penalty_inside_cpu_autocast_gives_the_gradients_of_one_witho
 
     for inside, without in zip(grads(True), grads(False), strict=True):
         torch.testing.assert_close(inside, without, rtol=1e-3, atol=1e-5)
+
+
+def test_a_subclass_parameter_read_in_phi_gets_its_gradient_under_cpu_autocast():
+    """A FastWeightAttention subclass whose :meth:`phi` reads a parameter of its own (a temperature), not one
+    of the feature map's: under bf16 autocast the node that runs φ and the kernel was given the feature
+    map's parameters only, so the temperature's gradient was ``None`` (0.147 without autocast). Now every
+    parameter of the module gets the gradient it gets without autocast."""
+    from torch import nn
+
+    from fwbench.variants import EluPlusOne, FastWeightAttention
+
+    class Tempered(FastWeightAttention):
+        def __init__(self):
+            super().__init__(EluPlusOne(4), "sum", form="chunk")
+            self.temperature = nn.Parameter(torch.tensor(0.8))
+
+        def phi(self, x, query=False):
+            return super().phi(x * self.temperature, query)
+
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+
+    def grad(enabled: bool) -> torch.Tensor | None:
+        attention = Tempered()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(q, k, v)
+            y.float().square().sum().backward()
+        return attention.temperature.grad
+
+    inside = grad(True)
+    assert inside is not None
+    torch.testing.assert_close(inside, grad(False), rtol=1e-4, atol=1e-6)

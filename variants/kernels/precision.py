@@ -55,7 +55,14 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     outside the block, chunk form; 9-33 % in the others), finite and without a warning. Where autograd
     records, ``fn``'s graph is therefore built inside one :class:`_AutocastOff` node, whose backward
     differentiates it with autocast off. ``params``: tensors ``fn`` reads besides ``inputs`` (a
-    learnable φ's parameters), which get their gradients through the same node.
+    learnable φ's parameters: the attention module passes all of its own, its feature map's among them),
+    which get their gradients through the same node.
+
+    Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain
+    tensor with ``requires_grad=True`` held in an attribute or a closure, not registered as an
+    ``nn.Parameter``) is not found, and gets no gradient (``None``) from a backward under autocast; it
+    does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` (constants as
+    buffers, which need no gradient).
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
