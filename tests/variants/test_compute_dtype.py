@@ -521,3 +521,33 @@ def test_a_subclass_parameter_read_in_phi_gets_its_gradient_under_cpu_autocast()
     inside = grad(True)
     assert inside is not None
     torch.testing.assert_close(inside, grad(False), rtol=1e-4, atol=1e-6)
+
+
+def test_a_stochastic_phi_is_differentiated_on_its_forwards_sample_under_cpu_autocast():
+    """A φ with dropout under bf16 autocast: a second backward through a retained graph rebuilt φ and the
+    kernel, and a create_graph=True backward ran them again, each drawing a new dropout mask, so their
+    gradients belonged to another sample than the outputs (about 100 % off the first backward's). Now
+    every recomputation starts from the forward's random state: both equal the first backward's."""
+    from fwbench.variants import FastWeightAttention, FeatureMap
+
+    class Dropped(FeatureMap):
+        name = "dropped"
+
+        @property
+        def d_dot(self) -> int:
+            return self.d_key
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.dropout(F.elu(x) + 1, 0.5, training=True)
+
+    torch.manual_seed(0)
+    attention = FastWeightAttention(Dropped(4), "sum", form="chunk")
+    q, k, v = (torch.randn(1, 2, 16, 4).requires_grad_() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = attention(q, k, v)
+        loss = y.float().square().sum()
+        first, = torch.autograd.grad(loss, q, retain_graph=True)
+        second, = torch.autograd.grad(loss, q, retain_graph=True)
+        created, = torch.autograd.grad(loss, q, create_graph=True)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(created.detach(), first, rtol=1e-5, atol=1e-7)

@@ -91,6 +91,30 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
     return tuple(None if gone else next(found) for gone in missing)
 
 
+def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.device, Tensor]]:
+    """The random generators' states a recomputation of ``fn`` must start from: the CPU one, and that of
+    each CUDA device the tensors are on (as ``torch.utils.checkpoint``'s ``preserve_rng_state``)."""
+    devices = {t.device for t in tensors if t is not None and t.is_cuda}
+    return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
+
+
+@contextmanager
+def _replayed_rng(state: tuple[Tensor, dict[torch.device, Tensor]]) -> Iterator[None]:
+    """Run the block from the generators' states ``state`` (:func:`_rng_state`), then set back the ones it
+    found, so a recomputation neither draws another sample nor moves the caller's generators."""
+    cpu, cuda = state
+    found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
+    torch.set_rng_state(cpu)
+    for device, generator_state in cuda.items():
+        torch.cuda.set_rng_state(generator_state, device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(found[0])
+        for device, generator_state in found[1].items():
+            torch.cuda.set_rng_state(generator_state, device)
+
+
 class _AutocastOff(torch.autograd.Function):
     """:func:`run_in_fp32`'s node: ``fn``'s graph is built inside ``forward`` on detached inputs, kept
     in ``ctx`` and differentiated by ``backward`` with autocast off (let go after the first backward,
@@ -99,13 +123,16 @@ class _AutocastOff(torch.autograd.Function):
     through another such node (a function of the saved inputs and the incoming gradients that runs
     ``fn`` again and differentiates it), so the second-order graph's backward runs with autocast off
     too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
-    derivatives were bf16 (linear-fwm's 460 % off the fp32 run's)."""
+    derivatives were bf16 (linear-fwm's 460 % off the fp32 run's). Every recomputation of ``fn`` starts from the
+    random generators' states of the forward (:func:`_rng_state`): a φ with dropout got its gradients from
+    another sample than its outputs."""
 
     @staticmethod
     def forward(ctx, fn, n_inputs, device, *tensors):
         ctx.fn, ctx.n_inputs = fn, n_inputs
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
+        ctx.rng = _rng_state(tensors)  # a stochastic φ (dropout) draws the same sample in every recomputation
         ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[3:])
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
@@ -120,13 +147,22 @@ class _AutocastOff(torch.autograd.Function):
         return [*inputs, *tensors[n_inputs:]], outputs
 
     @staticmethod
-    def _vjp(fn, n_inputs, n_outputs, params):
+    def _rebuilt(ctx, saved):
+        """The forward's graph built again (a second backward through a retained graph), on the forward's
+        random sample."""
+        with _replayed_rng(ctx.rng):
+            return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[3:])
+
+    @staticmethod
+    def _vjp(fn, n_inputs, n_outputs, params, rng):
         """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
         then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
 
         def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
             inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
-            return _AutocastOff._grads(inputs, fn(*inputs), grads, params, create_graph=True)
+            with _replayed_rng(rng):
+                outputs = fn(*inputs)
+            return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
 
         return vjp
 
@@ -152,9 +188,9 @@ class _AutocastOff(torch.autograd.Function):
             if torch.is_grad_enabled():  # create_graph=True: a node of its own, whose backward is autocast-off too
                 ctx.graph = None
                 params = saved[n:]
-                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params)
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng)
                 return (None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
-            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._graph(ctx.fn, n, saved, ctx.needs_input_grad[3:]))
+            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, saved))
             found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
         return (None, None, None, *found)
 
