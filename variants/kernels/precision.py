@@ -70,7 +70,9 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (*inputs, *params)):
+        recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
+        # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded:
             return tuple(fn(*inputs))
         return _apply(fn, len(inputs), x.device.type, (*inputs, *params))
 
