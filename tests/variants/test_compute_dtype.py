@@ -551,3 +551,47 @@ def test_a_stochastic_phi_is_differentiated_on_its_forwards_sample_under_cpu_aut
         created, = torch.autograd.grad(loss, q, create_graph=True)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
     torch.testing.assert_close(created.detach(), first, rtol=1e-5, atol=1e-7)
+
+
+def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_under_cpu_autocast():
+    """A learnable φ whose weight is a ``torch.nn.utils.parametrize`` parametrization, computed once inside
+    ``parametrize.cached()`` and read by two attention calls: under bf16 autocast the first call's backward
+    freed the shared weight's graph and the second raised 'Trying to backward through the graph a second
+    time'. Now the gradients are those without autocast."""
+    from torch import nn
+    from torch.nn.utils import parametrize
+
+    from fwbench.variants import FastWeightAttention, FeatureMap
+
+    class Symmetric(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x + x.T) / 2
+
+    class Learned(FeatureMap):
+        name = "learned"
+
+        def __init__(self, d_key: int):
+            super().__init__(d_key)
+            self.linear = nn.Linear(d_key, d_key)
+            parametrize.register_parametrization(self.linear, "weight", Symmetric())
+
+        @property
+        def d_dot(self) -> int:
+            return self.d_key
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.elu(self.linear(x)) + 1
+
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        attention = FastWeightAttention(Learned(4), "sum", form="chunk")
+        with parametrize.cached(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(q, k, v)
+            (y.float().square().sum() + attention.write_read(k, v, q).float().square().sum()).backward()
+        return [p.grad for p in attention.parameters()]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)

@@ -177,8 +177,12 @@ class _AutocastOff(torch.autograd.Function):
                  if grad is not None and out.requires_grad]
         if not wanted or not pairs:
             return (None,) * len(leaves)
+        # retained: fn's graph may reach a graph made outside it, shared with other calls (a weight that
+        # parametrize.cached() computed once for two attention calls), which the caller's one backward
+        # runs through once per call here; freed, the second call raised 'Trying to backward through the
+        # graph a second time'. fn's own graph is let go with ctx.graph at the end of this backward.
         found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
-                                         create_graph=create_graph, allow_unused=True))
+                                         create_graph=create_graph, retain_graph=True, allow_unused=True))
         return tuple(None if t is None else next(found) for t in leaves)
 
     @staticmethod
