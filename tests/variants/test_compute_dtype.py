@@ -595,3 +595,31 @@ def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_unde
 
     for inside, without in zip(grads(True), grads(False), strict=True):
         torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("spec", "form", "changed"),
+                         [("linear", "chunk", "q"), ("linear-delta", "recurrent", "v"), ("favor:m=8", "recurrent", "W")])
+def test_an_input_changed_in_place_that_no_op_saved_is_taken_by_a_backward_inside_cpu_autocast(spec, form, changed):
+    """An input changed in place (under no_grad) between the forward and the backward: plain autograd takes
+    it where no op saved that input, and the node that runs φ and the kernel under autocast read every saved
+    input in its backward, so torch raised 'one of the variables needed for gradient computation has been
+    modified by an inplace operation' (18 of 65 spec/form/input cases). Now the first backward reads only the
+    graph it kept, whose ops refuse what they saved as plain autograd does, and gives the same gradients."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+    beta = torch.rand(1, 2, 8, generator=generator)
+    attention = build_attention(spec, 4, form=form, chunk_size=4)
+    beta = beta if attention.uses_beta else None
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        _, state = attention(q, k, v, beta)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(*inputs, beta, state=state)
+            with torch.no_grad():
+                {"q": inputs[0], "v": inputs[2], "W": state.W}[changed].mul_(1.0)
+            y.float().square().sum().backward()
+        return [x.grad for x in inputs]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)

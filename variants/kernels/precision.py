@@ -62,7 +62,10 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     tensor with ``requires_grad=True`` held in an attribute or a closure, not registered as an
     ``nn.Parameter``) is not found, and gets no gradient (``None``) from a backward under autocast; it
     does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` (constants as
-    buffers, which need no gradient).
+    buffers, which need no gradient). An input changed in place after the forward is refused as plain
+    autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in a second
+    backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
+    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does.
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
@@ -187,16 +190,19 @@ class _AutocastOff(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        saved = ctx.saved_tensors  # raises on a backward through a freed graph
         device, _, dtype = ctx.autocast
         n = ctx.n_inputs
         with torch.autocast(device, dtype=dtype, enabled=False):
             if torch.is_grad_enabled():  # create_graph=True: a node of its own, whose backward is autocast-off too
+                saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
                 ctx.graph = None
                 params = saved[n:]
                 vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng)
                 return (None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
-            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, saved))
+            # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
+            # version counters, so an input changed in place after the forward is refused where fn's own ops
+            # saved it, as plain autograd does (reading them here refused every such change)
+            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, ctx.saved_tensors))
             found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
         return (None, None, None, *found)
 
