@@ -39,7 +39,10 @@ def computed_in_fp32(x: Tensor) -> AbstractContextManager:
     :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. This reaches the forward
     only; :func:`run_in_fp32` turns it off for the backward too. There the sum-normalised
     read's gradient, a difference of near-equal terms over a small mass zᵀφ(q), lost every digit
-    (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16."""
+    (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16.
+    Neither reaches the backward of a forward run outside the block (or in an inner
+    ``torch.autocast(..., enabled=False)``) that is called inside it: call ``backward()`` outside the
+    autocast block, as PyTorch's AMP recipe does."""
     return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
 
 
@@ -66,6 +69,12 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in a second
     backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
     the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does.
+
+    Not covered: a forward run without autocast (outside the block, or in an inner
+    ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
+    takes the plain path, free of this node's cost and bit for bit the run without autocast, so its
+    backward runs under the caller's autocast (DPFP's gradients 8 % off the fp32 run's): call
+    ``backward()`` outside the autocast block, as PyTorch's AMP recipe does.
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
