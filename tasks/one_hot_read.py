@@ -41,6 +41,16 @@ def reads_one_hot(attention: Attention) -> bool:
             and type(attention.update_rule).write_read is SumRule.write_read)
 
 
+def coded_write_read(attention: Attention, k: Tensor, codes: Tensor, q: Tensor, beta: Tensor | None) -> Tensor:
+    """``attention.write_read(k, codes, q, beta=beta)`` with q cast to k's dtype, the retrieval models'
+    write-then-read on materialised keys (:class:`~fwbench.tasks.retrieval.RetrievalModel`, its packed
+    twin). Why: under autocast the keys add an fp32 table to a bf16/fp16 projection and come out fp32, the
+    queries bf16/fp16, and softmax takes one dtype for q, k and v ('q.dtype: got torch.bfloat16; expected
+    the dtype of k (torch.float32)'); fast weights compute both in fp32 either way, and without autocast
+    the cast is a no-op. Shapes: those of ``write_read``; raises what it raises."""
+    return attention.write_read(k, codes, q.to(k.dtype), beta=beta)
+
+
 def one_hot_write_read(attention: Attention, k: Tensor | KeyRows, values: Tensor, q: Tensor, S: int) -> Tensor:
     """``attention.write_read(k, onehot(values), q)`` without the one-hot codes.
 

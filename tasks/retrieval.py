@@ -35,7 +35,7 @@ from fwbench.variants.rules.fwm import FWM
 from fwbench.variants.rules.sum import SUM
 
 from .key_rows import KeyRows, row_sums, rows
-from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
+from .one_hot_read import coded_write_read, one_hot_codes, one_hot_write_read, reads_one_hot
 
 
 @dataclass(frozen=True)
@@ -264,11 +264,7 @@ class RetrievalModel(nn.Module):
         beta_by_key = self.beta_projection(embedding)
         beta = torch.sigmoid(row_sums(self.beta_by_value, values, beta_by_key, keys)).view(keys.shape[0], 1, keys.shape[1])
         value_codes = one_hot_codes(values, self.S, dtype=k.dtype)[:, None]
-        # under autocast the keys add an fp32 table to a bf16/fp16 projection and come out fp32, the queries
-        # bf16/fp16: softmax takes one dtype for q, k and v and refused them ('q.dtype: got torch.bfloat16;
-        # expected the dtype of k (torch.float32)'); fast weights compute both in fp32 either way
-        q = q.to(k.dtype)
-        output = self.attention.write_read(k, value_codes, q, beta=beta)[:, 0]
+        output = coded_write_read(self.attention, k, value_codes, q, beta)[:, 0]
         return output if output.dtype == torch.float64 else output.float()
 
 

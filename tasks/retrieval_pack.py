@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from .key_rows import KeyRows, row_sums, rows
-from .one_hot_read import one_hot_codes, one_hot_write_read, reads_one_hot
+from .one_hot_read import coded_write_read, one_hot_codes, one_hot_write_read, reads_one_hot
 from .retrieval import RetrievalModel
 
 
@@ -110,7 +110,7 @@ class PackedRetrievalModel(nn.Module):
             beta = torch.sigmoid(row_sums(weights["beta_by_value"].reshape(R * S, 1), value_ids,
                                           beta_by_key.reshape(R * S, 1), key_ids)).view(R * B, 1, L)
             codes = one_hot_codes(flat_values, S, dtype=k.dtype)[:, None]
-            output = self.attention.write_read(k, codes, q, beta=beta)
+            output = coded_write_read(self.attention, k, codes, q, beta)
         output = output[:, 0]
         output = output if output.dtype == torch.float64 else output.float()
         return output.view(R, B, queries.shape[2], S)

@@ -1342,7 +1342,9 @@ def _(ctx):
 def _(ctx):
     """A state made under torch.inference_mode() carried into a call that records autograd: torch's
     'Inference tensors cannot be saved for backward. …' (several lines) from inside a kernel, in the forms
-    whose ops saved the state only; a state made under no_grad, or a call that records nothing, is taken."""
+    whose ops saved the state only; a state made under no_grad, or a call that records nothing, is taken
+    (also one inside inference_mode with enable_grad nested, which the check refused, and under autocast
+    torch raised 'Inference tensors cannot be saved for backward')."""
     answers = set()
     for spec in SPECS + ["linear-fwm"]:
         for form in "auto", "parallel", "chunk", "recurrent":
@@ -1358,6 +1360,10 @@ def _(ctx):
             graded = q.clone().requires_grad_(True)
             assert attention(q, k, v, beta, state=state)[0].shape == (B, 2, T, 8)  # records nothing
             attention(graded, k, v, beta, state=kept)[0].sum().backward()
+            for dtype in None, torch.bfloat16:  # inside inference_mode nothing is recorded, enable_grad or not
+                with torch.inference_mode(), torch.enable_grad(), torch.autocast("cpu", dtype, enabled=bool(dtype)):
+                    assert attention(graded, k, v, beta, state=state)[0].shape == (B, 2, T, 8)
+                    assert attention.write_read(graded, v, graded, beta, state).shape == (B, 2, T, 8)
             if not any(t.is_inference() for t in vars(state).values() if isinstance(t, torch.Tensor)):
                 continue  # softmax's parallel forms keep the caller's own keys and values as the cache
             answers.add(raised(VariantError, attention, graded, k, v, beta, state=state))

@@ -244,6 +244,11 @@ class FastWeightAttention(Attention):
     W += β (v − W φ(k)) φ(k)ᵀ is then only stable while β ‖φ(k)‖² < 2. ``form`` and ``chunk_size``:
     see :class:`Attention`.
 
+    A learnable φ (or a subclass's :meth:`phi`) must hold its learnable tensors as ``nn.Parameter`` of
+    this module or of the feature map (constants as buffers): under CPU autocast φ and the kernel run in
+    one autograd node that routes gradients to the module's parameters only, so a plain tensor with
+    ``requires_grad=True`` in an attribute or a closure gets no gradient there (it does without autocast).
+
     Raises:
         VariantError: for an unknown rule, a form the rule lacks, or for bad shapes, form, chunk
             size or state at call time.
@@ -329,7 +334,7 @@ class FastWeightAttention(Attention):
             check_state_tensor("state.z", state.z, device, dtype, why)
             if tuple(state.z.shape) != (B, H, self.d_dot):
                 raise bad_value("state.z", tuple(state.z.shape), f"shape (B, H, d_dot) = {(B, H, self.d_dot)}")
-        check_state_recordable((state.W, state.z), itertools.chain(inputs, self.feature_map.parameters()))
+        check_state_recordable((state.W, state.z), itertools.chain(inputs, self.parameters()))
 
     def _check_finite_values(self, state: FastWeightState | None, **tensors: Tensor | None) -> None:
         if self.check_finite:
@@ -353,7 +358,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
         y, W, z = run_in_fp32(lambda q, k, v, beta, W0, z0: kernel(self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),
-                              q, k, v, _beta_for(beta, q), W0, z0, params=self.feature_map.parameters())
+                              q, k, v, _beta_for(beta, q), W0, z0, params=self.parameters())
         return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
@@ -370,7 +375,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         size = self._chunk_size("write", chunk_size)
         W, z = run_in_fp32(lambda k, v, beta, W0, z0: self.update_rule.write(self.phi(k), v, beta, W0, z0, size),
-                           k, v, _beta_for(beta, k), W0, z0, params=self.feature_map.parameters())
+                           k, v, _beta_for(beta, k), W0, z0, params=self.parameters())
         return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -394,7 +399,7 @@ class FastWeightAttention(Attention):
         size = self._chunk_size("write_read", None)
         y, = run_in_fp32(lambda k, v, q, beta, W0, z0: (self.update_rule.write_read(
             self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),), k, v, q, _beta_for(beta, k), W0, z0,
-            params=self.feature_map.parameters())
+            params=self.parameters())
         return y
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
@@ -406,7 +411,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q), q)
         self._check_finite_values(state, q=q)
         y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
-                         params=self.feature_map.parameters())
+                         params=self.parameters())
         return y
 
     def extra_repr(self) -> str:

@@ -76,11 +76,13 @@ def check_state_recordable(state_tensors: Iterable[Tensor | None], inputs: Itera
     mode on and some input or state tensor requiring a gradient): autograd cannot save an inference
     tensor for the backward, and torch answered from deep inside a kernel, in several lines ('Inference
     tensors cannot be saved for backward. …'), and only in the forms whose ops saved it. A state made
-    under ``torch.no_grad()`` serves both; so does any state in a call that records nothing.
+    under ``torch.no_grad()`` serves both; so does any state in a call that records nothing (grad mode off,
+    or inside ``torch.inference_mode()``, a nested ``torch.enable_grad()`` included).
 
     Raises:
         VariantError: naming ``state``."""
-    if not torch.is_grad_enabled():  # also inside inference_mode, where grad mode is off
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        # inside inference_mode nothing is recorded, also under a nested torch.enable_grad()
         return
     carried = [t for t in state_tensors if isinstance(t, Tensor)]
     if not any(t.is_inference() for t in carried):

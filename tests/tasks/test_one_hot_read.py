@@ -115,3 +115,21 @@ def test_queries_of_other_heads_than_the_keys_are_refused_as_write_read_refuses_
     if variant != "softmax":  # softmax's write_read names its cache instead
         with pytest.raises(VariantError, match=message):
             attention.write_read(KeyRows(table_a, values, table_b, values).materialise(), one_hot_codes(values, 6)[:, None], q)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+def test_packed_softmax_retrieval_models_answer_under_cpu_autocast_as_each_model_does(form):
+    """The packed twin of the retrieval model (the harness's packed runs) under bf16 autocast: its keys add an
+    fp32 table to a bf16 projection, its queries are bf16, and softmax refused its own write-then-read
+    ('q.dtype: got torch.bfloat16; expected the dtype of k (torch.float32)'), where the single model casts
+    its queries since bcb142f. Now both share one write-then-read, and each packed run equals its model's."""
+    from fwbench.tasks.retrieval_pack import PackedRetrievalModel
+
+    torch.manual_seed(0)
+    models = [RetrievalModel("softmax", 8, d_key=8, form=form) for _ in range(2)]
+    generator = torch.Generator().manual_seed(0)
+    keys, values = (torch.randint(0, 8, (2, 3, 7), generator=generator) for _ in range(2))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed = PackedRetrievalModel(models)(keys, values, keys[:, :, :3])
+        for run, model in enumerate(models):
+            torch.testing.assert_close(packed[run], model(keys[run], values[run], keys[run, :, :3]), rtol=0.02, atol=0.01)

@@ -463,3 +463,163 @@ def test_the_softmax_retrieval_model_answers_under_cpu_autocast(form):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         half = model(ids, ids.flip(1), ids[:, :2])
     torch.testing.assert_close(half, model(ids, ids.flip(1), ids[:, :2]), rtol=0.05, atol=0.02)
+
+
+@pytest.mark.parametrize("spec", ["linear", "linear-fwm", "dpfp", "favor:m=8"])
+def test_a_gradient_penalty_inside_cpu_autocast_gives_the_gradients_of_one_without_it(spec):
+    """``g = grad(loss, q, create_graph=True); (loss + 0.1 ‖g‖²).backward()`` inside the bf16 block: the
+    create_graph backward recomputed φ and the kernel with autocast off, but the second-order graph it built
+    ran its own backward under the caller's autocast, so second derivatives were bf16 (linear-fwm's key
+    gradient 110 % off the run without autocast, DPFP's 11 %). Now every order runs with autocast off, and
+    the gradients are those without autocast to fp32 rounding."""
+    torch.manual_seed(0)
+    attention = build_attention(spec, 4)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 16, 4, generator=generator) for _ in range(3))
+    beta = torch.rand(1, 2, 16, generator=generator) if attention.uses_beta else None
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(*inputs, beta)
+            loss = y.float().square().sum()
+            g, = torch.autograd.grad(loss, inputs[0], create_graph=True)
+            (loss + 0.1 * g.square().sum()).backward()
+        return [x.grad for x in inputs]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-3, atol=1e-5)
+
+
+def test_a_subclass_parameter_read_in_phi_gets_its_gradient_under_cpu_autocast():
+    """A FastWeightAttention subclass whose :meth:`phi` reads a parameter of its own (a temperature), not one
+    of the feature map's: under bf16 autocast the node that runs φ and the kernel was given the feature
+    map's parameters only, so the temperature's gradient was ``None`` (0.147 without autocast). Now every
+    parameter of the module gets the gradient it gets without autocast."""
+    from torch import nn
+
+    from fwbench.variants import EluPlusOne, FastWeightAttention
+
+    class Tempered(FastWeightAttention):
+        def __init__(self):
+            super().__init__(EluPlusOne(4), "sum", form="chunk")
+            self.temperature = nn.Parameter(torch.tensor(0.8))
+
+        def phi(self, x, query=False):
+            return super().phi(x * self.temperature, query)
+
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+
+    def grad(enabled: bool) -> torch.Tensor | None:
+        attention = Tempered()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(q, k, v)
+            y.float().square().sum().backward()
+        return attention.temperature.grad
+
+    inside = grad(True)
+    assert inside is not None
+    torch.testing.assert_close(inside, grad(False), rtol=1e-4, atol=1e-6)
+
+
+def test_a_stochastic_phi_is_differentiated_on_its_forwards_sample_under_cpu_autocast():
+    """A φ with dropout under bf16 autocast: a second backward through a retained graph rebuilt φ and the
+    kernel, and a create_graph=True backward ran them again, each drawing a new dropout mask, so their
+    gradients belonged to another sample than the outputs (about 100 % off the first backward's). Now
+    every recomputation starts from the forward's random state: both equal the first backward's."""
+    from fwbench.variants import FastWeightAttention, FeatureMap
+
+    class Dropped(FeatureMap):
+        name = "dropped"
+
+        @property
+        def d_dot(self) -> int:
+            return self.d_key
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.dropout(F.elu(x) + 1, 0.5, training=True)
+
+    torch.manual_seed(0)
+    attention = FastWeightAttention(Dropped(4), "sum", form="chunk")
+    q, k, v = (torch.randn(1, 2, 16, 4).requires_grad_() for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, _ = attention(q, k, v)
+        loss = y.float().square().sum()
+        first, = torch.autograd.grad(loss, q, retain_graph=True)
+        second, = torch.autograd.grad(loss, q, retain_graph=True)
+        created, = torch.autograd.grad(loss, q, create_graph=True)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
+    torch.testing.assert_close(created.detach(), first, rtol=1e-5, atol=1e-7)
+
+
+def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_under_cpu_autocast():
+    """A learnable φ whose weight is a ``torch.nn.utils.parametrize`` parametrization, computed once inside
+    ``parametrize.cached()`` and read by two attention calls: under bf16 autocast the first call's backward
+    freed the shared weight's graph and the second raised 'Trying to backward through the graph a second
+    time'. Now the gradients are those without autocast."""
+    from torch import nn
+    from torch.nn.utils import parametrize
+
+    from fwbench.variants import FastWeightAttention, FeatureMap
+
+    class Symmetric(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x + x.T) / 2
+
+    class Learned(FeatureMap):
+        name = "learned"
+
+        def __init__(self, d_key: int):
+            super().__init__(d_key)
+            self.linear = nn.Linear(d_key, d_key)
+            parametrize.register_parametrization(self.linear, "weight", Symmetric())
+
+        @property
+        def d_dot(self) -> int:
+            return self.d_key
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return F.elu(self.linear(x)) + 1
+
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        attention = FastWeightAttention(Learned(4), "sum", form="chunk")
+        with parametrize.cached(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(q, k, v)
+            (y.float().square().sum() + attention.write_read(k, v, q).float().square().sum()).backward()
+        return [p.grad for p in attention.parameters()]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize(("spec", "form", "changed"),
+                         [("linear", "chunk", "q"), ("linear-delta", "recurrent", "v"), ("favor:m=8", "recurrent", "W")])
+def test_an_input_changed_in_place_that_no_op_saved_is_taken_by_a_backward_inside_cpu_autocast(spec, form, changed):
+    """An input changed in place (under no_grad) between the forward and the backward: plain autograd takes
+    it where no op saved that input, and the node that runs φ and the kernel under autocast read every saved
+    input in its backward, so torch raised 'one of the variables needed for gradient computation has been
+    modified by an inplace operation' (18 of 65 spec/form/input cases). Now the first backward reads only the
+    graph it kept, whose ops refuse what they saved as plain autograd does, and gives the same gradients."""
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+    beta = torch.rand(1, 2, 8, generator=generator)
+    attention = build_attention(spec, 4, form=form, chunk_size=4)
+    beta = beta if attention.uses_beta else None
+
+    def grads(enabled: bool) -> list[torch.Tensor]:
+        inputs = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        _, state = attention(q, k, v, beta)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+            y, _ = attention(*inputs, beta, state=state)
+            with torch.no_grad():
+                {"q": inputs[0], "v": inputs[2], "W": state.W}[changed].mul_(1.0)
+            y.float().square().sum().backward()
+        return [x.grad for x in inputs]
+
+    for inside, without in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)

@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..errors import VariantError
 from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
+from .double_backward import UnrecordedInInferenceMode
 from .gram import gram
 from .precision import all_finite, autocast_on, causal_matmul, compute_dtype, computed_in_fp32
 
@@ -198,7 +199,7 @@ def delta_rule_write_read(
         return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
 
 
-class _DeltaWriteRead(torch.autograd.Function):
+class _DeltaWriteRead(UnrecordedInInferenceMode):
     """:func:`delta_rule_write_read` with its backward derived by hand.
 
     Per chunk, with L = diag(β) K Kᵀ (whose strict lower part is A's) and S = Wᵀ:

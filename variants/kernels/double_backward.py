@@ -19,6 +19,21 @@ import torch
 from torch import Tensor
 
 
+class UnrecordedInInferenceMode(torch.autograd.Function):
+    """An autograd function that records nothing inside ``torch.inference_mode()``, as torch's own ops do,
+    also under a nested ``torch.enable_grad()``: there grad mode is on, so ``apply`` recorded a node for an
+    input that requires a gradient (a parameter, or a tensor made before the block) and saved tensors made
+    inside it, and torch raised 'Inference tensors cannot be saved for backward' where a plain op answers.
+    The kernels' hand-written autograd functions derive from it."""
+
+    @classmethod
+    def apply(cls, *args):
+        if torch.is_inference_mode_enabled() and torch.is_grad_enabled():
+            with torch.no_grad():
+                return super().apply(*args)
+        return super().apply(*args)
+
+
 def autocast_state(x: Tensor) -> tuple[str, bool, torch.dtype] | None:
     """The autocast state (device type, enabled, dtype) for ``x``'s device, taken in a forward, so a
     recomputation in the backward (which runs under the caller's state then, not the forward's) gives

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .double_backward import grad_by_recomputation
+from .double_backward import UnrecordedInInferenceMode, grad_by_recomputation
 from .limits import floor_for
 from .precision import compute_dtype
 
@@ -38,7 +38,7 @@ def _products(r: Tensor, nu: int) -> Tensor:
     return phi
 
 
-class _DPFP(torch.autograd.Function):
+class _DPFP(UnrecordedInInferenceMode):
     @staticmethod
     def forward(ctx, x: Tensor, nu: int, normalize: bool, floor: float | None) -> Tensor:
         x32 = x.to(compute_dtype(x))

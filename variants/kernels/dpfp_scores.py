@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..errors import VariantError
 from . import compiled_scores
-from .double_backward import grad_by_recomputation
+from .double_backward import UnrecordedInInferenceMode, grad_by_recomputation
 from .dpfp import dpfp_composed
 from .precision import compute_dtype
 
@@ -93,7 +93,7 @@ def _extend(k: Tensor, nu: int) -> Tensor:
     return torch.cat([k, k[..., :nu].neg()], dim=-1)
 
 
-class _DPFPQueryScores(torch.autograd.Function):
+class _DPFPQueryScores(UnrecordedInInferenceMode):
     @staticmethod
     def forward(ctx, k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
         dtype = compute_dtype(k, phi_q)

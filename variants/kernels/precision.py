@@ -39,7 +39,10 @@ def computed_in_fp32(x: Tensor) -> AbstractContextManager:
     :func:`compute_dtype`, and autocast would run their matmuls in bf16/fp16. This reaches the forward
     only; :func:`run_in_fp32` turns it off for the backward too. There the sum-normalised
     read's gradient, a difference of near-equal terms over a small mass zᵀφ(q), lost every digit
-    (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16."""
+    (DPFP's query gradient 100 % off the fp32 run's), and CPU's solve_triangular refuses bf16.
+    Neither reaches the backward of a forward run outside the block (or in an inner
+    ``torch.autocast(..., enabled=False)``) that is called inside it: call ``backward()`` outside the
+    autocast block, as PyTorch's AMP recipe does."""
     return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
 
 
@@ -55,7 +58,23 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     outside the block, chunk form; 9-33 % in the others), finite and without a warning. Where autograd
     records, ``fn``'s graph is therefore built inside one :class:`_AutocastOff` node, whose backward
     differentiates it with autocast off. ``params``: tensors ``fn`` reads besides ``inputs`` (a
-    learnable φ's parameters), which get their gradients through the same node.
+    learnable φ's parameters: the attention module passes all of its own, its feature map's among them),
+    which get their gradients through the same node.
+
+    Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain
+    tensor with ``requires_grad=True`` held in an attribute or a closure, not registered as an
+    ``nn.Parameter``) is not found, and gets no gradient (``None``) from a backward under autocast; it
+    does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` (constants as
+    buffers, which need no gradient). An input changed in place after the forward is refused as plain
+    autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in a second
+    backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
+    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does.
+
+    Not covered: a forward run without autocast (outside the block, or in an inner
+    ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
+    takes the plain path, free of this node's cost and bit for bit the run without autocast, so its
+    backward runs under the caller's autocast (DPFP's gradients 8 % off the fp32 run's): call
+    ``backward()`` outside the autocast block, as PyTorch's AMP recipe does.
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
@@ -63,33 +82,71 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in (*inputs, *params)):
+        recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
+        # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded:
             return tuple(fn(*inputs))
-        missing: list[bool] = []
+        return _apply(fn, len(inputs), x.device.type, (*inputs, *params))
 
-        def present(*args: Tensor | None) -> tuple[Tensor, ...]:
-            # an autograd function returns tensors only: a None output (the delta rule's z) is left out
-            outputs = tuple(fn(*args))
-            missing[:] = [out is None for out in outputs]
-            return tuple(out for out in outputs if out is not None)
 
-        found = iter(_AutocastOff.apply(present, len(inputs), x.device.type, *inputs, *params))
+def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: str,
+           tensors: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+    """``fn(*tensors[:n_inputs])`` through one :class:`_AutocastOff` node (``tensors[n_inputs:]``: the
+    params ``fn`` reads), ``None`` outputs kept in place."""
+    missing: list[bool] = []
+
+    def present(*args: Tensor | None) -> tuple[Tensor, ...]:
+        # an autograd function returns tensors only: a None output (the delta rule's z) is left out
+        outputs = tuple(fn(*args))
+        missing[:] = [out is None for out in outputs]
+        return tuple(out for out in outputs if out is not None)
+
+    found = iter(_AutocastOff.apply(present, n_inputs, device, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
+
+
+def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.device, Tensor]]:
+    """The random generators' states a recomputation of ``fn`` must start from: the CPU one, and that of
+    each CUDA device the tensors are on (as ``torch.utils.checkpoint``'s ``preserve_rng_state``)."""
+    devices = {t.device for t in tensors if t is not None and t.is_cuda}
+    return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
+
+
+@contextmanager
+def _replayed_rng(state: tuple[Tensor, dict[torch.device, Tensor]]) -> Iterator[None]:
+    """Run the block from the generators' states ``state`` (:func:`_rng_state`), then set back the ones it
+    found, so a recomputation neither draws another sample nor moves the caller's generators."""
+    cpu, cuda = state
+    found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
+    torch.set_rng_state(cpu)
+    for device, generator_state in cuda.items():
+        torch.cuda.set_rng_state(generator_state, device)
+    try:
+        yield
+    finally:
+        torch.set_rng_state(found[0])
+        for device, generator_state in found[1].items():
+            torch.cuda.set_rng_state(generator_state, device)
 
 
 class _AutocastOff(torch.autograd.Function):
     """:func:`run_in_fp32`'s node: ``fn``'s graph is built inside ``forward`` on detached inputs, kept
     in ``ctx`` and differentiated by ``backward`` with autocast off (let go after the first backward,
     as :func:`~.double_backward.kept_graph` does; a second one, through a retained graph, builds it
-    again). Under ``create_graph=True`` the backward runs ``fn`` again on the saved inputs (connected
-    to the caller's graph) and differentiates that, so second derivatives keep every path; that
-    second-order graph's own backward runs under the caller's autocast state."""
+    again). Under ``create_graph=True`` the backward's vector-Jacobian product is itself computed
+    through another such node (a function of the saved inputs and the incoming gradients that runs
+    ``fn`` again and differentiates it), so the second-order graph's backward runs with autocast off
+    too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
+    derivatives were bf16 (linear-fwm's 460 % off the fp32 run's). Every recomputation of ``fn`` starts from the
+    random generators' states of the forward (:func:`_rng_state`): a φ with dropout got its gradients from
+    another sample than its outputs."""
 
     @staticmethod
     def forward(ctx, fn, n_inputs, device, *tensors):
         ctx.fn, ctx.n_inputs = fn, n_inputs
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
+        ctx.rng = _rng_state(tensors)  # a stochastic φ (dropout) draws the same sample in every recomputation
         ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[3:])
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
@@ -104,30 +161,59 @@ class _AutocastOff(torch.autograd.Function):
         return [*inputs, *tensors[n_inputs:]], outputs
 
     @staticmethod
+    def _rebuilt(ctx, saved):
+        """The forward's graph built again (a second backward through a retained graph), on the forward's
+        random sample."""
+        with _replayed_rng(ctx.rng):
+            return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[3:])
+
+    @staticmethod
+    def _vjp(fn, n_inputs, n_outputs, params, rng):
+        """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
+        then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
+
+        def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
+            inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
+            with _replayed_rng(rng):
+                outputs = fn(*inputs)
+            return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
+
+        return vjp
+
+    @staticmethod
+    def _grads(inputs, outputs, grads, params, create_graph):
+        """The gradient of Σ⟨grads, outputs⟩ for every input and param that requires one (else ``None``)."""
+        leaves = [t if t is not None and t.requires_grad else None for t in (*inputs, *params)]
+        wanted = [t for t in leaves if t is not None]
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
+                 if grad is not None and out.requires_grad]
+        if not wanted or not pairs:
+            return (None,) * len(leaves)
+        # retained: fn's graph may reach a graph made outside it, shared with other calls (a weight that
+        # parametrize.cached() computed once for two attention calls), which the caller's one backward
+        # runs through once per call here; freed, the second call raised 'Trying to backward through the
+        # graph a second time'. fn's own graph is let go with ctx.graph at the end of this backward.
+        found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
+                                         create_graph=create_graph, retain_graph=True, allow_unused=True))
+        return tuple(None if t is None else next(found) for t in leaves)
+
+    @staticmethod
     def backward(ctx, *grads):
-        saved = ctx.saved_tensors  # raises on a backward through a freed graph
         device, _, dtype = ctx.autocast
         n = ctx.n_inputs
         with torch.autocast(device, dtype=dtype, enabled=False):
-            if torch.is_grad_enabled():  # create_graph=True: the kept graph's inputs are detached from the caller's
+            if torch.is_grad_enabled():  # create_graph=True: a node of its own, whose backward is autocast-off too
+                saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
                 ctx.graph = None
-                # each input through a view of its own: a tensor passed twice (write's k as q) had its
-                # gradient counted once per use by autograd.grad with respect to the tensor itself
-                leaves = [None if t is None or not t.requires_grad else t.view_as(t) for t in saved[:n]]
-                with torch.enable_grad():
-                    outputs = ctx.fn(*[t if view is None else view for view, t in zip(leaves, saved)])
-                leaves += [t if t.requires_grad else None for t in saved[n:]]
-            else:
-                leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._graph(ctx.fn, n, saved, ctx.needs_input_grad[3:]))
-                leaves = [t if t is not None and t.requires_grad else None for t in leaves]
-            wanted = [t for t in leaves if t is not None]
-            pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
-                     if grad is not None and out.requires_grad]
-            if not wanted or not pairs:
-                return (None,) * (3 + len(saved))
-            found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
-                                             create_graph=torch.is_grad_enabled(), allow_unused=True))
-        return (None, None, None, *(None if t is None else next(found) for t in leaves))
+                params = saved[n:]
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng)
+                return (None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
+            # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
+            # version counters, so an input changed in place after the forward is refused where fn's own ops
+            # saved it, as plain autograd does (reading them here refused every such change)
+            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, ctx.saved_tensors))
+            found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
+        return (None, None, None, *found)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from .double_backward import autocast_state, grad_by_recomputation, kept_graph, under_autocast
+from .double_backward import UnrecordedInInferenceMode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
 from .precision import cat, compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -83,7 +83,7 @@ def _math_kernel_chosen(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tens
     return choose(q, keys, values, attn_mask) == torch.nn.attention.SDPBackend.MATH.value
 
 
-class _FusedAttention(torch.autograd.Function):
+class _FusedAttention(UnrecordedInInferenceMode):
     """The fused kernel, with its own first-order backward, and second-order gradients: torch's CPU
     flash kernel has no derivative of its backward, so ``create_graph=True`` (Hessian-vector
     products, ``gradgradcheck``) raised "derivative for
