@@ -68,7 +68,11 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     buffers, which need no gradient). An input changed in place after the forward is refused as plain
     autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in a second
     backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
-    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does.
+    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does. A φ that
+    draws random numbers replays them in those two recomputations from the default CPU generator and the
+    inputs' CUDA generators only: one drawing from a ``torch.Generator`` of its own (``torch.rand(...,
+    generator=g)``) gets its second-backward and ``create_graph`` gradients from another sample, as under
+    ``torch.utils.checkpoint``; draw from the default generator (``torch.nn.functional.dropout``) instead.
 
     Not covered: a forward run without autocast (outside the block, or in an inner
     ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
