@@ -137,6 +137,23 @@ def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[li
             yield free
 
 
+def store_trained(store: ResultsStore, record: dict) -> bool:
+    """:meth:`ResultsStore.append` of the record of a run this driver trained. Returns whether it was written.
+
+    Raises:
+        FwbenchError: the store's refusal (a records file's link re-pointed while the run trained, to a name too long,
+            a loop, a directory …), saying that this run's record was not stored and the run is trained again by
+            the next ``fwbench run``: the refusal alone (or the traceback before it) left the run's loss unsaid.
+    """
+    try:
+        return store.append(record)
+    except FwbenchError as exc:
+        label = record.get("variant", {}).get("spec") if isinstance(record.get("variant"), dict) else None
+        named = f"{record['run_id']} ({label})" if label else record["run_id"]
+        raise FwbenchError(f"{exc}; run {named} finished ({record.get('status')}) but its record was not stored: "
+                           "it is trained again by the next fwbench run on this store") from None
+
+
 def count_stored(summary: dict, stored: bool, record: dict) -> bool:
     """Count a run this driver trained in ``summary``: ``ran`` (with ``diverged`` and ``failed`` by its status) where
     its record was ``stored``, else ``discarded``, its record refused because another driver stored that run first
@@ -203,7 +220,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
 
     def store_record(record: dict) -> None:
         bar.update(1)
-        if not count_stored(summary, store.append(record), record):
+        if not count_stored(summary, store_trained(store, record), record):
             return
         if record["status"] == "failed":
             bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
@@ -304,7 +321,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         bar.set_description(spec.label)
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
         # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
-        count_stored(summary, store.append(record) if context.is_main else True, record)
+        count_stored(summary, store_trained(store, record) if context.is_main else True, record)
         bar.update(1)
 
     def try_each(specs: list[RunSpec]) -> list[RunSpec]:

@@ -307,7 +307,15 @@ class ResultsStore:
         and claimed in their own: two drivers trained every run twice, and one of them dropped its records while
         saying it had trained them. Only a link to a records file (a regular file, or none yet) moves them: beside a
         link's device, pipe or directory they were made in a directory never named (/dev/runs.lock for ln -s
-        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused."""
+        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused.
+
+        Raises:
+            FwbenchError: the records file (or a link on the way to it) now leads to a name longer than the file
+                system allows, refused as at start-up (:func:`_refuse_too_long`): a link re-pointed so while a driver
+                ran ended it in a traceback, "OSError: [Errno 36] File name too long", from the lock, claim or
+                append that looked it up.
+        """
+        _refuse_too_long(self.option, self.path)
         real = Path(reachable(os.path.realpath(self.path)))
         if len(os.fsencode(real)) >= os.pathconf("/", "PC_PATH_MAX"):
             # past the limit from the working directory too (R a link into a deep tree): its links as spelled, each
