@@ -2341,6 +2341,54 @@ def _(ctx):
     return cli(ctx, "bench", "--profile", "quick", "--lengths", "32", "--variants", "linear", "--no-extras",
                "--results-dir", str(second), "--quiet")
 
+@row("C279")
+def _(ctx):
+    """A records file's link re-pointed to a name of 300 bytes while its run trained: a traceback from the append, 'File
+    name too long', and the run's record lost unsaid."""
+    import fwbench.run.runner as runner
+
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    for name in ("A", "B", "D"):
+        os.mkdir(name)
+    os.symlink("../A/runs.jsonl", "B/runs.jsonl")
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            os.symlink("../D/" + "a" * 300, "B/new")
+            os.replace("B/new", "B/runs.jsonl")
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+
+    ctx.monkeypatch.setattr(runner, "launch", launch)
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--results-dir", "B", "--quiet")
+    assert Path("A/runs.jsonl").read_text() == ""
+    return answer
+
+
+@row("C280")
+def _(ctx):
+    """A records file's link re-pointed to a name of 300 bytes between two runs: a traceback from the next claim."""
+    import fwbench.run.runner as runner
+
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    for name in ("A", "B", "D"):
+        os.mkdir(name)
+    os.symlink("../A/runs.jsonl", "B/runs.jsonl")
+    launched = []
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            launched.append(spec.run_id)
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+            os.symlink("../D/" + "a" * 300, "B/new")  # after the record is stored, before the next run is claimed
+            os.replace("B/new", "B/runs.jsonl")
+
+    ctx.monkeypatch.setattr(runner, "launch", launch)
+    answer = cli(ctx, "run", str(grid_file(ctx, TINY_GRID.replace("seed = 1", "seed = [1, 2]"))), "--results-dir", "B", "--quiet",
+                 "--no-pack")
+    assert len(launched) == 1 and len(Path("A/runs.jsonl").read_text().splitlines()) == 1
+    return answer
+
+
 @row("C225")
 def _(ctx):
     """A results directory that is a link to nothing: mkdir met the link, 'File exists'."""

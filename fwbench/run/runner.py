@@ -10,7 +10,6 @@ import errno
 import os
 import sys
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import replace
@@ -96,21 +95,25 @@ def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
 
 
 def settled_elsewhere(store: ResultsStore, read: LoadedRecords) -> set[str]:
-    """Run ids that this driver must not train: those with a finished record, and those given any record, a
+    """Run ids that this driver must not train: those with a finished record, and those given a record, a
     ``failed`` one included, since ``read`` (the load the to-do list came from).
 
     The second set is another process's try of a run in this same sweep (its holder's, or a process that
     stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
     one sweep and its failure went unreported; a failed record already stored when the driver started is
-    retried, as ever. Where the records file is no longer the one read (its link re-pointed since, ln -sfn
-    ../C/runs.jsonl B/runs.jsonl), every record of the file it now leads to was given by others: counted against
-    the old file's, a run failed in both, stored failed in the new one by its driver meanwhile, was trained again.
+    retried, as ever. A record counts as given since ``read`` where the file now holds more lines of its text
+    than ``read`` did, whatever file the records file is now: the same one grown, the same lines rewritten by
+    rename (sed -i, an editor; 0cbd59d took every line of a file with another inode as new, and a run failed in an
+    earlier sweep was never retried), or another store's file a re-pointed link leads to (ln -sfn
+    ../C/runs.jsonl B/runs.jsonl: a run failed in both, stored failed in C by its driver meanwhile, is left to it).
+    A failure stored elsewhere with the very text of one read (same run, same error) reads as the one read, and
+    its run is retried.
     """
     loaded = store.load()
-    since = read.counts if loaded.source == read.source else Counter()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed
     # record before the read and was tried again elsewhere since, and failed again, read as one record as before
-    return loaded.finished_ids() | {run_id for run_id, count in loaded.counts.items() if count > since[run_id]}
+    fresh = {key[0] for key, count in loaded.lines.items() if count > read.lines[key]}
+    return loaded.finished_ids() | fresh
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:
@@ -132,6 +135,23 @@ def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[li
             taken = {spec.run_id for spec in free}
             waiting = [spec for spec in waiting if spec.run_id not in taken]
             yield free
+
+
+def store_trained(store: ResultsStore, record: dict) -> bool:
+    """:meth:`ResultsStore.append` of the record of a run this driver trained. Returns whether it was written.
+
+    Raises:
+        FwbenchError: the store's refusal (a records file's link re-pointed while the run trained, to a name too long,
+            a loop, a directory …), saying that this run's record was not stored and the run is trained again by
+            the next ``fwbench run``: the refusal alone (or the traceback before it) left the run's loss unsaid.
+    """
+    try:
+        return store.append(record)
+    except FwbenchError as exc:
+        label = record.get("variant", {}).get("spec") if isinstance(record.get("variant"), dict) else None
+        named = f"{record['run_id']} ({label})" if label else record["run_id"]
+        raise FwbenchError(f"{exc}; run {named} finished ({record.get('status')}) but its record was not stored: "
+                           "it is trained again by the next fwbench run on this store") from None
 
 
 def count_stored(summary: dict, stored: bool, record: dict) -> bool:
@@ -200,7 +220,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
 
     def store_record(record: dict) -> None:
         bar.update(1)
-        if not count_stored(summary, store.append(record), record):
+        if not count_stored(summary, store_trained(store, record), record):
             return
         if record["status"] == "failed":
             bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
@@ -301,7 +321,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         bar.set_description(spec.label)
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
         # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
-        count_stored(summary, store.append(record) if context.is_main else True, record)
+        count_stored(summary, store_trained(store, record) if context.is_main else True, record)
         bar.update(1)
 
     def try_each(specs: list[RunSpec]) -> list[RunSpec]:

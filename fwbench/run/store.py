@@ -263,9 +263,10 @@ class LoadedRecords:
     #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
-    #: (device, inode) of the file read, None where there was none: what was read is compared only with a later read
-    #: of the same file (a records file's link re-pointed between the two leads to another store's file)
-    source: tuple[int, int] | None = None
+    #: how many parseable lines of each text hold each run id, keyed (run_id, SHA-256 of the line's text): a later
+    #: read tells the lines stored since from those already there by their text, not by the file's (device, inode),
+    #: which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept
+    lines: Counter = field(default_factory=Counter)
 
     def finished_ids(self) -> set[str]:
         """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
@@ -306,7 +307,15 @@ class ResultsStore:
         and claimed in their own: two drivers trained every run twice, and one of them dropped its records while
         saying it had trained them. Only a link to a records file (a regular file, or none yet) moves them: beside a
         link's device, pipe or directory they were made in a directory never named (/dev/runs.lock for ln -s
-        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused."""
+        /dev/null R/runs.jsonl; P/runs.lock for ln -s ../P/sub R/…) before the records file was refused.
+
+        Raises:
+            FwbenchError: the records file (or a link on the way to it) now leads to a name longer than the file
+                system allows, refused as at start-up (:func:`_refuse_too_long`): a link re-pointed so while a driver
+                ran ended it in a traceback, "OSError: [Errno 36] File name too long", from the lock, claim or
+                append that looked it up.
+        """
+        _refuse_too_long(self.option, self.path)
         real = Path(reachable(os.path.realpath(self.path)))
         if len(os.fsencode(real)) >= os.pathconf("/", "PC_PATH_MAX"):
             # past the limit from the working directory too (R a link into a deep tree): its links as spelled, each
@@ -563,6 +572,7 @@ class ResultsStore:
             return LoadedRecords([])
         records: dict[str, dict] = {}
         counts: Counter = Counter()
+        lines: Counter = Counter()
         problems, skipped_lines = [], []
         try:
             handle = open(self.path, "rb")
@@ -571,7 +581,6 @@ class ResultsStore:
             # ended in a traceback (IsADirectoryError) from its check of an empty store
             raise self._unreadable(exc) from None
         with handle:
-            found = os.fstat(handle.fileno())
             for number, raw in enumerate(handle, start=1):
                 text = _line_text(raw, first=number == 1)
                 if not text:
@@ -589,8 +598,8 @@ class ResultsStore:
                     continue
                 records[run_id] = record
                 counts[run_id] += 1
-        return LoadedRecords(list(records.values()), problems, skipped_lines, counts,
-                             (found.st_dev, found.st_ino))
+                lines[run_id, hashlib.sha256(text.encode("utf-8", errors="replace")).digest()] += 1
+        return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines)
 
     def records(self) -> list[dict]:
         return self.load().records

@@ -608,3 +608,46 @@ def test_a_run_failed_before_and_stored_failed_in_the_file_a_re_pointed_link_now
     assert summary == {"total": 2, "skipped": 1, "ran": 1, "discarded": 0, "diverged": 0, "failed": 0}
     assert [json.loads(line)["run_id"] for line in (third / "runs.jsonl").read_text().splitlines()] == [
         retried, specs[0].run_id]
+
+
+@pytest.mark.parametrize("rewrite", ["rename", "link to a copy"])
+def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_rewritten_with_the_same_lines(
+        grid_path, tmp_path, monkeypatch, rewrite):
+    """Break-it finding (h-relink2): 0cbd59d told the records since the to-do list's read by the file's (device,
+    inode): runs.jsonl rewritten by rename with the same lines (sed -i, an editor saving by rename, cp f t; mv t f),
+    or its link re-pointed to a copy, every line read as stored by another driver in this sweep, a failed record of
+    an earlier sweep too: that run was left untried ('11 trained now, 1 already in', 11 of 12 cells finished).
+    Lines are told by their text: the failed run is retried and finishes."""
+    import fwbench.run.runner as runner
+
+    first, second = tmp_path / "A", tmp_path / "C"
+    first.mkdir()
+    second.mkdir()
+    records, directory = first / "runs.jsonl", first
+    if rewrite == "link to a copy":
+        directory = tmp_path / "B"
+        directory.mkdir()
+        (directory / "runs.jsonl").symlink_to("../A/runs.jsonl")
+    specs = expand(load_grid(grid_path), "quick")[:3]
+    retried = specs[2].run_id
+    ResultsStore(first).append({"run_id": retried, "status": "failed", "error": "earlier sweep"})
+    launched = []
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            launched.append(spec.run_id)
+            if len(launched) == 1:  # while the first run trains, the records file becomes another with the same lines
+                if rewrite == "rename":
+                    (first / "copy").write_bytes(records.read_bytes())
+                    (first / "copy").replace(records)
+                else:
+                    (second / "runs.jsonl").write_bytes(records.read_bytes())
+                    (directory / "runs.jsonl").unlink()
+                    (directory / "runs.jsonl").symlink_to("../C/runs.jsonl")
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+
+    monkeypatch.setattr(runner, "launch", launch)
+    summary = run_grid(specs, ResultsStore(directory), LaunchOptions(device="cpu"), quiet=True, pack=False)
+    assert launched == [spec.run_id for spec in specs]
+    assert summary == {"total": 3, "skipped": 0, "ran": 3, "discarded": 0, "diverged": 0, "failed": 0}
+    assert ResultsStore(directory).finished_ids() == {spec.run_id for spec in specs}
