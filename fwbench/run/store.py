@@ -263,9 +263,10 @@ class LoadedRecords:
     #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
-    #: how many parseable lines of each text hold each run id, keyed (run_id, SHA-256 of the line's text): a later
-    #: read tells the lines stored since from those already there by their text, not by the file's (device, inode),
-    #: which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept
+    #: how many ``failed`` records of each content each run id has, keyed (run_id, :func:`_record_digest`): a later
+    #: read tells the failures stored since from those already there by their content, not by the file's (device,
+    #: inode), which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines
+    #: kept, nor by their text, which a re-serialisation (jq -c, another key order or separators) changes
     lines: Counter = field(default_factory=Counter)
 
     def finished_ids(self) -> set[str]:
@@ -598,7 +599,8 @@ class ResultsStore:
                     continue
                 records[run_id] = record
                 counts[run_id] += 1
-                lines[run_id, hashlib.sha256(text.encode("utf-8", errors="replace")).digest()] += 1
+                if record.get("status") == "failed":  # a run with any other record is settled whatever its lines
+                    lines[run_id, _record_digest(record)] += 1
         return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines)
 
     def records(self) -> list[dict]:
@@ -796,6 +798,15 @@ class ResultsStore:
             os.close(fd)
         self._claims_fds.clear()
         self._spare_fds.clear()
+
+
+def _record_digest(record: dict) -> bytes:
+    """SHA-256 of ``record``'s content in one canonical JSON text (keys sorted, no spaces, non-ASCII escaped):
+    the same record re-serialised (``jq -c``, ``json.dumps`` with other separators, another key order, raw UTF-8
+    for fwbench's escapes) has one digest. Hashing the line's own text took a failed record rewritten so for one
+    stored since the driver's read, and the run was never retried in that sweep."""
+    text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(text.encode("ascii")).digest()
 
 
 def _line_text(raw: bytes, first: bool) -> str:

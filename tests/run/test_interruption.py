@@ -610,14 +610,16 @@ def test_a_run_failed_before_and_stored_failed_in_the_file_a_re_pointed_link_now
         retried, specs[0].run_id]
 
 
-@pytest.mark.parametrize("rewrite", ["rename", "link to a copy"])
+@pytest.mark.parametrize("rewrite", ["rename", "link to a copy", "re-serialised in place", "re-serialised by rename"])
 def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_rewritten_with_the_same_lines(
         grid_path, tmp_path, monkeypatch, rewrite):
     """Break-it finding (h-relink2): 0cbd59d told the records since the to-do list's read by the file's (device,
     inode): runs.jsonl rewritten by rename with the same lines (sed -i, an editor saving by rename, cp f t; mv t f),
     or its link re-pointed to a copy, every line read as stored by another driver in this sweep, a failed record of
     an earlier sweep too: that run was left untried ('11 trained now, 1 already in', 11 of 12 cells finished).
-    Lines are told by their text: the failed run is retried and finishes."""
+    Lines are told by their text: the failed run is retried and finishes. Break-it pass S: by their raw text,
+    a rewrite that re-serialises the records (jq -c, sorted keys, other separators), in place or by rename, left
+    the run untried the same way; failed records are told by their content."""
     import fwbench.run.runner as runner
 
     first, second = tmp_path / "A", tmp_path / "C"
@@ -637,7 +639,15 @@ def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_r
         for spec in specs:
             launched.append(spec.run_id)
             if len(launched) == 1:  # while the first run trains, the records file becomes another with the same lines
-                if rewrite == "rename":
+                if rewrite.startswith("re-serialised"):
+                    text = "".join(json.dumps(json.loads(line), sort_keys=True, separators=(",", ":")) + "\n"
+                                   for line in records.read_text().splitlines())
+                    if rewrite.endswith("in place"):
+                        records.write_text(text)
+                    else:
+                        (first / "copy").write_text(text)
+                        (first / "copy").replace(records)
+                elif rewrite == "rename":
                     (first / "copy").write_bytes(records.read_bytes())
                     (first / "copy").replace(records)
                 else:
