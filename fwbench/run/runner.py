@@ -239,8 +239,18 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
             return
         device = resolve_device(options.device)
         torch.set_num_threads(options.threads)
+        given = set()
         for record in execute_packed(specs, device, progress_for(specs[0])):
-            store_record(record)
+            given.add(record["run_id"])
+            try:
+                store_record(record)
+            except FwbenchError as exc:
+                # a pack's runs are trained together: the refusal named the one it came on, its packmates went unsaid
+                rest = [f"{spec.run_id} ({spec.label})" for spec in specs if spec.run_id not in given]
+                if not rest:
+                    raise
+                raise FwbenchError(f"{exc}; so are the runs packed with it, trained with it and not stored either: "
+                                   f"{', '.join(rest)}") from None
 
     held_elsewhere: list[RunSpec] = []
     try:

@@ -661,3 +661,34 @@ def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_r
     assert launched == [spec.run_id for spec in specs]
     assert summary == {"total": 3, "skipped": 0, "ran": 3, "discarded": 0, "diverged": 0, "failed": 0}
     assert ResultsStore(directory).finished_ids() == {spec.run_id for spec in specs}
+
+
+def test_a_store_refusal_inside_a_pack_names_every_packed_run_left_unstored(grid_path, tmp_path, monkeypatch):
+    """Break-it pass S: a pack's runs are trained together and their records stored one by one; a store refusal on
+    the second record (a records file's link re-pointed to a name too long, say) named that run only, and the third
+    and fourth, trained as well, went unsaid. The message now names every packed run whose record was not stored."""
+    import fwbench.run.runner as runner
+    from fwbench.errors import FwbenchError
+
+    specs = expand(load_grid(grid_path), "quick")[:4]
+    assert len(specs) == 4
+    monkeypatch.setattr(runner, "plan_packs", lambda todo, policy, device: [todo])
+    monkeypatch.setattr(runner, "execute_packed", lambda specs, device, progress: (
+        {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}} for spec in specs))
+    appended = []
+    real_append = ResultsStore.append
+
+    def append(self, record):
+        if len(appended) == 1:
+            raise FwbenchError("--results-dir: refused")
+        appended.append(record["run_id"])
+        return real_append(self, record)
+
+    monkeypatch.setattr(ResultsStore, "append", append)
+    with pytest.raises(FwbenchError) as refused:
+        run_grid(specs, ResultsStore(tmp_path), LaunchOptions(device="cpu"), quiet=True, pack=True)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("--results-dir: refused; run ")
+    assert specs[0].run_id not in message
+    assert all(spec.run_id in message for spec in specs[1:])
+    assert "packed with it" in message
