@@ -155,6 +155,18 @@ def store_trained(store: ResultsStore, record: dict) -> bool:
                            "it is trained again by the next fwbench run on this store") from None
 
 
+def refused_on_every_rank(word):
+    """Rank 0's broadcast ``word``, or its store's refusal (a :class:`FwbenchError` it sent) raised on every rank of a
+    ``torchrun`` group: raised on rank 0 alone, the others waited in their next broadcast until rank 0 exited, and
+    each printed gloo's 'Connection closed by peer' traceback below rank 0's one line.
+
+    Raises:
+        FwbenchError: the refusal rank 0 met (the records file's link re-pointed to a name too long, a loop …)."""
+    if isinstance(word, FwbenchError):
+        raise FwbenchError(str(word)) from None
+    return word
+
+
 def count_stored(summary: dict, stored: bool, record: dict) -> bool:
     """Count a run this driver trained in ``summary``: ``ran`` (with ``diverged`` and ``failed`` by its status) where
     its record was ``stored``, else ``discarded``, its record refused because another driver stored that run first
@@ -318,11 +330,14 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         """Rank 0's word for ``spec``, on every rank: ``train`` (claimed here, not stored), ``stored`` (by another
         group since the to-do list was read) or ``held`` (another process is training it)."""
         if context.is_main:
-            if not claims.enter_context(store.claim(spec.run_id, wait=False)):
-                decision = "held"
-            else:
-                decision = "stored" if spec.run_id in settled_elsewhere(store, read) else "train"
-        return context.broadcast(decision if context.is_main else None)
+            try:
+                if not claims.enter_context(store.claim(spec.run_id, wait=False)):
+                    decision = "held"
+                else:
+                    decision = "stored" if spec.run_id in settled_elsewhere(store, read) else "train"
+            except FwbenchError as exc:
+                decision = exc
+        return refused_on_every_rank(context.broadcast(decision if context.is_main else None))
 
     def settle(spec: RunSpec, decision: str) -> None:
         if decision == "stored":
@@ -332,7 +347,14 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         bar.set_description(spec.label)
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
         # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
-        count_stored(summary, store_trained(store, record) if context.is_main else True, record)
+        stored = True
+        if context.is_main:
+            try:
+                stored = store_trained(store, record)
+            except FwbenchError as exc:
+                stored = exc
+        refused_on_every_rank(context.broadcast(stored if context.is_main else None))
+        count_stored(summary, stored, record)
         bar.update(1)
 
     def try_each(specs: list[RunSpec]) -> list[RunSpec]:

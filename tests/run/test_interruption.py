@@ -536,6 +536,34 @@ def test_a_torchrun_run_whose_record_another_driver_stored_first_is_not_counted_
     assert {r["run_id"]: r["by"] for r in other.records()}[stolen] == "another driver"
 
 
+@pytest.mark.parametrize("when", ["claim", "store"])
+def test_a_store_refusal_on_torchrun_rank_0_is_raised_on_every_rank(grid_path, tmp_path, monkeypatch, when):
+    """Break-it pass S: rank 0's store refused (its records file's link re-pointed to a name too long, at the next
+    claim or at the record's append) and rank 0 exited with one line, while rank 1 waited in its next broadcast and
+    printed gloo's 'Connection closed by peer' traceback. Rank 0 now sends its refusal, and every rank raises it."""
+    import torch
+
+    import fwbench.run.runner as runner
+    from fwbench.errors import FwbenchError
+    from fwbench.run.distributed import DistributedContext
+    from fwbench.run.runner import run_grid_distributed
+
+    refusal = FwbenchError("--results-dir: refused")
+    words = iter([[spec.run_id for spec in expand(load_grid(grid_path), "quick")]]
+                 + ([refusal] if when == "claim" else ["train", refusal]))
+
+    class SecondRank(DistributedContext):  # rank 1 of 2, hearing what rank 0 sends
+        def broadcast(self, value):
+            assert value is None
+            return next(words)
+
+    monkeypatch.setattr(runner, "execute", lambda spec, device, progress, checkpoint, distributed: {
+        "run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}})
+    with pytest.raises(FwbenchError, match=r"^--results-dir: refused$"):
+        run_grid_distributed(expand(load_grid(grid_path), "quick"), ResultsStore(tmp_path), SecondRank(1, 1, 2, "gloo"),
+                             torch.device("cpu"), quiet=True)
+
+
 RE_POINTED_GRID = GRID.replace("max_steps = 40", "max_steps = 20").replace('S = [4, 8]', 'S = [4, 6, 8]')
 
 
