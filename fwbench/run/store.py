@@ -263,10 +263,11 @@ class LoadedRecords:
     #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
-    #: how many ``failed`` records of each content each run id has, keyed (run_id, :func:`_record_digest`): a later
-    #: read tells the failures stored since from those already there by their content, not by the file's (device,
-    #: inode), which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines
-    #: kept, nor by their text, which a re-serialisation (jq -c, another key order or separators) changes
+    #: how many ``failed`` records of each error each run id has, keyed (run_id, :func:`_failure_key`): a later read
+    #: tells the failures stored since from those already there by what they say, not by the file's (device, inode),
+    #: which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept,
+    #: nor by their text or full content, which a re-serialisation changes (jq -c: other separators and key order,
+    #: and 0.0 written 0)
     lines: Counter = field(default_factory=Counter)
 
     def finished_ids(self) -> set[str]:
@@ -600,7 +601,7 @@ class ResultsStore:
                 records[run_id] = record
                 counts[run_id] += 1
                 if record.get("status") == "failed":  # a run with any other record is settled whatever its lines
-                    lines[run_id, _record_digest(record)] += 1
+                    lines[run_id, _failure_key(record)] += 1
         return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines)
 
     def records(self) -> list[dict]:
@@ -800,13 +801,15 @@ class ResultsStore:
         self._spare_fds.clear()
 
 
-def _record_digest(record: dict) -> bytes:
-    """SHA-256 of ``record``'s content in one canonical JSON text (keys sorted, no spaces, non-ASCII escaped):
-    the same record re-serialised (``jq -c``, ``json.dumps`` with other separators, another key order, raw UTF-8
-    for fwbench's escapes) has one digest. Hashing the line's own text took a failed record rewritten so for one
-    stored since the driver's read, and the run was never retried in that sweep."""
-    text = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).digest()
+def _failure_key(record: dict) -> bytes:
+    """SHA-256 of a failed record's error message (its string as JSON decodes it; ``b""`` where it holds none): what
+    tells one failure from another, and survives any re-serialisation of the line (jq -c, sorted keys, escapes).
+    A failed record's other fields are the run's own (fwbench stores its wall time as 0.0): a digest of the whole
+    content took a rewrite by jq, which writes 0.0 as 0, for a failure stored since the read, and that run was not
+    retried; it also re-encoded every failed line (a second each 100k lines) and raised RecursionError on lines
+    nested one level short of the decoder's limit."""
+    error = record.get("error")
+    return hashlib.sha256(error.encode("utf-8", errors="replace")).digest() if isinstance(error, str) else b""
 
 
 def _line_text(raw: bytes, first: bool) -> str:

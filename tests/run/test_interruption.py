@@ -638,7 +638,8 @@ def test_a_run_failed_before_and_stored_failed_in_the_file_a_re_pointed_link_now
         retried, specs[0].run_id]
 
 
-@pytest.mark.parametrize("rewrite", ["rename", "link to a copy", "re-serialised in place", "re-serialised by rename"])
+@pytest.mark.parametrize("rewrite", ["rename", "link to a copy", "re-serialised in place", "re-serialised by rename",
+                                     "re-serialised as jq does"])
 def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_rewritten_with_the_same_lines(
         grid_path, tmp_path, monkeypatch, rewrite):
     """Break-it finding (h-relink2): 0cbd59d told the records since the to-do list's read by the file's (device,
@@ -647,7 +648,9 @@ def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_r
     an earlier sweep too: that run was left untried ('11 trained now, 1 already in', 11 of 12 cells finished).
     Lines are told by their text: the failed run is retried and finishes. Break-it pass S: by their raw text,
     a rewrite that re-serialises the records (jq -c, sorted keys, other separators), in place or by rename, left
-    the run untried the same way; failed records are told by their content."""
+    the run untried the same way; failed records are told by their content. Break-it pass T: by their whole content,
+    a rewrite by jq, which writes 0.0 as 0 (a failed record's wall_s), left it untried still; they are told by
+    their error message."""
     import fwbench.run.runner as runner
 
     first, second = tmp_path / "A", tmp_path / "C"
@@ -660,17 +663,23 @@ def test_a_run_failed_in_an_earlier_sweep_is_retried_after_the_records_file_is_r
         (directory / "runs.jsonl").symlink_to("../A/runs.jsonl")
     specs = expand(load_grid(grid_path), "quick")[:3]
     retried = specs[2].run_id
-    ResultsStore(first).append({"run_id": retried, "status": "failed", "error": "earlier sweep"})
+    ResultsStore(first).append({"run_id": retried, "status": "failed", "error": "earlier sweep", "wall_s": 0.0})
     launched = []
+
+    def as_jq_writes(value):  # jq 1.6 writes a float with an integral value as an integer
+        if isinstance(value, dict):
+            return {key: as_jq_writes(item) for key, item in value.items()}
+        return int(value) if isinstance(value, float) and value.is_integer() else value
 
     def launch(specs, options, progress_for):
         for spec in specs:
             launched.append(spec.run_id)
             if len(launched) == 1:  # while the first run trains, the records file becomes another with the same lines
                 if rewrite.startswith("re-serialised"):
-                    text = "".join(json.dumps(json.loads(line), sort_keys=True, separators=(",", ":")) + "\n"
+                    text = "".join(json.dumps(as_jq_writes(json.loads(line)) if rewrite.endswith("jq does")
+                                              else json.loads(line), sort_keys=True, separators=(",", ":")) + "\n"
                                    for line in records.read_text().splitlines())
-                    if rewrite.endswith("in place"):
+                    if not rewrite.endswith("by rename"):
                         records.write_text(text)
                     else:
                         (first / "copy").write_text(text)
@@ -720,3 +729,17 @@ def test_a_store_refusal_inside_a_pack_names_every_packed_run_left_unstored(grid
     assert specs[0].run_id not in message
     assert all(spec.run_id in message for spec in specs[1:])
     assert "packed with it" in message
+
+
+def test_a_failed_record_nested_near_the_decoders_limit_is_read(tmp_path):
+    """Break-it pass T: dae190c re-encoded every failed record to hash it, and json.dumps runs one frame deeper than
+    json.loads: a failed record nested 985-991 levels deep (the window moves with the caller's stack) loaded, then
+    raised RecursionError, and every later run and report on the store ended in that traceback. Lines from 900 to
+    1000 levels deep are each read as a record or skipped as corrupt, never raised."""
+    with (tmp_path / "runs.jsonl").open("w") as records:
+        for depth in range(900, 1001):
+            records.write(f'{{"run_id": "deep{depth}", "status": "failed", "error": "x", "extra": '
+                          f'{"[" * depth}{"]" * depth}}}\n')
+    loaded = ResultsStore(tmp_path).load()
+    assert len(loaded.records) + len(loaded.skipped_lines) == 101
+    assert loaded.finished_ids() == set()
