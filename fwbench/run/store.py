@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import stat
 from collections import Counter
 from collections.abc import Iterator
@@ -809,7 +810,14 @@ def _failure_key(record: dict) -> bytes:
     retried; it also re-encoded every failed line (a second each 100k lines) and raised RecursionError on lines
     nested one level short of the decoder's limit."""
     error = record.get("error")
-    return hashlib.sha256(error.encode("utf-8", errors="replace")).digest() if isinstance(error, str) else b""
+    if not isinstance(error, str):
+        return b""
+    # a lone surrogate (an escape json.loads keeps, from an undecodable file name): jq writes it back as U+FFFD, and
+    # errors="replace" gave '?', so a jq rewrite changed the key and the earlier failure read as a new one
+    return hashlib.sha256(_LONE_SURROGATE.sub("\ufffd", error).encode("utf-8")).digest()
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair into one character
 
 
 def _line_text(raw: bytes, first: bool) -> str:
