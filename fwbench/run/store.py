@@ -812,12 +812,16 @@ def _failure_key(record: dict) -> bytes:
     error = record.get("error")
     if not isinstance(error, str):
         return b""
-    # a lone surrogate (an escape json.loads keeps, from an undecodable file name): jq writes it back as U+FFFD, and
-    # errors="replace" gave '?', so a jq rewrite changed the key and the earlier failure read as a new one
-    return hashlib.sha256(_LONE_SURROGATE.sub("\ufffd", error).encode("utf-8")).digest()
+    # bytes no decoder agrees on: a lone surrogate (an escape json.loads keeps, from an undecodable file name), which
+    # jq writes back as U+FFFD and errors="replace" gave as '?'; invalid UTF-8 that this read replaces with one
+    # U+FFFD per byte and jq with one per sequence ('\xed\xa0\x80': 3 against 1). Either changed the key on a jq
+    # rewrite and the earlier failure read as a new one: every run of them counts as one U+FFFD
+    if "\ufffd" in error or not error.isascii():
+        error = _UNDECODED.sub("\ufffd", error)
+    return hashlib.sha256(error.encode("utf-8")).digest()
 
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins a valid pair into one character
+_UNDECODED = re.compile("[\ud800-\udfff\ufffd]+")  # json.loads joins a valid surrogate pair into one character
 
 
 def _line_text(raw: bytes, first: bool) -> str:

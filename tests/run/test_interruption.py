@@ -748,3 +748,22 @@ def test_a_failed_record_nested_near_the_decoders_limit_is_read(tmp_path):
     loaded = ResultsStore(tmp_path).load()
     assert len(loaded.records) + len(loaded.skipped_lines) == 101
     assert loaded.finished_ids() == set()
+
+
+@pytest.mark.parametrize("raw, as_jq_writes", [
+    (b"Mar\xed\xa0a.txt", "Mar\ufffda.txt"),  # Latin-1 bytes: one U+FFFD per byte here, one per sequence from jq
+    (b"\xe0\x80\x80", "\ufffd"),
+    (b"\xf4\x90\x80\x80", "\ufffd"),
+    (b"\xff", "\ufffd"),
+    (b"\\udcff", "\ufffd"),  # an escaped lone surrogate: jq writes U+FFFD
+])
+def test_a_failed_records_error_keeps_its_key_through_a_jq_rewrite(tmp_path, raw, as_jq_writes):
+    """Break-it pass V: invalid UTF-8 in a failed record's error (an editor saving Latin-1) is read with one U+FFFD per
+    byte, and jq 1.6 writes one per sequence: the key changed on a jq rewrite, and the earlier failure read as one
+    stored by another driver since (its run not retried, 11 of 12). Runs of undecodable characters count as one."""
+    from fwbench.run.store import _failure_key
+
+    (tmp_path / "runs.jsonl").write_bytes(b'{"run_id": "x", "status": "failed", "error": "' + raw + b'"}\n')
+    [read] = ResultsStore(tmp_path).load().records
+    assert _failure_key(read) == _failure_key({"error": as_jq_writes})
+    assert _failure_key(read) != _failure_key({"error": "other"})
