@@ -105,6 +105,15 @@ def call(kernel: Kernel, given: dict[str, torch.Tensor]) -> tuple[torch.Tensor, 
     return out if isinstance(out, tuple) else (out,)
 
 
+def built_or_skipped(spec: str, form: str, chunk_size: int):
+    """``build_attention(spec, 4, form=form, chunk_size=chunk_size)``, the test skipped where the rule has no
+    kernel for ``form``."""
+    try:
+        return build_attention(spec, 4, form=form, chunk_size=chunk_size)
+    except VariantError:
+        pytest.skip("a form the rule has no kernel for")
+
+
 @pytest.mark.parametrize(("name", "wide"), CASES, ids=[f"{name}-{wide}_float64" for name, wide in CASES])
 def test_one_float64_argument_makes_the_kernel_compute_in_float64(name, wide):
     kernel = KERNELS[name]
@@ -188,10 +197,7 @@ def test_a_wider_beta_computes_in_the_dtype_of_q_k_v_so_its_state_carries_on(spe
     compute in float64 and return a float64 state, which the next call with the same inputs refused
     ("state.W.dtype: got torch.float64; expected torch.float32"), as did every form's write-then-read but
     the fused one. It is now read in the inputs' compute dtype: bit for bit the fp32 β's answers."""
-    try:
-        attention = build_attention(spec, 4, form=form, chunk_size=2)
-    except VariantError:
-        pytest.skip("a form the rule has no kernel for")
+    attention = built_or_skipped(spec, form, chunk_size=2)
     generator = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 2, 6, 4, generator=generator), torch.randn(2, 2, 6, 4, generator=generator)
     v, beta = torch.randn(2, 2, 6, 3, generator=generator), torch.rand(2, 2, 6, generator=generator, dtype=torch.float64)
@@ -216,10 +222,7 @@ def test_a_write_read_takes_half_queries_beside_fp32_keys_as_read_does(spec, for
     another compute dtype (float64 beside fp32 keys) is still refused."""
     from fwbench.tasks.retrieval import RetrievalModel
 
-    try:
-        attention = build_attention(spec, 4, form=form, chunk_size=2)
-    except VariantError:
-        pytest.skip("a form the rule has no kernel for")
+    attention = built_or_skipped(spec, form, chunk_size=2)
     generator = torch.Generator().manual_seed(5)
     q, k = torch.randn(2, 2, 3, 4, generator=generator), torch.randn(2, 2, 6, 4, generator=generator)
     v, beta = torch.randn(2, 2, 6, 3, generator=generator), torch.rand(2, 2, 6, generator=generator)
@@ -252,10 +255,7 @@ def test_fast_weights_under_cpu_autocast_keep_an_fp32_state_with_or_without_auto
     which the next call refused ('state.W.dtype: got torch.bfloat16; expected torch.float32'), so a state
     could not be carried. Now every call answers, the state is fp32 as FastWeightState promises, and the
     answers without autograd are those with it, bit for bit."""
-    try:
-        attention = build_attention(spec, 4, form=form, chunk_size=3)
-    except VariantError:
-        pytest.skip("a form the rule has no kernel for")
+    attention = built_or_skipped(spec, form, chunk_size=3)
     generator = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 2, 7, 4, generator=generator).to(dtype) for _ in range(3))
     beta = torch.rand(2, 2, 7, generator=generator).to(dtype) if attention.uses_beta else None
@@ -334,10 +334,7 @@ def test_fast_weights_under_cpu_autocast_are_computed_in_fp32(spec, form, dtype)
     off the fp32 run's (bf16, every form), its key gradient 64 % (chunk form). Now fp32 inputs under
     autocast give the fp32 run's outputs, state and gradients."""
     torch.manual_seed(0)
-    try:
-        attention = build_attention(spec, 4, form=form, chunk_size=2)
-    except VariantError:
-        pytest.skip("a form the rule has no kernel for")
+    attention = built_or_skipped(spec, form, chunk_size=2)
     generator = torch.Generator().manual_seed(1)
     q, k, v = (0.5 * torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
     beta = 0.5 * torch.rand(1, 2, 6, generator=generator) if attention.uses_beta else None
@@ -367,10 +364,7 @@ def test_a_backward_inside_cpu_autocast_gives_the_gradients_of_one_outside_it(sp
     without a carried state, write, read, write_read) gives the same gradients, inside or outside, to fp32
     rounding."""
     torch.manual_seed(0)
-    try:
-        attention = build_attention(spec, 4, form=form, chunk_size=4)
-    except VariantError:
-        pytest.skip("a form the rule has no kernel for")
+    attention = built_or_skipped(spec, form, chunk_size=4)
     generator = torch.Generator().manual_seed(1)
     q, k, v = (0.5 * torch.randn(1, 2, 16, 4, generator=generator) for _ in range(3))
     beta = torch.rand(1, 2, 16, generator=generator)
