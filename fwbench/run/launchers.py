@@ -22,6 +22,7 @@ import os
 import signal
 import sys
 import traceback
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -74,12 +75,18 @@ class LaunchOptions:
 
 
 def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
-    """The record of a run that raised: kept for the report, retried on the next invocation."""
+    """The record of a run that raised: kept for the report, retried on the next invocation.
+
+    ``attempt``: a random id (32 lowercase hex digits) of this try, unique to it: a driver tells the failures stored
+    since its start-up read (another driver's try of the run in this sweep) from those already there by this id,
+    which every rewrite of the line (jq -c, sed, an editor) keeps as it is; see :func:`fwbench.run.store._failure_key`.
+    """
     message = error if isinstance(error, str) else "".join(traceback.format_exception_only(error)).strip()
     return {
         "run_id": spec.run_id, "grid": spec.grid, "task": spec.task,
         "variant": {"spec": spec.variant}, "seed": spec.seed, "config": spec.config,
-        "status": "failed", "error": message, "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,
+        "status": "failed", "error": message, "attempt": uuid.uuid4().hex,
+        "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,
     }
 
 

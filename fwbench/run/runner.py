@@ -101,14 +101,13 @@ def settled_elsewhere(store: ResultsStore, read: LoadedRecords) -> set[str]:
     The second set is another process's try of a run in this same sweep (its holder's, or a process that
     stored it and let go before this one claimed it): trained again here, a run that failed there ran twice in
     one sweep and its failure went unreported; a failed record already stored when the driver started is
-    retried, as ever. A failed record counts as given since ``read`` where the file now holds more failed records
-    of its run with its error message than ``read`` did (so a re-serialised line is the same record), whatever file the records
-    file is now: the same one grown, the same lines rewritten in place or by rename (sed -i, jq -c, an editor;
-    0cbd59d took every line of a file with another inode as new, and a run failed in an
-    earlier sweep was never retried), or another store's file a re-pointed link leads to (ln -sfn
-    ../C/runs.jsonl B/runs.jsonl: a run failed in both, stored failed in C by its driver meanwhile, is left to it).
-    A failure stored elsewhere with the error of one read (same run, same message) reads as the one read, and
-    its run is retried.
+    retried, as ever. A failed record counts as given since ``read`` where its try's ``attempt`` id was not in
+    ``read`` (a record without one, written before 2026-12-07 or by hand: where the file now holds more failed
+    records of its run with its error message than ``read`` did), whatever file the records file is now: the same
+    one grown, the same lines rewritten in place or by rename (sed -i, jq -c, an editor; 0cbd59d took every line of
+    a file with another inode as new, and a run failed in an earlier sweep was never retried), or another store's
+    file a re-pointed link leads to (ln -sfn ../C/runs.jsonl B/runs.jsonl: a run failed in C, by its driver or in an
+    earlier sweep, is left to C's driver; a copy of the store read keeps its ids, and its failures are retried).
     """
     loaded = store.load()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed

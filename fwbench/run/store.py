@@ -264,11 +264,11 @@ class LoadedRecords:
     #: how many parseable lines hold each run id (any status): ``records`` keeps one record per run id (the
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
-    #: how many ``failed`` records of each error each run id has, keyed (run_id, :func:`_failure_key`): a later read
-    #: tells the failures stored since from those already there by what they say, not by the file's (device, inode),
-    #: which a rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept,
-    #: nor by their text or full content, which a re-serialisation changes (jq -c: other separators and key order,
-    #: and 0.0 written 0)
+    #: the ``failed`` records of each run id, keyed (run_id, :func:`_failure_key`): 1 for each try's ``attempt`` id,
+    #: and for a record without one the number of failures with its error message. A later read tells the failures
+    #: stored since from those already there by these keys, not by the file's (device, inode), which a rewrite by
+    #: rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept, nor by their text
+    #: or full content, which a re-serialisation changes (jq -c: other separators and key order, and 0.0 written 0)
     lines: Counter = field(default_factory=Counter)
 
     def finished_ids(self) -> set[str]:
@@ -602,7 +602,9 @@ class ResultsStore:
                 records[run_id] = record
                 counts[run_id] += 1
                 if record.get("status") == "failed":  # a run with any other record is settled whatever its lines
-                    lines[run_id, _failure_key(record)] += 1
+                    key = _failure_key(record)
+                    # a try's id counts once: a line duplicated since the read (cat f f, a merge) is no new try
+                    lines[run_id, key] = 1 if len(key) == len(_ATTEMPT) + 32 else lines[run_id, key] + 1
         return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines)
 
     def records(self) -> list[dict]:
@@ -803,12 +805,20 @@ class ResultsStore:
 
 
 def _failure_key(record: dict) -> bytes:
-    """SHA-256 of a failed record's error message (its string as JSON decodes it; ``b""`` where it holds none): what
-    tells one failure from another, and survives any re-serialisation of the line (jq -c, sorted keys, escapes).
+    """What tells one failed record from another through any rewrite of its line (jq -c, sorted keys, escapes, sed):
+    ``attempt:`` and the record's ``attempt`` id, which :func:`~fwbench.run.launchers.failed_record` draws for each
+    try (32 hex digits, which every rewriter keeps as they are); for a record without one (written before 2026-12-07,
+    or by hand), the SHA-256 of its error message (its string as JSON decodes it; ``b""`` where it holds none).
+    The message alone did not survive every rewrite: jq 1.6 swallows up to two bytes after a lead byte whose sequence
+    runs past the string's end ('data/caf\\xe9\''), so the key changed and the earlier failure read as a new one (its
+    run not retried, break-it pass W); and two messages differing only in undecodable bytes shared a key.
     A failed record's other fields are the run's own (fwbench stores its wall time as 0.0): a digest of the whole
     content took a rewrite by jq, which writes 0.0 as 0, for a failure stored since the read, and that run was not
     retried; it also re-encoded every failed line (a second each 100k lines) and raised RecursionError on lines
     nested one level short of the decoder's limit."""
+    attempt = record.get("attempt")
+    if isinstance(attempt, str) and _ATTEMPT_ID.fullmatch(attempt):
+        return _ATTEMPT + attempt.encode("ascii")
     error = record.get("error")
     if not isinstance(error, str):
         return b""
@@ -821,6 +831,8 @@ def _failure_key(record: dict) -> bytes:
     return hashlib.sha256(error.encode("utf-8")).digest()
 
 
+_ATTEMPT = b"attempt:"  # an id's key has 40 bytes, an error's digest 32: the two kinds never meet
+_ATTEMPT_ID = re.compile("[0-9a-f]{32}")
 _UNDECODED = re.compile("[\ud800-\udfff\ufffd]+")  # json.loads joins a valid surrogate pair into one character
 
 

@@ -767,3 +767,75 @@ def test_a_failed_records_error_keeps_its_key_through_a_jq_rewrite(tmp_path, raw
     [read] = ResultsStore(tmp_path).load().records
     assert _failure_key(read) == _failure_key({"error": as_jq_writes})
     assert _failure_key(read) != _failure_key({"error": "other"})
+
+
+def _jq_16_rewrite(line: str) -> str:
+    """A failed record's line as jq 1.6 writes it back where its error's last byte is a lead byte with no sequence
+    after it (a Latin-1 editor's 'caf\\xe9'), read here as U+FFFD: jq swallows up to two bytes after it (here the
+    closing quote), so the message changes whatever the key does with undecodable characters."""
+    record = json.loads(line)
+    if record.get("status") == "failed":
+        record["error"] = record["error"].replace("\ufffd'", "\ufffd")
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("edit", ["rewritten as jq 1.6 does", "old failure deleted, another driver's appended",
+                                  "old failure duplicated"])
+def test_a_failed_records_try_is_told_by_its_attempt_id_through_any_edit_of_the_records_file(
+        grid_path, tmp_path, monkeypatch, edit):
+    """Break-it pass W: failed records were told apart by their error message, which jq 1.6 changes where it ends in
+    a lead byte with no sequence after it ('data/caf\\xe9'): the earlier failure read as another driver's try since the
+    start-up read and its run was not retried (11 of 12). Nor could a message count tell a failure deleted by hand
+    while another driver appended one of the same text (the run trained twice), or an old line duplicated (cat f f:
+    read as a new try, the run not retried). Each try's record holds a random ``attempt`` id that every rewriter
+    keeps; a failure is new where its id was not in the read."""
+    import fwbench.run.runner as runner
+    from fwbench.run.launchers import failed_record
+
+    specs = expand(load_grid(grid_path), "quick")[:3]
+    failing = specs[2]
+    records = tmp_path / "runs.jsonl"
+    error = "FileNotFoundError: [Errno 2] No such file or directory: 'data/caf\ufffd'"
+    ResultsStore(tmp_path).append(failed_record(failing, error))
+    launched = []
+
+    def launch(specs, options, progress_for):
+        for spec in specs:
+            launched.append(spec.run_id)
+            if len(launched) == 1:  # while the first run trains, the records file is edited
+                lines = records.read_text().splitlines()
+                if edit.startswith("rewritten"):
+                    lines = [_jq_16_rewrite(line) for line in lines]
+                elif edit.startswith("old failure deleted"):
+                    lines = [json.dumps(failed_record(failing, error), sort_keys=True)]
+                else:
+                    lines = lines + lines
+                records.write_text("".join(line + "\n" for line in lines))
+            yield {"run_id": spec.run_id, "status": "converged", "variant": {"spec": spec.label}}
+
+    monkeypatch.setattr(runner, "launch", launch)
+    summary = run_grid(specs, ResultsStore(tmp_path), LaunchOptions(device="cpu"), quiet=True, pack=False)
+    if edit.startswith("old failure deleted"):  # another driver's try of this sweep: left to it, not trained twice
+        assert launched == [spec.run_id for spec in specs[:2]]
+        assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
+    else:  # the failure of an earlier sweep: retried
+        assert launched == [spec.run_id for spec in specs]
+        assert summary == {"total": 3, "skipped": 0, "ran": 3, "discarded": 0, "diverged": 0, "failed": 0}
+        assert ResultsStore(tmp_path).finished_ids() == {spec.run_id for spec in specs}
+
+
+def test_failed_records_carry_a_fresh_attempt_id_that_keys_them_and_records_without_one_fall_back_to_the_error():
+    """Two tries of one run failing with the same message are two failures (their ``attempt`` ids differ), and each
+    keeps its key through a change of message; a record without a well-formed id (older, or written by hand) is
+    keyed by its message, as before."""
+    from fwbench.run.launchers import failed_record
+    from fwbench.run.store import _failure_key
+
+    spec = expand(load_grid("capacity"), "quick")[0]
+    first, second = failed_record(spec, "RuntimeError: boom"), failed_record(spec, "RuntimeError: boom")
+    assert re.fullmatch("[0-9a-f]{32}", first["attempt"]) and first["attempt"] != second["attempt"]
+    assert _failure_key(first) != _failure_key(second)
+    assert _failure_key(first) == _failure_key({**first, "error": "RuntimeError: bo"})
+    for odd in (None, 7, "", "A" * 32, first["attempt"][:31], first["attempt"] + "0"):
+        legacy = {**first, "attempt": odd}
+        assert _failure_key(legacy) == _failure_key({"error": "RuntimeError: boom"}) != _failure_key(first)
