@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from fwbench.variants.kernels import compiled_scores
-from fwbench.variants.kernels.double_backward import UnrecordedInInferenceMode, grad_by_recomputation
+from fwbench.variants.kernels.double_backward import apply_unrecorded_in_inference_mode, grad_by_recomputation
 from fwbench.variants.kernels.dpfp import dpfp_composed
 from fwbench.variants.kernels.dpfp_scores import query_roll_weights, roll_weights_gradient
 from fwbench.variants.kernels.precision import compute_dtype
@@ -131,10 +131,10 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
         # the compiled loops weight each pair by one of its two query weights, so a φ(q) past the
         # dtype's range scored 0 where φ(k)·φ(q) has 0 · inf, NaN: the plain lookup and product here
         return _scores_composed(keys.table_a, keys.ids_a, keys.table_b, keys.ids_b, query, kind, nu)
-    return _TableScores.apply(keys.table_a, keys.ids_a, keys.table_b, keys.ids_b, query, kind, nu)
+    return apply_unrecorded_in_inference_mode(_TableScores, keys.table_a, keys.ids_a, keys.table_b, keys.ids_b, query, kind, nu)
 
 
-class _TableScores(UnrecordedInInferenceMode):
+class _TableScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table_a, ids_a, table_b, ids_b, query, kind, nu):
         dtype = compute_dtype(table_a, table_b, query)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from ..errors import VariantError
 from .chunking import DEFAULT_CHUNK_SIZE, split_chunks
-from .double_backward import UnrecordedInInferenceMode
+from .double_backward import apply_unrecorded_in_inference_mode
 from .gram import gram
 from .precision import all_finite, autocast_on, causal_matmul, compute_dtype, computed_in_fp32
 
@@ -196,10 +196,10 @@ def delta_rule_write_read(
     # autocast cast the fp32 Gram matrix to bf16/fp16, which solve_triangular does not take on CPU
     # ('"triangular_solve_cpu" not implemented for 'BFloat16''): computed in fp32 as documented
     with computed_in_fp32(k):
-        return _DeltaWriteRead.apply(q, k, v, beta, W0, chunk_size)
+        return apply_unrecorded_in_inference_mode(_DeltaWriteRead, q, k, v, beta, W0, chunk_size)
 
 
-class _DeltaWriteRead(UnrecordedInInferenceMode):
+class _DeltaWriteRead(torch.autograd.Function):
     """:func:`delta_rule_write_read` with its backward derived by hand.
 
     Per chunk, with L = diag(β) K Kᵀ (whose strict lower part is A's) and S = Wᵀ:

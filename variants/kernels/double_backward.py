@@ -19,19 +19,18 @@ import torch
 from torch import Tensor
 
 
-class UnrecordedInInferenceMode(torch.autograd.Function):
-    """An autograd function that records nothing inside ``torch.inference_mode()``, as torch's own ops do,
-    also under a nested ``torch.enable_grad()``: there grad mode is on, so ``apply`` recorded a node for an
-    input that requires a gradient (a parameter, or a tensor made before the block) and saved tensors made
-    inside it, and torch raised 'Inference tensors cannot be saved for backward' where a plain op answers.
-    The kernels' hand-written autograd functions derive from it."""
-
-    @classmethod
-    def apply(cls, *args):
-        if torch.is_inference_mode_enabled() and torch.is_grad_enabled():
-            with torch.no_grad():
-                return super().apply(*args)
-        return super().apply(*args)
+def apply_unrecorded_in_inference_mode(function: type[torch.autograd.Function], *args):
+    """``function.apply(*args)``, recording nothing inside ``torch.inference_mode()``, as torch's own ops do, also
+    under a nested ``torch.enable_grad()``: there grad mode is on, so ``apply`` recorded a node for an input that
+    requires a gradient (a parameter, or a tensor made before the block) and saved tensors made inside it, and
+    torch raised 'Inference tensors cannot be saved for backward' where a plain op answers. The kernels call their
+    hand-written autograd functions through it. A function, not an ``apply`` override on a base class: torch.compile
+    cannot trace an overridden ``apply`` ('AutogradFunctionVariable() is not a constant', every variant with such a
+    function, with or without autocast)."""
+    if torch.is_inference_mode_enabled() and torch.is_grad_enabled():
+        with torch.no_grad():
+            return function.apply(*args)
+    return function.apply(*args)
 
 
 def autocast_state(x: Tensor) -> tuple[str, bool, torch.dtype] | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .double_backward import UnrecordedInInferenceMode, grad_by_recomputation
+from .double_backward import apply_unrecorded_in_inference_mode, grad_by_recomputation
 from .limits import floor_for
 from .precision import compute_dtype
 
@@ -38,7 +38,7 @@ def _products(r: Tensor, nu: int) -> Tensor:
     return phi
 
 
-class _DPFP(UnrecordedInInferenceMode):
+class _DPFP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, nu: int, normalize: bool, floor: float | None) -> Tensor:
         x32 = x.to(compute_dtype(x))
@@ -111,4 +111,4 @@ def dpfp(x: Tensor, nu: int, normalize: bool = False, floor: float | None = None
     """DPFP features of x (…, d) → (…, 2·d·ν) in fp32 (float64 for float64 x), divided by
     max(Σφ, ``floor``) if ``normalize``; ``floor=None`` takes the compute dtype's (1e-30 in fp32,
     1e-300 in float64, :mod:`.limits`)."""
-    return _DPFP.apply(x, nu, normalize, floor)
+    return apply_unrecorded_in_inference_mode(_DPFP, x, nu, normalize, floor)

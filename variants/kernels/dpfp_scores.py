@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ..errors import VariantError
 from . import compiled_scores
-from .double_backward import UnrecordedInInferenceMode, grad_by_recomputation
+from .double_backward import apply_unrecorded_in_inference_mode, grad_by_recomputation
 from .dpfp import dpfp_composed
 from .precision import compute_dtype
 
@@ -93,7 +93,7 @@ def _extend(k: Tensor, nu: int) -> Tensor:
     return torch.cat([k, k[..., :nu].neg()], dim=-1)
 
 
-class _DPFPQueryScores(UnrecordedInInferenceMode):
+class _DPFPQueryScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
         dtype = compute_dtype(k, phi_q)
@@ -199,4 +199,4 @@ def dpfp_query_scores(k: Tensor, phi_q: Tensor, nu: int) -> Tensor:
     if phi_q.shape[:-2] != k.shape[:-2]:  # the compiled loops read one query per key row, unchecked
         raise VariantError(f"phi_q: got shape {tuple(phi_q.shape)}; expected k's leading dimensions "
                            f"{tuple(k.shape[:-2])} before (1, {2 * d * nu})")
-    return _DPFPQueryScores.apply(k, phi_q, nu)
+    return apply_unrecorded_in_inference_mode(_DPFPQueryScores, k, phi_q, nu)

@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .double_backward import UnrecordedInInferenceMode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
+from .double_backward import apply_unrecorded_in_inference_mode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
 from .precision import all_finite, compute_dtype, denormals_flushed
 
 #: Layer-norm eps of the read-out, torch's default (the official code's value).
@@ -138,7 +138,7 @@ def _scan_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Tenso
     return y, W.view(B, H, d_v, d_dot)
 
 
-class _FlushedScan(UnrecordedInInferenceMode):
+class _FlushedScan(torch.autograd.Function):
     """:func:`_scan_chunks` with its forward and its backward both under :func:`denormals_flushed`.
     The chunked form's graph is built inside ``forward`` on detached inputs and kept in ``ctx``;
     ``backward`` differentiates it with :func:`torch.autograd.grad` and lets it go: kept for a
@@ -199,7 +199,7 @@ def _scan_in_chunks(q: Tensor | None, k: Tensor, v: Tensor, beta: Tensor, W0: Te
     if not torch.is_grad_enabled() or not any(x is not None and x.requires_grad for x in (q, k, v, beta, W0)):
         with denormals_flushed():
             return _scan_chunks(q, k, v, beta, W0, chunk_size)
-    reads, W = _FlushedScan.apply(q, k, v, beta, W0, chunk_size)
+    reads, W = apply_unrecorded_in_inference_mode(_FlushedScan, q, k, v, beta, W0, chunk_size)
     return (None if q is None else reads), W
 
 

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from .double_backward import UnrecordedInInferenceMode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
+from .double_backward import apply_unrecorded_in_inference_mode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
 from .precision import cat, compute_dtype, masked_matmul, zeroed_in_layout
 
 
@@ -68,7 +68,7 @@ def _fused_attention(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tensor 
         q = q.contiguous()
     if (torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad or values.requires_grad)
             and not _math_kernel_chosen(q, keys, values, attn_mask)):
-        return _FusedAttention.apply(q, keys, values, attn_mask)
+        return apply_unrecorded_in_inference_mode(_FusedAttention, q, keys, values, attn_mask)
     return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=attn_mask)
 
 
@@ -83,7 +83,7 @@ def _math_kernel_chosen(q: Tensor, keys: Tensor, values: Tensor, attn_mask: Tens
     return choose(q, keys, values, attn_mask) == torch.nn.attention.SDPBackend.MATH.value
 
 
-class _FusedAttention(UnrecordedInInferenceMode):
+class _FusedAttention(torch.autograd.Function):
     """The fused kernel, with its own first-order backward, and second-order gradients: torch's CPU
     flash kernel has no derivative of its backward, so ``create_graph=True`` (Hessian-vector
     products, ``gradgradcheck``) raised "derivative for

@@ -1,0 +1,46 @@
+"""torch.compile over the attention variants whose kernels are hand-written autograd functions.
+
+Break-it pass X: 2c6aaa6 gave those functions a shared ``apply`` override (recording nothing inside
+inference mode), which torch.compile cannot trace: every such variant raised torch's 8-line
+'InternalTorchDynamoError: AsPythonConstantNotImplementedError: AutogradFunctionVariable() is not a constant',
+with or without autocast, where 578b132 compiled them. Compiled, each call gives the eager call's gradient."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from variants import build_attention
+
+# each reaches one hand-written function: _DPFP (nu=1 chunk), _DPFPQueryScores (nu=2 parallel), _FusedAttention,
+# _FlushedScan, _DeltaWriteRead (the delta rule's fused write_read)
+CASES = [("dpfp", "chunk"), ("dpfp:nu=2", "parallel"), ("softmax", "parallel"), ("linear-fwm", "recurrent"),
+         ("dpfp-delta", "chunk")]
+
+
+@pytest.mark.slow  # about 5 s a case: dynamo traces each call
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16 autocast"])
+@pytest.mark.parametrize("spec, form", CASES)
+def test_a_compiled_attention_call_gives_the_eager_gradients(spec, form, autocast):
+    torch._dynamo.reset()
+    attention = build_attention(spec, 4, form=form)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=generator).requires_grad_() for _ in range(3))
+    beta = torch.rand(1, 2, 8, generator=generator)
+
+    def loss(q, k, v):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            if spec == "dpfp-delta":
+                out = attention.write_read(k, v, q, beta)
+            else:
+                out = attention(q, k, v, beta)[0] if spec == "linear-fwm" else attention(q, k, v)[0]
+            return (out.float() * torch.linspace(-1, 1, out.shape[-1])).sum()
+
+    eager = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's graph-break notes (data-dependent guards in the kernels)
+        compiled = torch.autograd.grad(torch.compile(loss, backend="eager")(q, k, v), (q, k, v))
+    for got, want in zip(compiled, eager):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
