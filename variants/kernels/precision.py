@@ -28,8 +28,14 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float64 if wide else torch.float32
 
 
+# torch's own check of every device's autocast state (torch.amp uses it); a torch without it takes the full check
+_any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+
+
 def autocast_on(x: Tensor) -> bool:
     """Whether autocast is on for ``x``'s device (``False`` where the device has none, as meta)."""
+    if not _any_autocast_enabled():  # a tenth of the full check's cost, on every call of every kernel
+        return False
     device = x.device.type
     return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
@@ -226,8 +232,10 @@ def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
     only, and raised 'Unexpected floating ScalarType in at::autocast::prioritize' for fp16 tensors
     under bf16 autocast (softmax's recurrent form, and every form with a carried cache). For one dtype
     the result is autocast's own where it answers."""
-    with computed_in_fp32(tensors[0]):
-        return torch.cat(tensors, dim=dim)
+    if autocast_on(tensors[0]):
+        with torch.autocast(tensors[0].device.type, enabled=False):
+            return torch.cat(tensors, dim=dim)
+    return torch.cat(tensors, dim=dim)  # without a context: softmax's recurrent step calls this twice a token
 
 
 def all_finite(*tensors: Tensor | None) -> bool:
