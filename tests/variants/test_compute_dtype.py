@@ -617,3 +617,23 @@ def test_an_input_changed_in_place_that_no_op_saved_is_taken_by_a_backward_insid
 
     for inside, without in zip(grads(True), grads(False), strict=True):
         torch.testing.assert_close(inside, without, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("spec, form", [("linear", "chunk"), ("linear", "recurrent"), ("favor:m=8", "parallel")])
+def test_torch_func_grad_answers_inside_cpu_autocast_for_the_variants_of_plain_ops(spec, form):
+    """Break-it pass X: 9cc37cb's autograd node (run_in_fp32) has no setup_context, so torch.func.grad inside a
+    bf16 autocast block raised torch's many-line 'In order to use an autograd.Function with functorch transforms'
+    for linear and FAVOR+, which answered at 578b132. A transform takes the plain path again: its gradient is the
+    one a backward inside the block computed before 9cc37cb, bf16-near the fp32 run's."""
+    attention = build_attention(spec, 4, form=form)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (0.5 * torch.randn(1, 2, 6, 4, generator=generator) for _ in range(3))
+
+    def loss(q):
+        return attention(q, k, v)[0].float().square().sum()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        transformed = torch.func.grad(loss)(q)
+    wanted = torch.func.grad(loss)(q)  # fp32
+    assert transformed.dtype == torch.float32
+    torch.testing.assert_close(transformed, wanted, rtol=0.05, atol=0.02)

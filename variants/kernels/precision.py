@@ -52,6 +52,12 @@ def computed_in_fp32(x: Tensor) -> AbstractContextManager:
     return torch.autocast(x.device.type, enabled=False) if autocast_on(x) else nullcontext()
 
 
+def _functorch_transform_active() -> bool:
+    """Whether a torch.func transform (grad, vjp, jacrev, vmap, jvp) is running this call."""
+    peek = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+    return peek is not None and peek() is not None
+
+
 def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | None,
                 params: Iterable[Tensor] = ()) -> tuple[Tensor | None, ...]:
     """``fn(*inputs)`` (a sequence of tensors or ``None``) with autocast off for the inputs' device in its
@@ -84,7 +90,10 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
     takes the plain path, free of this node's cost and bit for bit the run without autocast, so its
     backward runs under the caller's autocast (DPFP's gradients 8 % off the fp32 run's): call
-    ``backward()`` outside the autocast block, as PyTorch's AMP recipe does.
+    ``backward()`` outside the autocast block, as PyTorch's AMP recipe does. Nor a torch.func transform
+    (``torch.func.grad``, ``vjp``, ``jacrev``) called inside the block: it takes the same plain path (an
+    autograd function needs a ``setup_context`` these transforms accept), so its gradients are computed
+    under the block's autocast (linear's 0.3 % off the fp32 run's).
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
@@ -93,8 +102,12 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
-        # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved
-        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded:
+        # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
+        # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
+        # torch message of many lines, where fn's plain ops answer (linear, FAVOR+): there the forward alone
+        # runs with autocast off, as computed_in_fp32
+        if (not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded
+                or _functorch_transform_active()):
             return tuple(fn(*inputs))
         return _apply(fn, len(inputs), x.device.type, (*inputs, *params))
 
