@@ -44,6 +44,7 @@ from .checks import (
     check_state_position,
     check_state_recordable,
     check_state_tensor,
+    recording_with_inference_state,
 )
 from .errors import VariantError, bad_value
 from .feature_maps import FeatureMap, positive_int
@@ -436,11 +437,14 @@ class SoftmaxAttention(Attention):
         kept = tokens if self.window is None else min(tokens, self.window - 1)
         return 4 * batch * n_heads * kept * (self.d_key + d_v)
 
-    def _check_state(self, state, q: Tensor, v: Tensor, *inputs: Tensor) -> None:
+    def _check_state(self, state, q: Tensor, v: Tensor, *inputs: Tensor) -> KVCacheState | None:
         """The carried cache against q and v (a read passes the cache's v); ``inputs``: the call's other
-        tensors, for :func:`~variants.checks.check_state_recordable`."""
+        tensors. Returns the cache the call reads: ``state``, or a copy of one made under
+        ``torch.inference_mode()`` where the call records autograd (autograd cannot save an inference tensor,
+        and a cache is keys and values, no running sum whose history matters: a prompt read under
+        inference_mode continues in a training step, as it did before row L119, in every form)."""
         if state is None:
-            return
+            return None
         if not isinstance(state, KVCacheState):
             raise bad_value("state", type(state).__name__, "a KVCacheState from a softmax variant")
         check_state_position(state.position)
@@ -460,7 +464,9 @@ class SoftmaxAttention(Attention):
                 f"state: cache k {tuple(state.k.shape)} / v {tuple(state.v.shape)} does not fit "
                 f"q {tuple(q.shape)} and v {tuple(v.shape)} (B, H and D must agree)"
             )
-        check_state_recordable((state.k, state.v), (q, v, *inputs))
+        if recording_with_inference_state((state.k, state.v), (q, v, *inputs)):
+            state = KVCacheState(state.k.clone(), state.v.clone(), state.position)
+        return state
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, beta: Tensor | None = None,
@@ -472,7 +478,7 @@ class SoftmaxAttention(Attention):
         form = self.form if form is None else form
         check_form(form, chunk_size)
         self._check_inputs(q, k, v, None)
-        self._check_state(state, q, v, k)
+        state = self._check_state(state, q, v, k)
         if self.check_finite:
             check_finite(q=q, k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
@@ -489,7 +495,7 @@ class SoftmaxAttention(Attention):
         check_qkv(k, k, v, None, False)
         check_form("auto", chunk_size)
         self._check_inputs(k, k, v, None)
-        self._check_state(state, k, v)
+        state = self._check_state(state, k, v)
         if self.check_finite:
             check_finite(k=k, v=v, state_k=None if state is None else state.k,
                          state_v=None if state is None else state.v)
@@ -514,7 +520,7 @@ class SoftmaxAttention(Attention):
         if state is None:
             raise bad_value("state", None, "the KVCacheState returned by write() or forward()")
         self._check_query(q)
-        self._check_state(state, q, getattr(state, "v", q))
+        state = self._check_state(state, q, getattr(state, "v", q))
         if self.check_finite:
             check_finite(q=q, state_k=state.k, state_v=state.v)
         keys, values = state.k, state.v

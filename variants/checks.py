@@ -71,23 +71,30 @@ def check_state_tensor(name: str, x: Tensor, device: torch.device, dtype: torch.
         raise VariantError(f"{name}.dtype: got {x.dtype}; expected {dtype} ({why})")
 
 
+def recording_with_inference_state(state_tensors: Iterable[Tensor | None], inputs: Iterable[Tensor | None]) -> bool:
+    """Whether this call records autograd (grad mode on outside ``torch.inference_mode()``, a nested
+    ``torch.enable_grad()`` recording nothing, and some input or state tensor requiring a gradient) with a
+    carried state tensor made under ``torch.inference_mode()``, which autograd cannot save."""
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+        return False
+    carried = [t for t in state_tensors if isinstance(t, Tensor)]
+    if not any(t.is_inference() for t in carried):
+        return False
+    return any(isinstance(t, Tensor) and t.requires_grad for t in (*inputs, *carried))
+
+
 def check_state_recordable(state_tensors: Iterable[Tensor | None], inputs: Iterable[Tensor | None]) -> None:
     """Refuse a carried state made under ``torch.inference_mode()`` in a call that records autograd (grad
     mode on and some input or state tensor requiring a gradient): autograd cannot save an inference
     tensor for the backward, and torch answered from deep inside a kernel, in several lines ('Inference
     tensors cannot be saved for backward. …'), and only in the forms whose ops saved it. A state made
     under ``torch.no_grad()`` serves both; so does any state in a call that records nothing (grad mode off,
-    or inside ``torch.inference_mode()``, a nested ``torch.enable_grad()`` included).
+    or inside ``torch.inference_mode()``, a nested ``torch.enable_grad()`` included). Softmax's KV cache is not
+    refused: it is copied (:meth:`~variants.attention.SoftmaxAttention._check_state`).
 
     Raises:
         VariantError: naming ``state``."""
-    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
-        # inside inference_mode nothing is recorded, also under a nested torch.enable_grad()
-        return
-    carried = [t for t in state_tensors if isinstance(t, Tensor)]
-    if not any(t.is_inference() for t in carried):
-        return
-    if any(isinstance(t, Tensor) and t.requires_grad for t in (*inputs, *carried)):
+    if recording_with_inference_state(state_tensors, inputs):
         raise VariantError("state: got a state made under torch.inference_mode(); expected one made outside it "
                            "(under torch.no_grad(), say) for a call that records autograd")
 
