@@ -361,7 +361,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         kernel, size = self.update_rule.kernels[kernel_form], self._chunk_size(kernel_form, chunk_size)
         y, W, z = run_in_fp32(lambda q, k, v, beta, W0, z0: kernel(self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),
-                              q, k, v, _beta_for(beta, q), W0, z0, params=self.parameters())
+                              q, k, v, _beta_for(beta, q), W0, z0, params=self.parameters(), module=self)
         return y, _kept_state(W, z, compute_dtype(q), state, T)
 
     def write(
@@ -378,7 +378,7 @@ class FastWeightAttention(Attention):
         W0, z0 = (None, None) if state is None else (state.W, state.z)
         size = self._chunk_size("write", chunk_size)
         W, z = run_in_fp32(lambda k, v, beta, W0, z0: self.update_rule.write(self.phi(k), v, beta, W0, z0, size),
-                           k, v, _beta_for(beta, k), W0, z0, params=self.parameters())
+                           k, v, _beta_for(beta, k), W0, z0, params=self.parameters(), module=self)
         return _kept_state(W, z, compute_dtype(k), state, T)
 
     def write_read(self, k: Tensor, v: Tensor, q: Tensor, beta: Tensor | None = None,
@@ -402,7 +402,7 @@ class FastWeightAttention(Attention):
         size = self._chunk_size("write_read", None)
         y, = run_in_fp32(lambda k, v, q, beta, W0, z0: (self.update_rule.write_read(
             self.phi(q, query=True), self.phi(k), v, beta, W0, z0, size),), k, v, q, _beta_for(beta, k), W0, z0,
-            params=self.parameters())
+            params=self.parameters(), module=self)
         return y
 
     def read(self, q: Tensor, state: FastWeightState) -> Tensor:
@@ -414,7 +414,7 @@ class FastWeightAttention(Attention):
         self._check_state(state, q.shape[0], q.shape[1], None, q.device, compute_dtype(q), q)
         self._check_finite_values(state, q=q)
         y, = run_in_fp32(lambda q, W, z: (self.update_rule.read(self.phi(q, query=True), W, z),), q, state.W, state.z,
-                         params=self.parameters())
+                         params=self.parameters(), module=self)
         return y
 
     def extra_repr(self) -> str:

@@ -22,7 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fwbench.variants import VariantError, build_attention
+from fwbench.variants import FastWeightAttention, FeatureMap, VariantError, build_attention
 from fwbench.variants.kernels import (
     delta_rule_chunk,
     delta_rule_parallel,
@@ -637,3 +637,70 @@ def test_torch_func_grad_answers_inside_cpu_autocast_for_the_variants_of_plain_o
     wanted = torch.func.grad(loss)(q)  # fp32
     assert transformed.dtype == torch.float32
     torch.testing.assert_close(transformed, wanted, rtol=0.05, atol=0.02)
+
+
+class _BatchNormPhi(FeatureMap):
+    """elu + 1 after BatchNorm over d_key: running statistics moved by every forward in training mode."""
+
+    name = "batchnorm-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.norm = torch.nn.BatchNorm1d(d_key)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(self.norm(x.reshape(-1, x.shape[-1])).reshape(x.shape)) + 1
+
+
+class _SpectralNormPhi(FeatureMap):
+    """elu + 1 after a spectral-normalised linear map: its power-iteration vectors move in every forward."""
+
+    name = "spectral-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.linear = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(d_key, d_key))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(self.linear(x)) + 1
+
+
+@pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
+@pytest.mark.parametrize("phi", [_BatchNormPhi, _SpectralNormPhi], ids=["batchnorm", "spectral_norm"])
+def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autocast(phi, backward):
+    """Break-it pass X: run_in_fp32 runs phi again for a second backward through a retained graph and for a
+    create_graph backward, and a phi whose forward moves module state moved it again each time: BatchNorm's
+    num_batches_tracked 4 / 6 after one step against 2 without autocast (running statistics 0.115 / 0.209 off),
+    spectral_norm's vectors 2.8e-2 / 4.6e-2 off and its gradients 0.46 % / 4 % off (another weight recomputed).
+    Every recomputation now reads copies of the buffers as the forward found them."""
+
+    def step(autocast: bool):
+        torch.manual_seed(0)
+        attention = FastWeightAttention(phi(4), rule="sum", form="chunk").train()
+        generator = torch.Generator().manual_seed(1)
+        q, k, v = ((0.5 * torch.randn(2, 2, 8, 4, generator=generator)).requires_grad_() for _ in range(3))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = attention(q, k, v)[0].float().square().sum()
+            params = list(attention.parameters())
+            if backward == "retained graph":
+                loss.backward(retain_graph=True)
+                loss.backward()
+            else:
+                grads = torch.autograd.grad(loss, [q, *params], create_graph=True)
+                (loss + sum(g.square().sum() for g in grads)).backward()
+        return dict(attention.named_buffers()), [q.grad, *(p.grad for p in params)]
+
+    (plain_buffers, plain_grads), (buffers, grads) = step(False), step(True)
+    assert plain_buffers.keys() == buffers.keys()
+    for name, buffer in buffers.items():
+        torch.testing.assert_close(buffer, plain_buffers[name], rtol=0, atol=0, msg=name)
+    for grad, plain in zip(grads, plain_grads, strict=True):
+        torch.testing.assert_close(grad, plain, rtol=1e-5, atol=1e-6)

@@ -59,7 +59,7 @@ def _functorch_transform_active() -> bool:
 
 
 def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | None,
-                params: Iterable[Tensor] = ()) -> tuple[Tensor | None, ...]:
+                params: Iterable[Tensor] = (), module: torch.nn.Module | None = None) -> tuple[Tensor | None, ...]:
     """``fn(*inputs)`` (a sequence of tensors or ``None``) with autocast off for the inputs' device in its
     forward *and* its backward, where autocast is on; else ``fn(*inputs)`` itself, untouched.
 
@@ -71,7 +71,11 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     records, ``fn``'s graph is therefore built inside one :class:`_AutocastOff` node, whose backward
     differentiates it with autocast off. ``params``: tensors ``fn`` reads besides ``inputs`` (a
     learnable φ's parameters: the attention module passes all of its own, its feature map's among them),
-    which get their gradients through the same node.
+    which get their gradients through the same node. ``module``: the module ``fn`` calls, whose buffers (and its
+    submodules') it may change in place (BatchNorm's running statistics, spectral_norm's power-iteration
+    vectors): every recomputation of ``fn`` reads copies of their values at the forward, so they move once per
+    forward, as without autocast (they moved again in each recomputation: BatchNorm's count 6 against 2 after a
+    gradient penalty, spectral_norm's weight another one and its gradient 4 % off).
 
     Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain
     tensor with ``requires_grad=True`` held in an attribute or a closure, not registered as an
@@ -109,11 +113,12 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         if (not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded
                 or _functorch_transform_active()):
             return tuple(fn(*inputs))
-        return _apply(fn, len(inputs), x.device.type, (*inputs, *params))
+        return _apply(fn, len(inputs), x.device.type, (*inputs, *params), _buffer_slots(module))
 
 
 def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: str,
-           tensors: Sequence[Tensor | None]) -> tuple[Tensor | None, ...]:
+           tensors: Sequence[Tensor | None], buffers: Sequence[tuple[torch.nn.Module, str]] = ()
+           ) -> tuple[Tensor | None, ...]:
     """``fn(*tensors[:n_inputs])`` through one :class:`_AutocastOff` node (``tensors[n_inputs:]``: the
     params ``fn`` reads), ``None`` outputs kept in place."""
     missing: list[bool] = []
@@ -124,7 +129,7 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
-    found = iter(_AutocastOff.apply(present, n_inputs, device, *tensors))
+    found = iter(_AutocastOff.apply(present, n_inputs, device, buffers, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
 
 
@@ -135,12 +140,28 @@ def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.dev
     return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
 
 
+def _buffer_slots(module: torch.nn.Module | None) -> list[tuple[torch.nn.Module, str]]:
+    """(owner, name) of every buffer of ``module`` and its submodules."""
+    if module is None:
+        return []
+    return [(owner, name) for owner in module.modules() for name, buffer in owner._buffers.items()
+            if buffer is not None]
+
+
 @contextmanager
-def _replayed_rng(state: tuple[Tensor, dict[torch.device, Tensor]]) -> Iterator[None]:
-    """Run the block from the generators' states ``state`` (:func:`_rng_state`), then set back the ones it
-    found, so a recomputation neither draws another sample nor moves the caller's generators."""
+def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]], buffers: Sequence[tuple[torch.nn.Module, str]],
+              values: Sequence[Tensor]) -> Iterator[None]:
+    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's
+    ``buffers`` (:func:`_buffer_slots`) replaced by copies of ``values`` (theirs at the forward), then set back
+    the states and the buffers it found, so a recomputation neither draws another sample nor moves the caller's
+    generators or the module's state. Copies, not the buffers changed in place and set back: a graph built in the
+    block saves them (BatchNorm's backward reads its running statistics), and setting them back in place made
+    its backward raise torch's 'modified by an inplace operation'."""
     cpu, cuda = state
     found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
+    kept = [owner._buffers[name] for owner, name in buffers]
+    for (owner, name), value in zip(buffers, values):
+        owner._buffers[name] = value.clone()
     torch.set_rng_state(cpu)
     for device, generator_state in cuda.items():
         torch.cuda.set_rng_state(generator_state, device)
@@ -150,6 +171,8 @@ def _replayed_rng(state: tuple[Tensor, dict[torch.device, Tensor]]) -> Iterator[
         torch.set_rng_state(found[0])
         for device, generator_state in found[1].items():
             torch.cuda.set_rng_state(generator_state, device)
+        for (owner, name), buffer in zip(buffers, kept):
+            owner._buffers[name] = buffer
 
 
 class _AutocastOff(torch.autograd.Function):
@@ -162,15 +185,17 @@ class _AutocastOff(torch.autograd.Function):
     too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
     derivatives were bf16 (linear-fwm's 460 % off the fp32 run's). Every recomputation of ``fn`` starts from the
     random generators' states of the forward (:func:`_rng_state`): a φ with dropout got its gradients from
-    another sample than its outputs."""
+    another sample than its outputs; and from the module's buffers as they were (:func:`_replayed`)."""
 
     @staticmethod
-    def forward(ctx, fn, n_inputs, device, *tensors):
+    def forward(ctx, fn, n_inputs, device, buffers, *tensors):
         ctx.fn, ctx.n_inputs = fn, n_inputs
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
         ctx.rng = _rng_state(tensors)  # a stochastic φ (dropout) draws the same sample in every recomputation
-        ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[3:])
+        # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation
+        ctx.buffers, ctx.buffer_values = buffers, [owner._buffers[name].detach().clone() for owner, name in buffers]
+        ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[4:])
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
 
@@ -187,17 +212,17 @@ class _AutocastOff(torch.autograd.Function):
     def _rebuilt(ctx, saved):
         """The forward's graph built again (a second backward through a retained graph), on the forward's
         random sample."""
-        with _replayed_rng(ctx.rng):
-            return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[3:])
+        with _replayed(ctx.rng, ctx.buffers, ctx.buffer_values):
+            return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[4:])
 
     @staticmethod
-    def _vjp(fn, n_inputs, n_outputs, params, rng):
+    def _vjp(fn, n_inputs, n_outputs, params, rng, buffers, values):
         """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
         then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
 
         def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
             inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
-            with _replayed_rng(rng):
+            with _replayed(rng, buffers, values):
                 outputs = fn(*inputs)
             return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
 
@@ -229,14 +254,14 @@ class _AutocastOff(torch.autograd.Function):
                 saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
                 ctx.graph = None
                 params = saved[n:]
-                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng)
-                return (None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.buffers, ctx.buffer_values)
+                return (None, None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
             # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
             # version counters, so an input changed in place after the forward is refused where fn's own ops
             # saved it, as plain autograd does (reading them here refused every such change)
             leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, ctx.saved_tensors))
             found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
-        return (None, None, None, *found)
+        return (None, None, None, None, *found)
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
