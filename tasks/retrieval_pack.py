@@ -62,7 +62,9 @@ class PackedRetrievalModel(nn.Module):
         if len(shapes) != 1 or len({repr(m.attention) for m in models}) != 1:
             raise ValueError("models: got runs of different shapes or attention; expected one variant, S and d_key")
         if not packable_model(first):
-            raise ValueError(f"models: {first.attention!r} holds per-run state; expected a stateless attention")
+            # the module's repr on one line: FAVOR+'s spans four (its feature map's), and a refusal is one line
+            named = " ".join(repr(first.attention).split())
+            raise ValueError(f"models: {named} holds per-run state; expected a stateless attention")
         self.S, self.embedding_size, self.attention = first.S, first.embedding_size, first.attention
         self.key_embedding = _stacked([m.key_embedding.weight for m in models])
         self.query_weight = _stacked([m.W_q.weight for m in models])

@@ -133,3 +133,16 @@ def test_packed_softmax_retrieval_models_answer_under_cpu_autocast_as_each_model
         packed = PackedRetrievalModel(models)(keys, values, keys[:, :, :3])
         for run, model in enumerate(models):
             torch.testing.assert_close(packed[run], model(keys[run], values[run], keys[run, :, :3]), rtol=0.02, atol=0.01)
+
+
+def test_packing_models_with_per_run_state_is_refused_in_one_line():
+    """Break-it pass X: PackedRetrievalModel's refusal of FAVOR+ models (their random features are per-run state)
+    held the attention module's repr, four lines long. It is one line, and names the feature map."""
+    from fwbench.tasks.retrieval import RetrievalModel
+    from fwbench.tasks.retrieval_pack import PackedRetrievalModel
+
+    with pytest.raises(ValueError) as refused:
+        PackedRetrievalModel([RetrievalModel("favor:m=8", 8, d_key=8) for _ in range(2)])
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("models: FastWeightAttention(")
+    assert "Favor(d_key=8, m=8, d_dot=16)" in message and message.endswith("expected a stateless attention")
