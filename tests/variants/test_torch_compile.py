@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from variants import build_attention
+from fwbench.variants import build_attention
 
 # each reaches one hand-written function: _DPFP (nu=1 chunk), _DPFPQueryScores (nu=2 parallel), _FusedAttention,
 # _FlushedScan, _DeltaWriteRead (the delta rule's fused write_read)
