@@ -177,6 +177,18 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
         finally:
             for future in pending:
                 future.cancel()
+            if pending:  # closed before the last record (the driver's store refused one): stop the runs in training
+                _stop_workers(pool)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """End ``pool``'s worker processes now. Its ``shutdown`` waits for every run a worker has begun, and for those
+    queued to a worker (which ``cancel`` cannot take back): after the store refused a record, the driver trained
+    on for nothing, silently (4-5 more runs with ``--jobs 2``), before its one line."""
+    processes = list((getattr(pool, "_processes", None) or {}).values())  # shutdown lets go of them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
 
 
 def _import_ray():

@@ -237,6 +237,27 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         if record["status"] == "failed":
             bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
 
+    def run_launched(specs: list[RunSpec]) -> None:
+        """Launch ``specs`` and store each record as it comes; on a store refusal, stop the launch (its workers
+        end) and name every run of it not stored: the refusal named the one it came on, and the pool's other runs
+        trained on, unsaid (the twin of a pack's refusal)."""
+        given = set()
+        records = launch(specs, options, progress_for)
+        try:
+            for record in records:
+                given.add(record["run_id"])
+                try:
+                    store_record(record)
+                except FwbenchError as exc:
+                    records.close()
+                    rest = [f"{spec.run_id} ({spec.label})" for spec in specs if spec.run_id not in given]
+                    if not rest:
+                        raise
+                    raise FwbenchError(f"{exc}; the runs launched with it and not stored were stopped, and are "
+                                       f"trained by the next fwbench run too: {', '.join(rest)}") from None
+        finally:
+            records.close()
+
     def run_claimed(spec: RunSpec) -> None:
         if not not_settled([spec]):
             return
@@ -283,15 +304,13 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                 for spec in todo:
                     (mine if claims.enter_context(store.claim(spec.run_id, wait=False)) else held_elsewhere).append(spec)
                 # a run another process stored and let go of between the read and the claim: it was trained again
-                for record in launch(not_settled(mine), options, progress_for):
-                    store_record(record)
+                run_launched(not_settled(mine))
         # a held run is stored only if its holder gets that far: it may die or let go without a record, after
         # this driver's own runs are done; so wait for each, and run here what was not stored
         for released in released_by_holders(store, held_elsewhere):
             fresh = not_settled(released)
             if fresh:
-                for record in launch(fresh, options, progress_for):
-                    store_record(record)
+                run_launched(fresh)
     finally:
         bar.close()
         store.close()

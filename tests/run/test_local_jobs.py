@@ -79,3 +79,48 @@ def test_killed_parent_of_two_jobs_resumes_with_no_lost_or_duplicated_record(tmp
     after = store.records()
     assert len(after) == 12 and len({r["run_id"] for r in after}) == 12
     assert before <= {r["run_id"] for r in after}
+
+
+@pytest.mark.slow
+def test_a_store_refusal_under_jobs_stops_the_workers_and_names_every_run_not_stored(tmp_path, monkeypatch):
+    """Break-it pass Y: with --jobs 2 the store's refusal of the first record (a full disk) left the pool training:
+    its shutdown waited for the runs its workers had begun and the ones queued to them (4-5 more runs, none stored
+    and none named), and the one-line refusal named the first run only. The workers end at once, and the message
+    names every run of the launch that was not stored."""
+    import psutil
+
+    from fwbench.errors import FwbenchError
+    from fwbench.run.runner import run_grid
+
+    quick = {"setting": 1, "S": 4, "batch_size": 4, "d_key": 8, "max_steps": 2, "eval_every": 2,
+             "eval_sequences": 4, "target_loss": 0.0}
+    # 60k steps: two minutes or more a run at 2 ms a step; waited for, the launch took twice that (two begun, one
+    # queued to a worker), and a regression fails below in minutes, not hours
+    long = {**quick, "max_steps": 60_000, "eval_every": 1000, "patience": 1000}
+    specs = [RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config=quick)] + [
+        RunSpec(grid="g", task="retrieval", variant="linear", seed=seed, config=long) for seed in (2, 3, 4)]
+
+    def refuse(self, record):
+        raise FwbenchError("--results-dir: cannot write a record: No space left on device")
+
+    monkeypatch.setattr(ResultsStore, "append", refuse)
+    started = time.monotonic()
+    with pytest.raises(FwbenchError) as refused:
+        run_grid(specs, ResultsStore(tmp_path), LaunchOptions(device="cpu", jobs=2), quiet=True)
+    assert time.monotonic() - started < 60  # stopped: about 10 s here, most of it the workers' start
+    message = str(refused.value)
+    assert "\n" not in message and f"run {specs[0].run_id} (" in message
+    assert all(spec.run_id in message.split("were stopped")[1] for spec in specs[1:]), message
+    workers = [child for child in psutil.Process().children(recursive=True)
+               if "resource_tracker" not in " ".join(child.cmdline())]  # multiprocessing's tracker stays
+
+    def alive(worker):  # read from /proc, not waited for: reaped here, the pool's own wait for them never ended
+        try:
+            return worker.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 10
+    while any(alive(worker) for worker in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [worker for worker in workers if alive(worker)]
