@@ -704,3 +704,24 @@ def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autoca
         torch.testing.assert_close(buffer, plain_buffers[name], rtol=0, atol=0, msg=name)
     for grad, plain in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(grad, plain, rtol=1e-5, atol=1e-6)
+
+
+def test_autocast_on_reads_an_mps_block_as_on():
+    """Break-it pass Z: 75be048's fast path asked torch._C._is_any_autocast_enabled first, which in torch 2.13 leaves
+    out MPS: inside torch.autocast("mps") autocast_on said off, and fast weights would run in fp16 on Apple GPUs.
+    The fast path is taken for CPU and CUDA only (a stand-in tensor: no Apple GPU here)."""
+    from types import SimpleNamespace
+
+    from fwbench.variants.kernels.precision import autocast_on
+
+    stand_in = SimpleNamespace(device=SimpleNamespace(type="mps"))
+    was = torch.is_autocast_enabled("mps")
+    torch.set_autocast_enabled("mps", True)
+    try:
+        assert autocast_on(stand_in) is True
+    finally:
+        torch.set_autocast_enabled("mps", was)
+    assert autocast_on(stand_in) is was
+    assert autocast_on(torch.ones(1)) is False
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert autocast_on(torch.ones(1)) is True

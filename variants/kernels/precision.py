@@ -30,13 +30,15 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
 
 # torch's own check of every device's autocast state (torch.amp uses it); a torch without it takes the full check
 _any_autocast_enabled = getattr(torch._C, "_is_any_autocast_enabled", lambda: True)
+_COVERED_BY_ANY = frozenset({"cpu", "cuda"})  # the devices whose autocast state that check reads (torch 2.13)
 
 
 def autocast_on(x: Tensor) -> bool:
     """Whether autocast is on for ``x``'s device (``False`` where the device has none, as meta)."""
-    if not _any_autocast_enabled():  # a tenth of the full check's cost, on every call of every kernel
-        return False
     device = x.device.type
+    # a tenth of the full check's cost, on every call of every kernel; torch's any-device check leaves out MPS
+    if device in _COVERED_BY_ANY and not _any_autocast_enabled():
+        return False
     return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
 
