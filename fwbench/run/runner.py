@@ -10,7 +10,7 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
@@ -237,12 +237,12 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
         if record["status"] == "failed":
             bar.write(f"run {record['run_id']} ({record['variant']['spec']}) failed: {record['error']}")
 
-    def run_launched(specs: list[RunSpec]) -> None:
-        """Launch ``specs`` and store each record as it comes; on a store refusal, stop the launch (its workers
-        end) and name every run of it not stored: the refusal named the one it came on, and the pool's other runs
-        trained on, unsaid (the twin of a pack's refusal)."""
+    def store_each(records: Generator[dict, None, None], specs: list[RunSpec], unstored: str) -> None:
+        """Store each of ``records`` (of ``specs``, trained together: a pack, or one launch's worker pool) as it
+        comes; on a store refusal, close ``records`` (a pool's workers end) and name every run of ``specs`` not
+        stored after ``unstored``: the refusal named the one it came on, and the others, trained with it, went
+        unsaid (a pool trained on for nothing before the error)."""
         given = set()
-        records = launch(specs, options, progress_for)
         try:
             for record in records:
                 given.add(record["run_id"])
@@ -253,10 +253,13 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                     rest = [f"{spec.run_id} ({spec.label})" for spec in specs if spec.run_id not in given]
                     if not rest:
                         raise
-                    raise FwbenchError(f"{exc}; the runs launched with it and not stored were stopped, and are "
-                                       f"trained by the next fwbench run too: {', '.join(rest)}") from None
+                    raise FwbenchError(f"{exc}; {unstored}: {', '.join(rest)}") from None
         finally:
             records.close()
+
+    def run_launched(specs: list[RunSpec]) -> None:
+        store_each(launch(specs, options, progress_for), specs,
+                   "the runs launched with it and not stored were stopped, and are trained by the next fwbench run too")
 
     def run_claimed(spec: RunSpec) -> None:
         if not not_settled([spec]):
@@ -271,18 +274,8 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
             return
         device = resolve_device(options.device)
         torch.set_num_threads(options.threads)
-        given = set()
-        for record in execute_packed(specs, device, progress_for(specs[0])):
-            given.add(record["run_id"])
-            try:
-                store_record(record)
-            except FwbenchError as exc:
-                # a pack's runs are trained together: the refusal named the one it came on, its packmates went unsaid
-                rest = [f"{spec.run_id} ({spec.label})" for spec in specs if spec.run_id not in given]
-                if not rest:
-                    raise
-                raise FwbenchError(f"{exc}; so are the runs packed with it, trained with it and not stored either: "
-                                   f"{', '.join(rest)}") from None
+        store_each(execute_packed(specs, device, progress_for(specs[0])), specs,
+                   "so are the runs packed with it, trained with it and not stored either")
 
     held_elsewhere: list[RunSpec] = []
     try:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .double_backward import apply_unrecorded_in_inference_mode, autocast_state, grad_by_recomputation, kept_graph, under_autocast
-from .precision import autocast_on, cat, compute_dtype, masked_matmul, zeroed_in_layout
+from .precision import cat, compute_dtype, masked_matmul, zeroed_in_layout
 
 
 def _causal_mask(T: int, P: int, window: int | None, device) -> Tensor:
@@ -343,17 +343,16 @@ def softmax_recurrent(
     scale = 1.0 / math.sqrt(d_key)
     wide = compute_dtype(q, k, v)  # as the fused kernel: fp16 and bf16 logits and sums in fp32
     outputs = []
-    join = cat if autocast_on(q) else torch.cat  # one check a call, not two a token (generation calls with T = 1)
     for t in range(T):
-        keys = join([keys, k[:, :, t : t + 1]], dim=2)
-        values = join([values, v[:, :, t : t + 1]], dim=2)
+        keys = cat([keys, k[:, :, t : t + 1]], dim=2)
+        values = cat([values, v[:, :, t : t + 1]], dim=2)
         if window is not None:
             keys, values = keys[:, :, -window:], values[:, :, -window:]
         weights = torch.softmax((q[:, :, t : t + 1].to(wide) @ keys.to(wide).mT) * scale, dim=-1)
         outputs.append((weights @ values.to(wide)).to(v.dtype))
     if not outputs:  # T = 0: the cache as it came (see softmax_parallel)
         return v.new_zeros(v.shape), keys, values
-    return (outputs[0] if T == 1 else join(outputs, dim=2)), *_trim(keys, values, window)
+    return cat(outputs, dim=2), *_trim(keys, values, window)
 
 
 def softmax_read(q: Tensor, k_cache: Tensor, v_cache: Tensor) -> Tensor:
