@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -77,20 +78,22 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     submodules') it may change in place (BatchNorm's running statistics, spectral_norm's power-iteration
     vectors): every recomputation of ``fn`` reads copies of their values at the forward, so they move once per
     forward, as without autocast (they moved again in each recomputation: BatchNorm's count 6 against 2 after a
-    gradient penalty, spectral_norm's weight another one and its gradient 4 % off).
+    gradient penalty, spectral_norm's weight another one and its gradient 4 % off). A buffer that ``fn`` registers
+    is taken out for each recomputation, which registers it again; a lazy module (``nn.LazyBatchNorm1d``) is
+    initialised by the forward alone, and its recomputations read its buffers as that forward left them.
 
-    Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain
-    tensor with ``requires_grad=True`` held in an attribute or a closure, not registered as an
-    ``nn.Parameter``) is not found, and gets no gradient (``None``) from a backward under autocast; it
-    does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` (constants as
-    buffers, which need no gradient). An input changed in place after the forward is refused as plain
-    autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in a second
-    backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
-    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does. A φ that
-    draws random numbers replays them in those two recomputations from the default CPU generator and the
-    inputs' CUDA generators only: one drawing from a ``torch.Generator`` of its own (``torch.rand(...,
-    generator=g)``) gets its second-backward and ``create_graph`` gradients from another sample, as under
-    ``torch.utils.checkpoint``; draw from the default generator (``torch.nn.functional.dropout``) instead.
+    Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain tensor
+    with ``requires_grad=True`` held in an attribute or a closure, not registered as an ``nn.Parameter``, or the
+    parameter of a module that ``fn`` itself makes) is not found, and gets no gradient (``None``) from a backward
+    under autocast; it does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` in its
+    ``__init__`` (constants as buffers, which need no gradient). An input changed in place after the forward is
+    refused as plain autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in
+    a second backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
+    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does. A φ that draws
+    random numbers replays them in those two recomputations from the default CPU generator and the inputs' CUDA
+    generators only: one drawing from a ``torch.Generator`` of its own (``torch.rand(..., generator=g)``) gets its
+    second-backward and ``create_graph`` gradients from another sample, as under ``torch.utils.checkpoint``; draw
+    from the default generator (``torch.nn.functional.dropout``) instead.
 
     Not covered: a forward run without autocast (outside the block, or in an inner
     ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
@@ -115,12 +118,11 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         if (not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or not recorded
                 or _functorch_transform_active()):
             return tuple(fn(*inputs))
-        return _apply(fn, len(inputs), x.device.type, (*inputs, *params), _buffer_slots(module))
+        return _apply(fn, len(inputs), x.device.type, (*inputs, *params), module)
 
 
 def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: str,
-           tensors: Sequence[Tensor | None], buffers: Sequence[tuple[torch.nn.Module, str]] = ()
-           ) -> tuple[Tensor | None, ...]:
+           tensors: Sequence[Tensor | None], module: torch.nn.Module | None = None) -> tuple[Tensor | None, ...]:
     """``fn(*tensors[:n_inputs])`` through one :class:`_AutocastOff` node (``tensors[n_inputs:]``: the
     params ``fn`` reads), ``None`` outputs kept in place."""
     missing: list[bool] = []
@@ -131,8 +133,28 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
-    found = iter(_AutocastOff.apply(present, n_inputs, device, buffers, *tensors))
+    owners, before = _buffers_before(module)
+    start = _Start(_rng_state(tensors), module, owners, before, None)
+    if any(isinstance(t, torch.nn.parameter.UninitializedTensorMixin) for t in tensors[n_inputs:]):
+        # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
+        # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
+        # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it
+        needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
+        start = start._replace(graph=_AutocastOff._graph(present, n_inputs, tensors, needs_grad))
+    found = iter(_AutocastOff.apply(present, n_inputs, device, start, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
+
+
+class _Start(NamedTuple):
+    """What every recomputation of ``fn`` starts from, taken before the forward's ``fn`` ran: the generators'
+    states (:func:`_rng_state`), and ``module``'s modules and buffers (:func:`_buffers_before`); ``graph``:
+    ``fn``'s graph where it was built before the node (:func:`_AutocastOff._graph`), else ``None``."""
+
+    rng: tuple[Tensor, dict[torch.device, Tensor]]
+    module: torch.nn.Module | None
+    owners: set[int]
+    before: dict[tuple[torch.nn.Module, str], object]
+    graph: tuple[list, Sequence[Tensor]] | None
 
 
 def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.device, Tensor]]:
@@ -142,28 +164,70 @@ def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.dev
     return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
 
 
+_ABSENT = object()  # a buffer slot its module did not hold when the forward began
+_LAZY = object()  # a lazy module's buffer before its first forward, which holds no values yet
+
+
 def _buffer_slots(module: torch.nn.Module | None) -> list[tuple[torch.nn.Module, str]]:
-    """(owner, name) of every buffer of ``module`` and its submodules."""
+    """(owner, name) of every buffer slot of ``module`` and its submodules, ``None`` ones included."""
     if module is None:
         return []
-    return [(owner, name) for owner in module.modules() for name, buffer in owner._buffers.items()
-            if buffer is not None]
+    return [(owner, name) for owner in module.modules() for name in owner._buffers]
+
+
+def _copy(buffer: Tensor | None) -> object:
+    """A detached copy of a buffer; ``None`` for one set to ``None``; ``_LAZY`` for one that holds no values
+    yet (``nn.LazyBatchNorm1d``'s before its first forward: torch refuses to read it)."""
+    if buffer is None:
+        return None
+    if isinstance(buffer, torch.nn.parameter.UninitializedTensorMixin):
+        return _LAZY
+    return buffer.detach().clone()
+
+
+def _buffers_before(module: torch.nn.Module | None
+                    ) -> tuple[set[int], dict[tuple[torch.nn.Module, str], object]]:
+    """What the forward found in ``module`` before ``fn`` ran: the ids of its modules, and a copy of each of
+    their buffers (:func:`_copy`)."""
+    if module is None:
+        return set(), {}
+    return {id(owner) for owner in module.modules()}, {
+        (owner, name): _copy(owner._buffers[name]) for owner, name in _buffer_slots(module)}
+
+
+def _buffer_snapshot(module: torch.nn.Module | None, owners: set[int],
+                     before: dict[tuple[torch.nn.Module, str], object]
+                     ) -> list[tuple[torch.nn.Module, str, object]]:
+    """(owner, name, value) for every buffer slot of ``module`` after the forward's ``fn``: the value each
+    recomputation of ``fn`` starts from.
+
+    - The forward's copy (``before``) where the slot held values, or ``None``.
+    - ``_ABSENT`` for a buffer that ``fn`` registered in a module that held no slot of that name: a
+      recomputation registers it again from its own inputs, as the forward did.
+    - Else a copy of the buffer after the forward, the earliest value it had: a lazy module's buffer,
+      initialised by ``fn``, or a buffer of a module that ``fn`` made. A recomputation reads that value,
+      not the freshly initialised one; a BatchNorm in training mode never reads it."""
+    snapshot: list[tuple[torch.nn.Module, str, object]] = []
+    for owner, name in _buffer_slots(module):
+        found = before.get((owner, name), _ABSENT if id(owner) in owners else _LAZY)
+        snapshot.append((owner, name, _copy(owner._buffers[name]) if found is _LAZY else found))
+    return snapshot
 
 
 @contextmanager
-def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]], buffers: Sequence[tuple[torch.nn.Module, str]],
-              values: Sequence[Tensor]) -> Iterator[None]:
-    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's
-    ``buffers`` (:func:`_buffer_slots`) replaced by copies of ``values`` (theirs at the forward), then set back
-    the states and the buffers it found, so a recomputation neither draws another sample nor moves the caller's
-    generators or the module's state. Copies, not the buffers changed in place and set back: a graph built in the
-    block saves them (BatchNorm's backward reads its running statistics), and setting them back in place made
-    its backward raise torch's 'modified by an inplace operation'."""
+def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]],
+              buffers: Sequence[tuple[torch.nn.Module, str, object]]) -> Iterator[None]:
+    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's buffers
+    as ``buffers`` (:func:`_buffer_snapshot`) gives them (copies of its values; a slot taken out where it holds
+    ``_ABSENT``), then set back the states and the buffers it found, so a recomputation neither draws another
+    sample nor moves the caller's generators or the module's state. Copies, not the buffers changed in place and
+    set back: a graph built in the block saves them (BatchNorm's backward reads its running statistics), and
+    setting them back in place made its backward raise torch's 'modified by an inplace operation'."""
     cpu, cuda = state
     found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
-    kept = [owner._buffers[name] for owner, name in buffers]
-    for (owner, name), value in zip(buffers, values):
-        owner._buffers[name] = value.clone()
+    kept = [owner._buffers.get(name, _ABSENT) for owner, name, _ in buffers]
+    for owner, name, value in buffers:
+        _set_buffer(owner, name, value.clone() if isinstance(value, Tensor) else value)
     torch.set_rng_state(cpu)
     for device, generator_state in cuda.items():
         torch.cuda.set_rng_state(generator_state, device)
@@ -173,8 +237,16 @@ def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]], buffers: Sequenc
         torch.set_rng_state(found[0])
         for device, generator_state in found[1].items():
             torch.cuda.set_rng_state(generator_state, device)
-        for (owner, name), buffer in zip(buffers, kept):
-            owner._buffers[name] = buffer
+        for (owner, name, _), buffer in zip(buffers, kept):
+            _set_buffer(owner, name, buffer)
+
+
+def _set_buffer(owner: torch.nn.Module, name: str, value: object) -> None:
+    """``owner``'s buffer slot ``name`` set to ``value`` (a tensor or ``None``), or taken out for ``_ABSENT``."""
+    if value is _ABSENT:
+        owner._buffers.pop(name, None)
+    else:
+        owner._buffers[name] = value
 
 
 class _AutocastOff(torch.autograd.Function):
@@ -190,14 +262,15 @@ class _AutocastOff(torch.autograd.Function):
     another sample than its outputs; and from the module's buffers as they were (:func:`_replayed`)."""
 
     @staticmethod
-    def forward(ctx, fn, n_inputs, device, buffers, *tensors):
+    def forward(ctx, fn, n_inputs, device, start, *tensors):
         ctx.fn, ctx.n_inputs = fn, n_inputs
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
-        ctx.rng = _rng_state(tensors)  # a stochastic φ (dropout) draws the same sample in every recomputation
-        # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation
-        ctx.buffers, ctx.buffer_values = buffers, [owner._buffers[name].detach().clone() for owner, name in buffers]
-        ctx.graph = _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[4:])
+        ctx.rng = start.rng  # a stochastic φ (dropout) draws the same sample in every recomputation
+        ctx.graph = start.graph or _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[4:])
+        # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation; read
+        # again after fn, which may register buffers or initialise a lazy module's
+        ctx.buffers = _buffer_snapshot(start.module, start.owners, start.before)
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
 
@@ -214,17 +287,17 @@ class _AutocastOff(torch.autograd.Function):
     def _rebuilt(ctx, saved):
         """The forward's graph built again (a second backward through a retained graph), on the forward's
         random sample."""
-        with _replayed(ctx.rng, ctx.buffers, ctx.buffer_values):
+        with _replayed(ctx.rng, ctx.buffers):
             return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[4:])
 
     @staticmethod
-    def _vjp(fn, n_inputs, n_outputs, params, rng, buffers, values):
+    def _vjp(fn, n_inputs, n_outputs, params, rng, buffers):
         """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
         then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
 
         def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
             inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
-            with _replayed(rng, buffers, values):
+            with _replayed(rng, buffers):
                 outputs = fn(*inputs)
             return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
 
@@ -256,7 +329,7 @@ class _AutocastOff(torch.autograd.Function):
                 saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
                 ctx.graph = None
                 params = saved[n:]
-                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.buffers, ctx.buffer_values)
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.buffers)
                 return (None, None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
             # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
             # version counters, so an input changed in place after the forward is refused where fn's own ops
