@@ -742,6 +742,45 @@ def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autoca
         torch.testing.assert_close(grad, plain, rtol=1e-5, atol=1e-6)
 
 
+class _SpareLazyPhi(FeatureMap):
+    """elu + 1 of x times a learnable scale, beside a LazyBatchNorm1d that the forward never calls."""
+
+    name = "spare-lazy-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.spare = torch.nn.LazyBatchNorm1d()
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x * self.scale) + 1
+
+
+def test_a_lazy_module_that_phi_leaves_uninitialised_is_no_input_of_the_autocast_node():
+    """A lazy module that φ holds but does not call keeps parameters without values: passed to the node, they
+    made torch.autograd.grad raise 'Attempted to use an uninitialized parameter' in the backward (and before that
+    the forward, reading its buffers). The gradients are plain autograd's, and the module stays uninitialised."""
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        attention = FastWeightAttention(_SpareLazyPhi(4), rule="sum", form="chunk")
+        generator = torch.Generator().manual_seed(1)
+        q = (0.5 * torch.randn(1, 2, 8, 4, generator=generator)).requires_grad_()
+        scale = attention.feature_map.scale
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = attention(q, q, q)[0].float().square().sum()
+            first = torch.autograd.grad(loss, [q, scale], create_graph=True)
+            (loss + sum(g.square().sum() for g in first)).backward()
+        assert torch.nn.parameter.is_lazy(attention.feature_map.spare.weight)
+        return [q.grad, scale.grad]
+
+    for got, wanted in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
+
+
 def test_autocast_on_reads_an_mps_block_as_on():
     """Break-it pass Z: 75be048's fast path asked torch._C._is_any_autocast_enabled first, which in torch 2.13 leaves
     out MPS: inside torch.autocast("mps") autocast_on said off, and fast weights would run in fp16 on Apple GPUs.

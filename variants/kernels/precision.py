@@ -135,14 +135,22 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
 
     owners, before = _buffers_before(module)
     start = _Start(_rng_state(tensors), module, owners, before, None)
-    if any(isinstance(t, torch.nn.parameter.UninitializedTensorMixin) for t in tensors[n_inputs:]):
+    if any(_lazy(t) for t in tensors[n_inputs:]):
         # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
         # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
-        # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it
+        # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it; a lazy
+        # module that fn does not call keeps parameters without values, which fn cannot have read
         needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
-        start = start._replace(graph=_AutocastOff._graph(present, n_inputs, tensors, needs_grad))
+        leaves, outputs = _AutocastOff._graph(present, n_inputs, tensors, needs_grad)
+        tensors = [*tensors[:n_inputs], *(t for t in tensors[n_inputs:] if not _lazy(t))]
+        start = start._replace(graph=([*leaves[:n_inputs], *tensors[n_inputs:]], outputs))
     found = iter(_AutocastOff.apply(present, n_inputs, device, start, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
+
+
+def _lazy(t: Tensor | None) -> bool:
+    """Whether ``t`` is a lazy module's parameter or buffer that holds no values yet."""
+    return isinstance(t, torch.nn.parameter.UninitializedTensorMixin)
 
 
 class _Start(NamedTuple):
@@ -180,7 +188,7 @@ def _copy(buffer: Tensor | None) -> object:
     yet (``nn.LazyBatchNorm1d``'s before its first forward: torch refuses to read it)."""
     if buffer is None:
         return None
-    if isinstance(buffer, torch.nn.parameter.UninitializedTensorMixin):
+    if _lazy(buffer):
         return _LAZY
     return buffer.detach().clone()
 
@@ -210,7 +218,9 @@ def _buffer_snapshot(module: torch.nn.Module | None, owners: set[int],
     snapshot: list[tuple[torch.nn.Module, str, object]] = []
     for owner, name in _buffer_slots(module):
         found = before.get((owner, name), _ABSENT if id(owner) in owners else _LAZY)
-        snapshot.append((owner, name, _copy(owner._buffers[name]) if found is _LAZY else found))
+        value = _copy(owner._buffers[name]) if found is _LAZY else found
+        if value is not _LAZY:  # a lazy module that fn left uninitialised: nothing to replay
+            snapshot.append((owner, name, value))
     return snapshot
 
 
