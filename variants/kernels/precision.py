@@ -209,18 +209,24 @@ def _buffer_snapshot(module: torch.nn.Module | None, owners: set[int],
     """(owner, name, value) for every buffer slot of ``module`` after the forward's ``fn``: the value each
     recomputation of ``fn`` starts from.
 
-    - The forward's copy (``before``) where the slot held values, or ``None``.
+    - The forward's copy (``before``) where the slot held values, or ``None``; also for a slot that ``fn``
+      deleted, which each recomputation finds and deletes again.
     - ``_ABSENT`` for a buffer that ``fn`` registered in a module that held no slot of that name: a
       recomputation registers it again from its own inputs, as the forward did.
     - Else a copy of the buffer after the forward, the earliest value it had: a lazy module's buffer,
       initialised by ``fn``, or a buffer of a module that ``fn`` made. A recomputation reads that value,
       not the freshly initialised one; a BatchNorm in training mode never reads it."""
     snapshot: list[tuple[torch.nn.Module, str, object]] = []
-    for owner, name in _buffer_slots(module):
+    after = _buffer_slots(module)
+    for owner, name in after:
         found = before.get((owner, name), _ABSENT if id(owner) in owners else _LAZY)
         value = _copy(owner._buffers[name]) if found is _LAZY else found
         if value is not _LAZY:  # a lazy module that fn left uninitialised: nothing to replay
             snapshot.append((owner, name, value))
+    # a buffer that fn deleted: each recomputation finds it, and deletes it again
+    gone = before.keys() - set(after)
+    snapshot += [(owner, name, value) for (owner, name), value in before.items()
+                 if (owner, name) in gone and value is not _LAZY]
     return snapshot
 
 
