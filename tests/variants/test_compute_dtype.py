@@ -724,10 +724,53 @@ class _WarmStartPhi(FeatureMap):
         return y
 
 
+class _MadeSubmodulePhi(FeatureMap):
+    """elu + 1 of x over a running scale held by a submodule that the first forward makes, and that the output
+    reads."""
+
+    name = "made-submodule-elu"
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        mean = x.detach().abs().flatten(0, -2).mean(0)
+        if not hasattr(self, "tracker"):
+            self.tracker = torch.nn.Module()
+            self.tracker.register_buffer("scale", mean.clone())
+        y = F.elu(x / (self.tracker.scale + 0.5)) + 1
+        self.tracker.scale.mul_(0.5).add_(0.5 * mean)
+        return y
+
+
+class _SharedStatisticsPhi(FeatureMap):
+    """elu + 1 after two BatchNorms over d_key that share one pair of running-statistics tensors: the first (in
+    training mode) moves them, the second (in eval mode) reads them."""
+
+    name = "shared-statistics-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.moving, self.reading = torch.nn.BatchNorm1d(d_key, affine=False), torch.nn.BatchNorm1d(d_key)
+        self.reading.running_mean, self.reading.running_var = self.moving.running_mean, self.moving.running_var
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        self.moving(flat.detach())
+        self.reading.eval()
+        return F.elu(self.reading(flat).reshape(x.shape)) + 1
+
+
 @pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
-@pytest.mark.parametrize("phi", [_BatchNormPhi, _SpectralNormPhi, _LazyBatchNormPhi, _RegisteringPhi, _WarmStartPhi],
+@pytest.mark.parametrize("phi", [_BatchNormPhi, _SpectralNormPhi, _LazyBatchNormPhi, _RegisteringPhi, _WarmStartPhi,
+                                 _MadeSubmodulePhi, _SharedStatisticsPhi],
                          ids=["batchnorm", "spectral_norm", "lazy_batchnorm", "registered_in_forward",
-                              "deleted_in_forward"])
+                              "deleted_in_forward", "submodule_made_in_forward", "shared_statistics"])
 def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autocast(phi, backward):
     """Break-it pass X: run_in_fp32 runs phi again for a second backward through a retained graph and for a
     create_graph backward, and a phi whose forward moves module state moved it again each time: BatchNorm's
@@ -740,7 +783,10 @@ def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autoca
     each recomputation, which registers it again. A LazyBatchNorm1d never worked: its uninitialised buffers were
     read (torch's 'Attempted to use an uninitialized parameter'), and before that its parameters' gradients had
     shape [0] (NativeBatchNormBackward0's 'invalid gradient'). A buffer that φ deleted was missing in every
-    recomputation (the query's gradient 19 % / 44 % off); each recomputation now finds it and deletes it again."""
+    recomputation (the query's gradient 19 % / 44 % off); each recomputation now finds it and deletes it again.
+    Break-it pass AA: a buffer of a submodule made by φ's first forward was replayed from its moved value (3.5 % /
+    7.6 % off), and buffers sharing a tensor got a copy each (5.8 % / 13 % off): a recomputation now runs without
+    the made submodule, which φ makes again, and shared buffers share one copy."""
 
     def step(autocast: bool):
         torch.manual_seed(0)
@@ -782,6 +828,71 @@ class _SpareLazyPhi(FeatureMap):
 
     def forward(self, x):
         return F.elu(x * self.scale) + 1
+
+
+class _LinearPhi(FeatureMap):
+    """elu + 1 after a learnable linear map over d_key."""
+
+    name = "linear-map-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.linear = torch.nn.Linear(d_key, d_key)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(self.linear(x)) + 1
+
+
+@pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
+def test_functional_call_parameters_get_their_gradients_under_cpu_autocast(backward):
+    """Break-it pass AA: torch.func.functional_call (MAML's adapted weights) puts the module's own parameters back
+    before the backward, and run_in_fp32's recomputation read those: the passed weights' gradients were half of
+    plain autograd's after a second backward through a retained graph, and a create_graph backward raised torch's
+    'appears to not have been used in the graph'. A recomputation reads the parameters in place at the forward."""
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        attention = FastWeightAttention(_LinearPhi(4), rule="sum", form="chunk")
+        generator = torch.Generator().manual_seed(1)
+        q, k, v = (0.5 * torch.randn(2, 2, 8, 4, generator=generator) for _ in range(3))
+        adapted = {name: (1.1 * p.detach()).requires_grad_() for name, p in attention.named_parameters()}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.func.functional_call(attention, adapted, (q, k, v))[0].float().square().sum()
+            if backward == "retained graph":
+                loss.backward(retain_graph=True)
+                loss.backward()
+            else:
+                inner = torch.autograd.grad(loss, list(adapted.values()), create_graph=True)
+                sum(g.square().sum() for g in inner).backward()
+        assert all(p.grad is None for p in attention.parameters())
+        return [p.grad for p in adapted.values()]
+
+    for got, wanted in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_flag_changed_between_two_backwards_is_the_forwards_in_the_recomputation():
+    """Break-it pass AA: ``.eval()`` called between a first and a second backward through a retained graph made the
+    recomputation of a BatchNorm φ use its running statistics instead of the batch's (gradients 33 % off plain
+    autograd's, which never runs φ again); it now runs in the forward's mode, and the caller's mode is kept."""
+
+    def grads(autocast: bool) -> torch.Tensor:
+        torch.manual_seed(0)
+        attention = FastWeightAttention(_BatchNormPhi(4), rule="sum", form="chunk").train()
+        q = (0.5 * torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(1))).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = attention(q, q, q)[0].float().square().sum()
+            loss.backward(retain_graph=True)
+            attention.eval()
+            loss.backward()
+        assert not attention.feature_map.norm.training
+        return q.grad
+
+    torch.testing.assert_close(grads(True), grads(False), rtol=1e-5, atol=1e-6)
 
 
 def test_a_lazy_module_that_phi_leaves_uninitialised_is_no_input_of_the_autocast_node():

@@ -44,3 +44,44 @@ def test_a_compiled_attention_call_gives_the_eager_gradients(spec, form, autocas
         compiled = torch.autograd.grad(torch.compile(loss, backend="eager")(q, k, v), (q, k, v))
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_a_compiled_call_under_cpu_autocast_initialises_a_lazy_module_in_phi():
+    """Break-it pass AA: a φ holding nn.LazyBatchNorm1d, compiled, under bf16 autocast: dynamo's trace of the lazy
+    module's first call, which builds φ's graph before the autocast node, diverged (torch's 200-line
+    'SpeculationLogDivergence' / 'UserDefinedObjectVariable has no attribute proxy'). That step runs eagerly now,
+    and the gradient is the uncompiled fp32 call's."""
+    import torch.nn.functional as F
+
+    from fwbench.variants import FastWeightAttention
+    from fwbench.variants.feature_maps import FeatureMap
+
+    class LazyBatchNormPhi(FeatureMap):
+        name = "lazy-batchnorm-elu"
+
+        def __init__(self, d_key: int):
+            super().__init__(d_key)
+            self.norm = torch.nn.LazyBatchNorm1d()
+
+        @property
+        def d_dot(self) -> int:
+            return self.d_key
+
+        def forward(self, x):
+            return F.elu(self.norm(x.reshape(-1, x.shape[-1])).reshape(x.shape)) + 1
+
+    def grad(compiled: bool, autocast: bool) -> torch.Tensor:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        attention = FastWeightAttention(LazyBatchNormPhi(4), rule="sum", form="chunk").train()
+        call = torch.compile(attention, backend="eager") if compiled else attention
+        generator = torch.Generator().manual_seed(1)
+        q, k, v = (torch.randn(2, 2, 8, 4, generator=generator).requires_grad_() for _ in range(3))
+        with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            warnings.simplefilter("ignore")
+            call(q, k, v)[0].float().sum().backward()
+        return q.grad
+
+    torch.testing.assert_close(grad(compiled=True, autocast=True), grad(compiled=False, autocast=False),
+                               rtol=1e-5, atol=1e-6)

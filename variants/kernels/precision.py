@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import module_state
 from .double_backward import kept_graph
 
 
@@ -78,9 +79,11 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     submodules') it may change in place (BatchNorm's running statistics, spectral_norm's power-iteration
     vectors): every recomputation of ``fn`` reads copies of their values at the forward, so they move once per
     forward, as without autocast (they moved again in each recomputation: BatchNorm's count 6 against 2 after a
-    gradient penalty, spectral_norm's weight another one and its gradient 4 % off). A buffer that ``fn`` registers
-    is taken out for each recomputation, which registers it again; a lazy module (``nn.LazyBatchNorm1d``) is
-    initialised by the forward alone, and its recomputations read its buffers as that forward left them.
+    gradient penalty, spectral_norm's weight another one and its gradient 4 % off). The same holds for the rest
+    of the module's state (:mod:`.module_state`): the parameters in place at the forward (those
+    ``torch.func.functional_call`` passed, put back by the time of the backward: their gradients were half or
+    missing), a buffer or submodule that ``fn`` registers, deletes or makes, buffers that share a tensor, the
+    training flags; a lazy module (``nn.LazyBatchNorm1d``) is initialised by the forward alone.
 
     Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain tensor
     with ``requires_grad=True`` held in an attribute or a closure, not registered as an ``nn.Parameter``, or the
@@ -133,35 +136,36 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
-    owners, before = _buffers_before(module)
-    start = _Start(_rng_state(tensors), module, owners, before, None)
-    if any(_lazy(t) for t in tensors[n_inputs:]):
+    start = _Start(_rng_state(tensors), module_state.before(module), None)
+    if any(module_state.lazy(t) for t in tensors[n_inputs:]):
         # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
         # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
         # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it; a lazy
         # module that fn does not call keeps parameters without values, which fn cannot have read
-        needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
-        leaves, outputs = _AutocastOff._graph(present, n_inputs, tensors, needs_grad)
-        tensors = [*tensors[:n_inputs], *(t for t in tensors[n_inputs:] if not _lazy(t))]
-        start = start._replace(graph=([*leaves[:n_inputs], *tensors[n_inputs:]], outputs))
+        tensors, graph = _built_first(present, n_inputs, tensors)
+        start = start._replace(graph=graph)
     found = iter(_AutocastOff.apply(present, n_inputs, device, start, *tensors))
     return tuple(None if gone else next(found) for gone in missing)
 
 
-def _lazy(t: Tensor | None) -> bool:
-    """Whether ``t`` is a lazy module's parameter or buffer that holds no values yet."""
-    return isinstance(t, torch.nn.parameter.UninitializedTensorMixin)
+@torch.compiler.disable  # dynamo's trace of a lazy module's initialisation diverged ('SpeculationLogDivergence')
+def _built_first(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence[Tensor | None]
+                 ) -> tuple[list[Tensor | None], tuple[list, Sequence[Tensor]]]:
+    """``fn``'s graph built before its node (:func:`_AutocastOff._graph`), and the tensors for the node: the
+    parameters still without values left out (those of a lazy module that ``fn`` does not call)."""
+    needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
+    leaves, outputs = _AutocastOff._graph(fn, n_inputs, tensors, needs_grad)
+    tensors = [*tensors[:n_inputs], *(t for t in tensors[n_inputs:] if not module_state.lazy(t))]
+    return tensors, ([*leaves[:n_inputs], *tensors[n_inputs:]], outputs)
 
 
 class _Start(NamedTuple):
     """What every recomputation of ``fn`` starts from, taken before the forward's ``fn`` ran: the generators'
-    states (:func:`_rng_state`), and ``module``'s modules and buffers (:func:`_buffers_before`); ``graph``:
-    ``fn``'s graph where it was built before the node (:func:`_AutocastOff._graph`), else ``None``."""
+    states (:func:`_rng_state`) and the module's state (:func:`.module_state.before`); ``graph``: ``fn``'s graph
+    where it was built before the node (:func:`_AutocastOff._graph`), else ``None``."""
 
     rng: tuple[Tensor, dict[torch.device, Tensor]]
-    module: torch.nn.Module | None
-    owners: set[int]
-    before: dict[tuple[torch.nn.Module, str], object]
+    module: module_state.Before | None
     graph: tuple[list, Sequence[Tensor]] | None
 
 
@@ -172,97 +176,23 @@ def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.dev
     return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
 
 
-_ABSENT = object()  # a buffer slot its module did not hold when the forward began
-_LAZY = object()  # a lazy module's buffer before its first forward, which holds no values yet
-
-
-def _buffer_slots(module: torch.nn.Module | None) -> list[tuple[torch.nn.Module, str]]:
-    """(owner, name) of every buffer slot of ``module`` and its submodules, ``None`` ones included."""
-    if module is None:
-        return []
-    return [(owner, name) for owner in module.modules() for name in owner._buffers]
-
-
-def _copy(buffer: Tensor | None) -> object:
-    """A detached copy of a buffer; ``None`` for one set to ``None``; ``_LAZY`` for one that holds no values
-    yet (``nn.LazyBatchNorm1d``'s before its first forward: torch refuses to read it)."""
-    if buffer is None:
-        return None
-    if _lazy(buffer):
-        return _LAZY
-    return buffer.detach().clone()
-
-
-def _buffers_before(module: torch.nn.Module | None
-                    ) -> tuple[set[int], dict[tuple[torch.nn.Module, str], object]]:
-    """What the forward found in ``module`` before ``fn`` ran: the ids of its modules, and a copy of each of
-    their buffers (:func:`_copy`)."""
-    if module is None:
-        return set(), {}
-    return {id(owner) for owner in module.modules()}, {
-        (owner, name): _copy(owner._buffers[name]) for owner, name in _buffer_slots(module)}
-
-
-def _buffer_snapshot(module: torch.nn.Module | None, owners: set[int],
-                     before: dict[tuple[torch.nn.Module, str], object]
-                     ) -> list[tuple[torch.nn.Module, str, object]]:
-    """(owner, name, value) for every buffer slot of ``module`` after the forward's ``fn``: the value each
-    recomputation of ``fn`` starts from.
-
-    - The forward's copy (``before``) where the slot held values, or ``None``; also for a slot that ``fn``
-      deleted, which each recomputation finds and deletes again.
-    - ``_ABSENT`` for a buffer that ``fn`` registered in a module that held no slot of that name: a
-      recomputation registers it again from its own inputs, as the forward did.
-    - Else a copy of the buffer after the forward, the earliest value it had: a lazy module's buffer,
-      initialised by ``fn``, or a buffer of a module that ``fn`` made. A recomputation reads that value,
-      not the freshly initialised one; a BatchNorm in training mode never reads it."""
-    snapshot: list[tuple[torch.nn.Module, str, object]] = []
-    after = _buffer_slots(module)
-    for owner, name in after:
-        found = before.get((owner, name), _ABSENT if id(owner) in owners else _LAZY)
-        value = _copy(owner._buffers[name]) if found is _LAZY else found
-        if value is not _LAZY:  # a lazy module that fn left uninitialised: nothing to replay
-            snapshot.append((owner, name, value))
-    # a buffer that fn deleted: each recomputation finds it, and deletes it again
-    gone = before.keys() - set(after)
-    snapshot += [(owner, name, value) for (owner, name), value in before.items()
-                 if (owner, name) in gone and value is not _LAZY]
-    return snapshot
-
-
 @contextmanager
-def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]],
-              buffers: Sequence[tuple[torch.nn.Module, str, object]]) -> Iterator[None]:
-    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's buffers
-    as ``buffers`` (:func:`_buffer_snapshot`) gives them (copies of its values; a slot taken out where it holds
-    ``_ABSENT``), then set back the states and the buffers it found, so a recomputation neither draws another
-    sample nor moves the caller's generators or the module's state. Copies, not the buffers changed in place and
-    set back: a graph built in the block saves them (BatchNorm's backward reads its running statistics), and
-    setting them back in place made its backward raise torch's 'modified by an inplace operation'."""
+def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]], plan: module_state.Replay) -> Iterator[None]:
+    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's state that
+    ``plan`` gives (:func:`.module_state.replayed`), then set back the states it found, so a recomputation neither
+    draws another sample nor moves the caller's generators or the module's state."""
     cpu, cuda = state
     found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
-    kept = [owner._buffers.get(name, _ABSENT) for owner, name, _ in buffers]
-    for owner, name, value in buffers:
-        _set_buffer(owner, name, value.clone() if isinstance(value, Tensor) else value)
     torch.set_rng_state(cpu)
     for device, generator_state in cuda.items():
         torch.cuda.set_rng_state(generator_state, device)
     try:
-        yield
+        with module_state.replayed(plan):
+            yield
     finally:
         torch.set_rng_state(found[0])
         for device, generator_state in found[1].items():
             torch.cuda.set_rng_state(generator_state, device)
-        for (owner, name, _), buffer in zip(buffers, kept):
-            _set_buffer(owner, name, buffer)
-
-
-def _set_buffer(owner: torch.nn.Module, name: str, value: object) -> None:
-    """``owner``'s buffer slot ``name`` set to ``value`` (a tensor or ``None``), or taken out for ``_ABSENT``."""
-    if value is _ABSENT:
-        owner._buffers.pop(name, None)
-    else:
-        owner._buffers[name] = value
 
 
 class _AutocastOff(torch.autograd.Function):
@@ -275,7 +205,7 @@ class _AutocastOff(torch.autograd.Function):
     too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
     derivatives were bf16 (linear-fwm's 460 % off the fp32 run's). Every recomputation of ``fn`` starts from the
     random generators' states of the forward (:func:`_rng_state`): a φ with dropout got its gradients from
-    another sample than its outputs; and from the module's buffers as they were (:func:`_replayed`)."""
+    another sample than its outputs; and from the module's state as it was (:func:`_replayed`)."""
 
     @staticmethod
     def forward(ctx, fn, n_inputs, device, start, *tensors):
@@ -285,8 +215,8 @@ class _AutocastOff(torch.autograd.Function):
         ctx.rng = start.rng  # a stochastic φ (dropout) draws the same sample in every recomputation
         ctx.graph = start.graph or _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[4:])
         # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation; read
-        # again after fn, which may register buffers or initialise a lazy module's
-        ctx.buffers = _buffer_snapshot(start.module, start.owners, start.before)
+        # again after fn, which may register, delete or initialise buffers and make submodules
+        ctx.module = module_state.replay(start.module)
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
 
@@ -303,17 +233,17 @@ class _AutocastOff(torch.autograd.Function):
     def _rebuilt(ctx, saved):
         """The forward's graph built again (a second backward through a retained graph), on the forward's
         random sample."""
-        with _replayed(ctx.rng, ctx.buffers):
+        with _replayed(ctx.rng, ctx.module):
             return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[4:])
 
     @staticmethod
-    def _vjp(fn, n_inputs, n_outputs, params, rng, buffers):
+    def _vjp(fn, n_inputs, n_outputs, params, rng, module):
         """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
         then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
 
         def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
             inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
-            with _replayed(rng, buffers):
+            with _replayed(rng, module):
                 outputs = fn(*inputs)
             return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
 
@@ -345,7 +275,7 @@ class _AutocastOff(torch.autograd.Function):
                 saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
                 ctx.graph = None
                 params = saved[n:]
-                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.buffers)
+                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.module)
                 return (None, None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
             # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
             # version counters, so an input changed in place after the forward is refused where fn's own ops
