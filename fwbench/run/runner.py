@@ -26,7 +26,18 @@ from fwbench.run.grid import RunSpec
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
-from fwbench.run.store import LoadedRecords, ResultsStore, describe_long_name, describe_loop, looping_link, shorten, special_file
+from fwbench.run.store import (
+    LoadedRecords,
+    ResultsStore,
+    describe_long_name,
+    describe_loop,
+    error_total_key,
+    is_attempt_key,
+    is_error_total_key,
+    looping_link,
+    shorten,
+    special_file,
+)
 
 #: Seconds between rank 0's tries of a run another process holds, under torchrun.
 HELD_POLL_S = 1.0
@@ -112,8 +123,22 @@ def settled_elsewhere(store: ResultsStore, read: LoadedRecords) -> set[str]:
     loaded = store.load()
     # counted over every line, not over load's records (one per run id, the last): a run that had a failed
     # record before the read and was tried again elsewhere since, and failed again, read as one record as before
-    fresh = {key[0] for key, count in loaded.lines.items() if count > read.lines[key]}
+    fresh = {run_id for (run_id, key), count in loaded.lines.items()
+             if count > read.lines[run_id, key] and _new_try(run_id, key, loaded, read)}
     return loaded.finished_ids() | fresh
+
+
+def _new_try(run_id: str, key: bytes, loaded: LoadedRecords, read: LoadedRecords) -> bool:
+    """Whether a :func:`~fwbench.run.store._failure_key` that ``loaded`` holds more often than ``read`` is another
+    try: an ``attempt`` id is; a message without an id only where the run's failed records with that message (ids
+    or not) grew too. A rewrite that dropped a record's id (jq 'del(.attempt)') changed its key from the id to the
+    message, and the failure stored before the read counted as another driver's try: its run was not retried."""
+    if is_attempt_key(key):
+        return True
+    if is_error_total_key(key):  # read through the message keys
+        return False
+    total = (run_id, error_total_key(key))
+    return loaded.lines[total] > read.lines[total]
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:

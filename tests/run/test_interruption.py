@@ -780,7 +780,8 @@ def _jq_16_rewrite(line: str) -> str:
 
 
 @pytest.mark.parametrize("edit", ["rewritten as jq 1.6 does", "old failure deleted, another driver's appended",
-                                  "old failure duplicated"])
+                                  "old failure duplicated", "ids dropped by a rewrite",
+                                  "another driver's appended without an id"])
 def test_a_failed_records_try_is_told_by_its_attempt_id_through_any_edit_of_the_records_file(
         grid_path, tmp_path, monkeypatch, edit):
     """Break-it pass W: failed records were told apart by their error message, which jq 1.6 changes where it ends in
@@ -788,7 +789,11 @@ def test_a_failed_records_try_is_told_by_its_attempt_id_through_any_edit_of_the_
     start-up read and its run was not retried (11 of 12). Nor could a message count tell a failure deleted by hand
     while another driver appended one of the same text (the run trained twice), or an old line duplicated (cat f f:
     read as a new try, the run not retried). Each try's record holds a random ``attempt`` id that every rewriter
-    keeps; a failure is new where its id was not in the read."""
+    keeps; a failure is new where its id was not in the read.
+
+    Break-it pass AA: a rewrite that dropped the ids (jq 'del(.attempt)') changed the earlier failure's key from its
+    id to its message, and it read as another driver's try (the run not retried); a failure without an id is new
+    only where the run's failures with its message, ids or not, grew too (an older driver's, appended)."""
     import fwbench.run.runner as runner
     from fwbench.run.launchers import failed_record
 
@@ -808,6 +813,12 @@ def test_a_failed_records_try_is_told_by_its_attempt_id_through_any_edit_of_the_
                     lines = [_jq_16_rewrite(line) for line in lines]
                 elif edit.startswith("old failure deleted"):
                     lines = [json.dumps(failed_record(failing, error), sort_keys=True)]
+                elif edit.startswith("ids dropped"):
+                    lines = [json.dumps({k: v for k, v in json.loads(line).items() if k != "attempt"})
+                             for line in lines]
+                elif edit.startswith("another driver's appended without"):
+                    older = {k: v for k, v in failed_record(failing, error).items() if k != "attempt"}
+                    lines = [*lines, json.dumps(older)]
                 else:
                     lines = lines + lines
                 records.write_text("".join(line + "\n" for line in lines))
@@ -815,7 +826,7 @@ def test_a_failed_records_try_is_told_by_its_attempt_id_through_any_edit_of_the_
 
     monkeypatch.setattr(runner, "launch", launch)
     summary = run_grid(specs, ResultsStore(tmp_path), LaunchOptions(device="cpu"), quiet=True, pack=False)
-    if edit.startswith("old failure deleted"):  # another driver's try of this sweep: left to it, not trained twice
+    if edit.startswith(("old failure deleted", "another driver's")):  # its try of this sweep: not trained twice
         assert launched == [spec.run_id for spec in specs[:2]]
         assert summary == {"total": 3, "skipped": 1, "ran": 2, "discarded": 0, "diverged": 0, "failed": 0}
     else:  # the failure of an earlier sweep: retried
