@@ -519,6 +519,10 @@ def test_no_baseline_at_all_says_nothing_is_judged(tmp_path):
 
 
 NO_BASELINE_CPU, NO_BASELINE_MODEL = "Intel(R) Xeon(R) Processor [family 6, model 207, AVX512]", "Intel(R) Xeon(R) Processor"
+# another CPU's baseline, of a model no machine has: the gate run in a subprocess judges the host's own CPU, and a
+# real model's file (it was AMD EPYC's) was the host's own on such a machine ('fwbench baseline:
+# perf_baseline-amd-epyc.json' where 'no baseline file' was expected: the test failed on every AMD EPYC host)
+OTHER_MODEL, OTHER_FILE = "Other Test CPU", "perf_baseline-other-test-cpu.json"
 
 
 def _no_baseline_directory(tmp_path, kind: str):
@@ -528,9 +532,9 @@ def _no_baseline_directory(tmp_path, kind: str):
     if kind != "missing":
         directory.mkdir()
     if kind == "other CPU only":
-        _baseline_on(directory / "perf_baseline-amd-epyc.json", "AMD EPYC", 0.5)
+        _baseline_on(directory / OTHER_FILE, OTHER_MODEL, 0.5)
     if kind == "corrupt other CPU only":
-        (directory / "perf_baseline-amd-epyc.json").write_text("")
+        (directory / OTHER_FILE).write_text("")
     return directory
 
 
@@ -543,8 +547,8 @@ def test_no_baseline_file_at_all_judges_nothing_with_one_warning_saying_how_to_m
     directory = _no_baseline_directory(tmp_path, kind)
     judged = judged_baseline(NO_BASELINE_CPU, directory, model=NO_BASELINE_MODEL)
     missing = " (no such directory)" if kind == "missing" else ""
-    left_out = ("; perf_baseline-amd-epyc.json is left out of the search for a file of model "
-                f"{NO_BASELINE_MODEL!r}: baseline {directory / 'perf_baseline-amd-epyc.json'}: the file is empty; "
+    left_out = (f"; {OTHER_FILE} is left out of the search for a file of model "
+                f"{NO_BASELINE_MODEL!r}: baseline {directory / OTHER_FILE}: the file is empty; "
                 f"expected {BASELINE_FORMAT} (fix the file or delete it)" if kind.startswith("corrupt") else "")
     assert judged == JudgedBaseline({}, (), (
         f"no performance baseline in {directory}{missing}: none was measured on this CPU ({NO_BASELINE_CPU!r}) and "
