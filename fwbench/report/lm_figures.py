@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 
 import matplotlib
@@ -41,6 +42,12 @@ def run_label(row: pd.Series, with_lr: bool) -> str:
     return f"{row['variant']} ({run_detail(row, with_lr)})"
 
 
+def _curve(row: pd.Series) -> list[dict]:
+    """A run's learning curve: its points, or none (a failed run's record holds no curve: NaN in the frame)."""
+    curve = row.get("curve")
+    return [p for p in curve if isinstance(p, dict)] if isinstance(curve, list) else []
+
+
 def _runs(rows: pd.DataFrame):
     """(row, label, line style) of every run: sorted by variant, lr and seed; one marker per lr of a sweep."""
     with_lr = swept(rows)
@@ -53,14 +60,22 @@ def _runs(rows: pd.DataFrame):
 
 def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     """Validation bits per character (the evaluation subset) against training step, one line per run
-    (with an lr sweep, each run's legend entry names its lr and each lr has its own marker)."""
+    (with an lr sweep, each run's legend entry names its lr and each lr has its own marker). Runs without a
+    finite evaluation (diverged before their first, or failed) are counted per variant in a last legend entry
+    rather than silently left out."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    undrawn: Counter = Counter()
     for row, label, style in _runs(rows):
-        curve = [p for p in (row["curve"] or []) if "eval_bpc" in p]
+        curve = [p for p in _curve(row) if isinstance(p.get("eval_bpc"), (int, float)) and math.isfinite(p["eval_bpc"])]
         if curve:
             ax.plot([p["step"] for p in curve], [p["eval_bpc"] for p in curve], ms=4, label=label, **style)
+        else:
+            undrawn[row["variant"]] += 1
     if "unigram_bpc" in rows and rows["unigram_bpc"].notna().any():
         ax.axhline(rows["unigram_bpc"].dropna().iloc[0], color="grey", lw=0.8, ls=":", label="unigram baseline")
+    if undrawn:
+        runs = ", ".join(f"{variant} ({count} run{'s' if count > 1 else ''})" for variant, count in undrawn.items())
+        ax.plot([], [], " ", label=f"not drawn, no finite evaluation: {runs}")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation bits per character (evaluation subset)")
     ax.set_title(title)

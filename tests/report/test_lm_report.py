@@ -57,6 +57,19 @@ def test_one_learning_rate_keeps_the_labels_short(monkeypatch):
     assert labels[0] == "linear (seed 1)" and not any("lr" in t for t in labels)
 
 
+def test_runs_without_a_finite_evaluation_are_named_in_the_learning_curves_legend(monkeypatch):
+    """New-user run: the quick profile's six diverged linear-delta-unnorm runs were left out of the learning
+    curves without a word. They are counted per variant in the legend; the drawn runs keep their entries."""
+    rows = sweep(rates=(6e-3,))
+    diverged = [{**lm_run("linear-delta-unnorm", 6e-3, seed), "status": "diverged",
+                 "curve": [{"step": 500, "eval_bpc": float("nan")}]} for seed in (1, 2)]
+    failed = {**lm_run("favor", 6e-3, 1), "status": "failed", "curve": float("nan")}
+    labels = legend_texts(monkeypatch, lm_figures.learning_curves_figure,
+                          pd.concat([rows, pd.DataFrame([*diverged, failed])], ignore_index=True))
+    assert labels[-1] == "not drawn, no finite evaluation: favor (1 run), linear-delta-unnorm (2 runs)"
+    assert labels[:len(rows)] == [f"{v} (seed {s})" for v in ("linear", "linear-delta") for s in (1, 2)]
+
+
 def test_the_report_of_a_language_model_grid_with_a_failed_run(tmp_path):
     """A run of the LM grid that raised is stored by ``failed_record`` (metrics {}: no parameter count);
     the per-run table read ``int(row['parameters'])``: ``fwbench report`` raised KeyError: 'parameters'
