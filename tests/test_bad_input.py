@@ -716,6 +716,11 @@ def _(ctx):
     return cli(ctx, "run", "capacity", "--profile", "huge", "--results-dir", str(ctx.tmp_path))
 
 
+@row("C281")
+def _(ctx):
+    return cli(ctx, "reproduce", "--profile", "quik", "--results-dir", str(ctx.tmp_path))
+
+
 @row("C04")
 def _(ctx):
     return cli(ctx, "run", "capacity", "--device", "tpu", "--results-dir", str(ctx.tmp_path))

@@ -541,7 +541,11 @@ def paper_grids_with(profile: str) -> list[str]:
     having = [name for name, grid in grids.items() if profile in grid.profiles]
     if not having:
         known = sorted({p for grid in grids.values() for p in grid.profiles})
-        raise FwbenchError(f"--profile: got {profile!r}; the paper grids have {', '.join(known)}")
+        everywhere = [p for p in known if all(p in grid.profiles for grid in grids.values())]
+        some = [f"{p} ({', '.join(name for name, grid in grids.items() if p in grid.profiles)} only)"
+                for p in known if p not in everywhere]
+        raise FwbenchError(f"--profile: got {profile!r}; expected one of {', '.join(everywhere)} (every paper grid)"
+                           + (f", or {', '.join(some)}" if some else ""))
     for name in PAPER_GRIDS:
         if name not in having:
             print(f"fwbench: grid {name} has no profile {profile!r}: skipped", file=sys.stderr)
