@@ -895,6 +895,54 @@ def test_a_training_flag_changed_between_two_backwards_is_the_forwards_in_the_re
     torch.testing.assert_close(grads(True), grads(False), rtol=1e-5, atol=1e-6)
 
 
+class _AdoptingPhi(FeatureMap):
+    """elu + 1 of x over the running variance of a BatchNorm made outside, which φ attaches on its first call."""
+
+    name = "adopting-elu"
+
+    def __init__(self, d_key: int, shared: torch.nn.Module):
+        super().__init__(d_key)
+        object.__setattr__(self, "shared", shared)  # not a submodule until the first forward
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        if "norm" not in self._modules:
+            self.norm = self.shared
+        self.norm(x.detach().reshape(-1, x.shape[-1]))
+        return F.elu(x / (self.norm.running_var + 0.5)) + 1
+
+
+@pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
+def test_a_module_that_phi_attaches_is_left_as_the_forward_left_it(backward):
+    """Break-it pass AB: a module that existed before and that φ attaches in its first forward was taken out of the
+    tree for each recomputation, which attached the same object again and moved its live statistics
+    (num_batches_tracked 4 / 6 against 2, running variance 0.115 / 0.209 off). Its buffers are now replayed from
+    their values after the forward. Its values before the forward are not known (it was not in the tree), so the
+    recomputation's gradients are not plain autograd's (documented in module_state.replay)."""
+
+    def step(autocast: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        shared = torch.nn.BatchNorm1d(4, affine=False)
+        attention = FastWeightAttention(_AdoptingPhi(4, shared), rule="sum", form="chunk")
+        q = (0.5 * torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(1))).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = attention(q, q, q)[0].float().square().sum()
+            if backward == "retained graph":
+                loss.backward(retain_graph=True)
+                loss.backward()
+            else:
+                (first,) = torch.autograd.grad(loss, [q], create_graph=True)
+                (loss + first.square().sum()).backward()
+        return shared
+
+    plain, autocast = step(False), step(True)
+    for name, buffer in autocast.named_buffers():
+        torch.testing.assert_close(buffer, plain.get_buffer(name), rtol=0, atol=0, msg=name)
+
+
 def test_a_lazy_module_that_phi_leaves_uninitialised_is_no_input_of_the_autocast_node():
     """A lazy module that φ holds but does not call keeps parameters without values: passed to the node, they
     made torch.autograd.grad raise 'Attempted to use an uninitialized parameter' in the backward (and before that

@@ -5,9 +5,19 @@ for a ``create_graph=True`` backward (as ``torch.utils.checkpoint`` does). Plain
 whatever φ's forward changes in its module (BatchNorm's running statistics, spectral_norm's vectors, a buffer it
 registers, deletes or initialises, a submodule it makes) and whatever changed after it (the parameters
 ``torch.func.functional_call`` put in place and took out again, a ``.eval()`` call) must be set back to the
-forward's for each recomputation, and to the caller's after it. Python attributes other than parameters, buffers,
-submodules and the training flag are not tracked: a φ whose forward moves one (a step counter) recomputes from its
-moved value.
+forward's for each recomputation, and to the caller's after it.
+
+Not covered (break-it passes AA and AB; each gives a recomputation other values than the forward's, so gradients
+of a second backward or a gradient penalty under autocast differ from plain autograd's, by 2-40 % in the cases
+tried): Python attributes other than parameters, buffers, submodules and the training flag (a step counter that
+φ moves); a parameter that φ changes in place (a decay step under ``no_grad``: moved again by each recomputation,
+and a gradient penalty raises torch's 'modified by an inplace operation'); buffers that are views of one tensor
+(copied apart); the values before the forward of a module that φ attaches (it was not in the tree); a buffer
+that requires a gradient (``functional_call`` with such a buffer: it gets none). A φ whose forward changes
+only what torch's own layers change (BatchNorm's statistics, spectral_norm's vectors, a lazy module's first
+initialisation) is covered. One difference runs the other way: statistics that a later call moves in place (a
+BatchNorm's, between ``write`` and ``read``) do not bump torch's version counter, so plain autograd's second
+backward reads them moved, and a recomputation here reads them as the forward did.
 """
 
 from __future__ import annotations
@@ -86,8 +96,11 @@ def replay(found: Before | None) -> Replay:
     - What the slot held before the forward, for every slot it had (one the forward deleted included, which a
       recomputation finds and deletes again).
     - ``ABSENT`` for a slot the forward added to a module it found (a buffer it registered, a submodule it
-      made): a recomputation adds it again, from the same random numbers. A slot of a submodule the forward made
-      is left alone, as that submodule is not there in a recomputation.
+      made): a recomputation adds it again, from the same random numbers.
+    - For a slot of a module that the forward attached, what it held after the forward: a module that existed
+      before (one φ adopts, ``self.norm = shared``) is attached again by a recomputation, whose moves then land
+      on copies, and the caller finds it as the forward left it. Its values before the forward are unknown (it
+      was not in the tree), so the recomputation reads them as moved once.
     - A lazy buffer that the forward initialised: its value after the forward, the earliest it had (a BatchNorm
       in training mode never reads its running statistics); one the forward left without values: left alone."""
     if found is None:
@@ -100,8 +113,10 @@ def replay(found: Before | None) -> Replay:
             value = found.slots[slot]
             if value is _LAZY:
                 value = _held(slot, copies)
-        else:
-            value = ABSENT if id(slot[0]) in found.owners else _LAZY
+        elif id(slot[0]) in found.owners:
+            value = ABSENT
+        else:  # a module the forward attached: one it made is not there in a recomputation; one that existed is
+            value = _held(slot, copies)
         if value is not _LAZY:
             slots.append((slot, value))
     gone = found.slots.keys() - set(after)

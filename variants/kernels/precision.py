@@ -83,7 +83,8 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     of the module's state (:mod:`.module_state`): the parameters in place at the forward (those
     ``torch.func.functional_call`` passed, put back by the time of the backward: their gradients were half or
     missing), a buffer or submodule that ``fn`` registers, deletes or makes, buffers that share a tensor, the
-    training flags; a lazy module (``nn.LazyBatchNorm1d``) is initialised by the forward alone.
+    training flags; a lazy module (``nn.LazyBatchNorm1d``) is initialised by the forward alone. What is not
+    covered (a φ that changes its parameters in place or moves Python attributes, ...) is listed there.
 
     Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain tensor
     with ``requires_grad=True`` held in an attribute or a closure, not registered as an ``nn.Parameter``, or the
