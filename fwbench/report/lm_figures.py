@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from pathlib import Path
 
@@ -48,6 +49,16 @@ def _curve(row: pd.Series) -> list[dict]:
     return [p for p in curve if isinstance(p, dict)] if isinstance(curve, list) else []
 
 
+def _finite(value: object) -> bool:
+    """Whether ``value`` is a finite real number (numpy's included; ``True`` and 10**400 are not)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
+
+
 def _runs(rows: pd.DataFrame):
     """(row, label, line style) of every run: sorted by variant, lr and seed; one marker per lr of a sweep."""
     with_lr = swept(rows)
@@ -66,7 +77,7 @@ def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(8, 5))
     undrawn: Counter = Counter()
     for row, label, style in _runs(rows):
-        curve = [p for p in _curve(row) if isinstance(p.get("eval_bpc"), (int, float)) and math.isfinite(p["eval_bpc"])]
+        curve = [p for p in _curve(row) if _finite(p.get("eval_bpc")) and _finite(p.get("step"))]
         if curve:
             ax.plot([p["step"] for p in curve], [p["eval_bpc"] for p in curve], ms=4, label=label, **style)
         else:

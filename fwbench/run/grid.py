@@ -530,6 +530,16 @@ def config_defaults(task_name: str) -> dict[str, Any]:
     return {f.name: f.default for f in fields(TASKS[task_name].config_class)}
 
 
+def _grids_having(profile: str, grids: dict[str, Grid]) -> str:
+    """'every paper grid', 'all but mqar' or 'shakespeare only': which of ``grids`` define ``profile``."""
+    having = [name for name, grid in grids.items() if profile in grid.profiles]
+    if len(having) == len(grids):
+        return "every paper grid"
+    if len(having) > len(grids) / 2:
+        return "all but " + ", ".join(name for name in grids if name not in having)
+    return ", ".join(having) + " only"
+
+
 def paper_grids_with(profile: str) -> list[str]:
     """The grids of :data:`PAPER_GRIDS` that define ``profile``, in order. A grid without it is left out
     with a note (the `paper` profile runs no MQAR: no claim of the paper reads it).
@@ -541,11 +551,8 @@ def paper_grids_with(profile: str) -> list[str]:
     having = [name for name, grid in grids.items() if profile in grid.profiles]
     if not having:
         known = sorted({p for grid in grids.values() for p in grid.profiles})
-        everywhere = [p for p in known if all(p in grid.profiles for grid in grids.values())]
-        some = [f"{p} ({', '.join(name for name, grid in grids.items() if p in grid.profiles)} only)"
-                for p in known if p not in everywhere]
-        raise FwbenchError(f"--profile: got {profile!r}; expected one of {', '.join(everywhere)} (every paper grid)"
-                           + (f", or {', '.join(some)}" if some else ""))
+        raise FwbenchError(f"--profile: got {profile!r}; expected one of "
+                           + ", ".join(f"{p} ({_grids_having(p, grids)})" for p in known))
     for name in PAPER_GRIDS:
         if name not in having:
             print(f"fwbench: grid {name} has no profile {profile!r}: skipped", file=sys.stderr)

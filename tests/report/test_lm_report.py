@@ -3,6 +3,7 @@ sample headings (issue 13: "linear (seed 1)" twice, once per lr, told a reader n
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 import fwbench.report.lm_figures as lm_figures
@@ -64,10 +65,14 @@ def test_runs_without_a_finite_evaluation_are_named_in_the_learning_curves_legen
     diverged = [{**lm_run("linear-delta-unnorm", 6e-3, seed), "status": "diverged",
                  "curve": [{"step": 500, "eval_bpc": float("nan")}]} for seed in (1, 2)]
     failed = {**lm_run("favor", 6e-3, 1), "status": "failed", "curve": float("nan")}
+    odd = [{**lm_run("dpfp", 6e-3, 1), "curve": [{"step": 1, "eval_bpc": True}, {"step": 2, "eval_bpc": 10**400}]}]
     labels = legend_texts(monkeypatch, lm_figures.learning_curves_figure,
-                          pd.concat([rows, pd.DataFrame([*diverged, failed])], ignore_index=True))
-    assert labels[-1] == "not drawn, no finite evaluation: favor (1 run), linear-delta-unnorm (2 runs)"
+                          pd.concat([rows, pd.DataFrame([*diverged, failed, *odd])], ignore_index=True))
+    assert labels[-1] == "not drawn, no finite evaluation: dpfp (1 run), favor (1 run), linear-delta-unnorm (2 runs)"
     assert labels[:len(rows)] == [f"{v} (seed {s})" for v in ("linear", "linear-delta") for s in (1, 2)]
+    numpy_rows = sweep(rates=(6e-3,))
+    numpy_rows["curve"] = [[{"step": np.int64(500), "eval_bpc": np.float32(3.5)}]] * len(numpy_rows)
+    assert "not drawn" not in legend_texts(monkeypatch, lm_figures.learning_curves_figure, numpy_rows)[-1]
 
 
 def test_the_report_of_a_language_model_grid_with_a_failed_run(tmp_path):
