@@ -72,8 +72,8 @@ def _runs(rows: pd.DataFrame):
 def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
     """Validation bits per character (the evaluation subset) against training step, one line per run
     (with an lr sweep, each run's legend entry names its lr and each lr has its own marker). Runs without a
-    finite evaluation (diverged before their first, or failed) are counted per variant in a last legend entry
-    rather than silently left out."""
+    point of finite step and bpc (diverged before their first evaluation, or failed) are counted per variant
+    in a last legend entry rather than silently left out."""
     fig, ax = plt.subplots(figsize=(8, 5))
     undrawn: Counter = Counter()
     for row, label, style in _runs(rows):
@@ -86,7 +86,7 @@ def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
         ax.axhline(rows["unigram_bpc"].dropna().iloc[0], color="grey", lw=0.8, ls=":", label="unigram baseline")
     if undrawn:
         runs = ", ".join(f"{variant} ({count} run{'s' if count > 1 else ''})" for variant, count in undrawn.items())
-        ax.plot([], [], " ", label=f"not drawn, no finite evaluation: {runs}")
+        ax.plot([], [], " ", label=f"not drawn, no point with a finite step and bpc: {runs}")
     ax.set_xlabel("training step")
     ax.set_ylabel("validation bits per character (evaluation subset)")
     ax.set_title(title)

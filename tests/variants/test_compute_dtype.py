@@ -15,6 +15,7 @@ mutants that survived: a dropped argument of ``compute_dtype``, ``dtype = None``
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -941,6 +942,47 @@ def test_a_module_that_phi_attaches_is_left_as_the_forward_left_it(backward):
     plain, autocast = step(False), step(True)
     for name, buffer in autocast.named_buffers():
         torch.testing.assert_close(buffer, plain.get_buffer(name), rtol=0, atol=0, msg=name)
+
+
+class _MadeLinearPhi(FeatureMap):
+    """elu + 1 after a linear map that the first forward makes (so its parameters are no node input)."""
+
+    name = "made-linear-elu"
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        if "linear" not in self._modules:
+            self.linear = torch.nn.Linear(x.shape[-1], x.shape[-1])
+        return F.elu(self.linear(x)) + 1
+
+
+def test_parameters_of_a_module_that_phi_makes_are_named_in_a_warning_under_cpu_autocast():
+    """Break-it pass AC: the parameters of a module that φ makes (or attaches) in its forward are not among the
+    autocast node's inputs, so that call gave them no gradient where plain autograd gives one, without a word
+    (accumulated gradients then 37-140 % off). The call warns, naming them; a later call, the module made, is
+    covered, and its gradients are plain autograd's."""
+    attention = FastWeightAttention(_MadeLinearPhi(4), rule="sum", form="chunk")
+    q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning) as caught:
+        attention(q.requires_grad_(), q, q)[0].float().sum().backward()
+    assert [str(w.message) for w in caught] == [
+        "fwbench: under autocast, the parameters feature_map.linear.weight, feature_map.linear.bias, of a module that "
+        "the feature map's forward made or attached, get no gradient from this call (plain autograd gives them one): "
+        "make the module in the feature map's __init__"]
+    assert attention.feature_map.linear.weight.grad is None
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        attention.zero_grad(set_to_none=True)
+        with warnings.catch_warnings(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            warnings.simplefilter("error")  # the module made: no warning
+            attention(q, q, q)[0].float().square().sum().backward()
+        return [p.grad for p in attention.parameters()]
+
+    for got, wanted in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
 
 
 def test_a_lazy_module_that_phi_leaves_uninitialised_is_no_input_of_the_autocast_node():

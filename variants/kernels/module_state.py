@@ -12,8 +12,11 @@ of a second backward or a gradient penalty under autocast differ from plain auto
 tried): Python attributes other than parameters, buffers, submodules and the training flag (a step counter that
 φ moves); a parameter that φ changes in place (a decay step under ``no_grad``: moved again by each recomputation,
 and a gradient penalty raises torch's 'modified by an inplace operation'); buffers that are views of one tensor
-(copied apart); the values before the forward of a module that φ attaches (it was not in the tree); a buffer
-that requires a gradient (``functional_call`` with such a buffer: it gets none). A φ whose forward changes
+(copied apart); the values and training flag before the forward of a module that φ attaches (it was not in the
+tree); a buffer that requires a gradient (``functional_call`` with such a buffer: it gets none). And the
+parameters of a module that φ makes or attaches in its forward are no inputs of the autocast node, so that call
+gives them no gradient (plain autograd does): :func:`unreached_parameters` names them, and ``run_in_fp32``
+warns. A φ whose forward changes
 only what torch's own layers change (BatchNorm's statistics, spectral_norm's vectors, a lazy module's first
 initialisation) is covered. One difference runs the other way: statistics that a later call moves in place (a
 BatchNorm's, between ``write`` and ``read``) do not bump torch's version counter, so plain autograd's second
@@ -122,6 +125,16 @@ def replay(found: Before | None) -> Replay:
     gone = found.slots.keys() - set(after)
     slots += [(slot, value) for slot, value in found.slots.items() if slot in gone and value is not _LAZY]
     return Replay(slots, found.modes)
+
+
+def unreached_parameters(found: Before | None, inputs: list[Tensor | None]) -> list[str]:
+    """Names of the parameters of ``found.module`` that require a gradient but are not among ``inputs`` (the
+    node's): those of a module that the forward made or attached, which get no gradient from it."""
+    if found is None:
+        return []
+    given = {id(t) for t in inputs if t is not None}
+    return [name for name, p in found.module.named_parameters()
+            if p.requires_grad and id(p) not in given and not lazy(p)]
 
 
 def _set(slot: Slot, value: object) -> None:

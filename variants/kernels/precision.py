@@ -13,6 +13,7 @@ read them instead.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import NamedTuple
@@ -218,6 +219,10 @@ class _AutocastOff(torch.autograd.Function):
         # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation; read
         # again after fn, which may register, delete or initialise buffers and make submodules
         ctx.module = module_state.replay(start.module)
+        if unreached := module_state.unreached_parameters(start.module, tensors):
+            warnings.warn(f"fwbench: under autocast, the parameters {', '.join(unreached)}, of a module that the "
+                          "feature map's forward made or attached, get no gradient from this call (plain autograd "
+                          "gives them one): make the module in the feature map's __init__", stacklevel=2)
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
 
