@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -86,7 +87,9 @@ def learning_curves_figure(rows: pd.DataFrame, path: Path, title: str) -> Path:
         ax.axhline(rows["unigram_bpc"].dropna().iloc[0], color="grey", lw=0.8, ls=":", label="unigram baseline")
     if undrawn:
         runs = ", ".join(f"{variant} ({count} run{'s' if count > 1 else ''})" for variant, count in undrawn.items())
-        ax.plot([], [], " ", label=f"not drawn, no point with a finite step and bpc: {runs}")
+        # wrapped to the width of a run's entry: a wider legend squeezed the axes until the step ticks overlapped
+        ax.plot([], [], " ", label=textwrap.fill(f"not drawn, no point with a finite step and bpc: {runs}", 32,
+                                                     break_on_hyphens=False))
     ax.set_xlabel("training step")
     ax.set_ylabel("validation bits per character (evaluation subset)")
     ax.set_title(title)
