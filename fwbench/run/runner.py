@@ -31,9 +31,7 @@ from fwbench.run.store import (
     ResultsStore,
     describe_long_name,
     describe_loop,
-    error_total_key,
     is_attempt_key,
-    is_error_total_key,
     looping_link,
     shorten,
     special_file,
@@ -133,12 +131,7 @@ def _new_try(run_id: str, key: bytes, loaded: LoadedRecords, read: LoadedRecords
     try: an ``attempt`` id is; a message without an id only where the run's failed records with that message (ids
     or not) grew too. A rewrite that dropped a record's id (jq 'del(.attempt)') changed its key from the id to the
     message, and the failure stored before the read counted as another driver's try: its run was not retried."""
-    if is_attempt_key(key):
-        return True
-    if is_error_total_key(key):  # read through the message keys
-        return False
-    total = (run_id, error_total_key(key))
-    return loaded.lines[total] > read.lines[total]
+    return is_attempt_key(key) or loaded.messages[run_id, key] > read.messages[run_id, key]
 
 
 def released_by_holders(store: ResultsStore, held: list[RunSpec]) -> Iterator[list[RunSpec]]:

@@ -265,13 +265,14 @@ class LoadedRecords:
     #: last), so a run tried again after a failed record reads there as one record, however many lines it has
     counts: Counter = field(default_factory=Counter)
     #: the ``failed`` records of each run id, keyed (run_id, :func:`_failure_key`): 1 for each try's ``attempt`` id,
-    #: and for a record without one the number of failures with its error message; and keyed (run_id, ``b"error:"``
-    #: + the message's digest) the number of failed records with that message, with an id or not. A later read tells
-    #: the failures stored since from those already there by these keys, not by the file's (device, inode), which a
-    #: rewrite by rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept, nor by
-    #: their text or full content, which a re-serialisation changes (jq -c: other separators and key order, and 0.0
-    #: written 0)
+    #: and for a record without one the number of failures with its error message. A later read tells the failures
+    #: stored since from those already there by these keys, not by the file's (device, inode), which a rewrite by
+    #: rename (sed -i, an editor, a link re-pointed to a copy) changes with the same lines kept, nor by their text
+    #: or full content, which a re-serialisation changes (jq -c: other separators and key order, and 0.0 written 0)
     lines: Counter = field(default_factory=Counter)
+    #: the ``failed`` records of each run id with each error message, with an ``attempt`` id or not, keyed (run_id,
+    #: :func:`error_digest`): a record whose id a rewrite dropped (jq 'del(.attempt)') is no new failure
+    messages: Counter = field(default_factory=Counter)
 
     def finished_ids(self) -> set[str]:
         """Run ids with a finished record, never run again (a ``failed`` record is retried)."""
@@ -578,6 +579,7 @@ class ResultsStore:
         records: dict[str, dict] = {}
         counts: Counter = Counter()
         lines: Counter = Counter()
+        messages: Counter = Counter()
         problems, skipped_lines = [], []
         try:
             handle = open(self.path, "rb")
@@ -605,10 +607,11 @@ class ResultsStore:
                 counts[run_id] += 1
                 if record.get("status") == "failed":  # a run with any other record is settled whatever its lines
                     key = _failure_key(record)
+                    attempt = is_attempt_key(key)
                     # a try's id counts once: a line duplicated since the read (cat f f, a merge) is no new try
-                    lines[run_id, key] = 1 if is_attempt_key(key) else lines[run_id, key] + 1
-                    lines[run_id, error_total_key(_error_digest(record) if is_attempt_key(key) else key)] += 1
-        return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines)
+                    lines[run_id, key] = 1 if attempt else lines[run_id, key] + 1
+                    messages[run_id, error_digest(record) if attempt else key] += 1
+        return LoadedRecords(list(records.values()), problems, skipped_lines, counts, lines, messages)
 
     def records(self) -> list[dict]:
         return self.load().records
@@ -822,10 +825,10 @@ def _failure_key(record: dict) -> bytes:
     attempt = record.get("attempt")
     if isinstance(attempt, str) and _ATTEMPT_ID.fullmatch(attempt):
         return _ATTEMPT + attempt.encode("ascii")
-    return _error_digest(record)
+    return error_digest(record)
 
 
-def _error_digest(record: dict) -> bytes:
+def error_digest(record: dict) -> bytes:
     """The SHA-256 of a failed record's error message, through any rewrite of its line (:func:`_failure_key`)."""
     error = record.get("error")
     if not isinstance(error, str):
@@ -840,25 +843,13 @@ def _error_digest(record: dict) -> bytes:
 
 
 _ATTEMPT = b"attempt:"  # an id's key has 40 bytes, an error's digest 32: the two kinds never meet
-_ALL_WITH_ERROR = b"error:"  # (run id, this + digest): the run's failed records with that message, ids or not
+_ATTEMPT_ID = re.compile("[0-9a-f]{32}")
+_UNDECODED = re.compile("[\ud800-\udfff\ufffd]+")  # json.loads joins a valid surrogate pair into one character
 
 
 def is_attempt_key(key: bytes) -> bool:
     """Whether a :func:`_failure_key` is an ``attempt`` id's (else it is an error message's digest, or ``b""``)."""
-    return len(key) == len(_ATTEMPT) + 32 and key.startswith(_ATTEMPT)
-
-
-def error_total_key(digest: bytes) -> bytes:
-    """The key under which :attr:`LoadedRecords.lines` counts a run's failed records with the message of
-    ``digest`` (:func:`_error_digest`; ``b""`` for none), with an ``attempt`` id or not."""
-    return _ALL_WITH_ERROR + digest
-
-
-def is_error_total_key(key: bytes) -> bool:
-    """Whether a key of :attr:`LoadedRecords.lines` is an :func:`error_total_key`."""
-    return len(key) in (len(_ALL_WITH_ERROR), len(_ALL_WITH_ERROR) + 32) and key.startswith(_ALL_WITH_ERROR)
-_ATTEMPT_ID = re.compile("[0-9a-f]{32}")
-_UNDECODED = re.compile("[\ud800-\udfff\ufffd]+")  # json.loads joins a valid surrogate pair into one character
+    return len(key) == len(_ATTEMPT) + 32
 
 
 def _line_text(raw: bytes, first: bool) -> str:

@@ -81,9 +81,9 @@ def before(module: torch.nn.Module | None) -> Before | None:
     if module is None:
         return None
     copies: dict[int, Tensor] = {}
-    return Before(module, {id(owner) for owner in module.modules()},
-                  {slot: _held(slot, copies) for slot in _slots(module)},
-                  [(owner, owner.training) for owner in module.modules()])
+    owners = list(module.modules())
+    return Before(module, {id(owner) for owner in owners}, {slot: _held(slot, copies) for slot in _slots(module)},
+                  [(owner, owner.training) for owner in owners])
 
 
 class Replay(NamedTuple):
