@@ -1343,6 +1343,59 @@ def _(ctx):
     return answer
 
 
+class _StatefulPhi(variants.FeatureMap):
+    """elu + 1 of x times a learnable scale, with a forward that changes its own module: a Python counter of its
+    calls, the scale decayed in place under no_grad, and dropout drawn from a torch.Generator of its own."""
+
+    name = "stateful-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.calls = 0
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.generator = torch.Generator().manual_seed(3)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        self.calls += 1
+        with torch.no_grad():
+            self.scale.mul_(0.8)
+        keep = torch.rand(x.shape, generator=self.generator) < 0.7
+        return (nn.functional.elu(x * self.scale.clone()) + 1) * keep / 0.7
+
+
+@row("L120")
+def _(ctx):
+    """Not an error: a learnable φ whose forward changes its own module, differentiated twice under CPU autocast
+    (a second backward through a retained graph, a gradient penalty). run_in_fp32 ran φ again for each, which moved
+    its state again or drew another sample (gradients 2-40 % off plain autograd's, break-it passes AB and AC); it
+    now keeps φ's graph, so φ runs once a forward, as without autocast."""
+    worst, calls = 0.0, set()
+    for backward in "retained graph", "gradient penalty":
+        results = []
+        for autocast in False, True:
+            attention = variants.FastWeightAttention(_StatefulPhi(4), rule="sum", form="chunk")
+            q = (0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))).requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = attention(q, q, q)[0].square().sum()
+                scale = attention.feature_map.scale
+                if backward == "retained graph":
+                    loss.backward(retain_graph=True)
+                    loss.backward()
+                else:
+                    first = torch.autograd.grad(loss, [q, scale], create_graph=True)
+                    (loss + sum(g.square().sum() for g in first)).backward()
+            calls.add(attention.feature_map.calls)
+            results.append(torch.cat([q.grad.flatten(), scale.grad, scale.detach()]))
+        worst = max(worst, float((results[1] - results[0]).abs().max() / results[0].abs().max()))
+    (ran,) = calls
+    return f"no error: φ ran {ran} times a forward (query and key, as without autocast); gradients within " \
+           f"{'1e-5' if worst < 1e-5 else worst} of plain autograd's (of the largest)"
+
+
 @row("L119")
 def _(ctx):
     """A state made under torch.inference_mode() carried into a call that records autograd: torch's

@@ -249,8 +249,8 @@ class FastWeightAttention(Attention):
     this module or of the feature map (constants as buffers): under CPU autocast φ and the kernel run in
     one autograd node that routes gradients to the module's parameters only, so a plain tensor with
     ``requires_grad=True`` in an attribute or a closure gets no gradient there (it does without autocast).
-    A stochastic φ must draw from the default generator (as dropout does), whose state that node replays
-    when it recomputes φ; see :func:`~variants.kernels.precision.run_in_fp32`.
+    That node keeps φ's graph for every backward, so φ runs once a forward, as without autocast; see
+    :func:`~variants.kernels.precision.run_in_fp32`.
 
     Raises:
         VariantError: for an unknown rule, a form the rule lacks, or for bad shapes, form, chunk

@@ -522,7 +522,7 @@ def test_a_stochastic_phi_is_differentiated_on_its_forwards_sample_under_cpu_aut
     """A φ with dropout under bf16 autocast: a second backward through a retained graph rebuilt φ and the
     kernel, and a create_graph=True backward ran them again, each drawing a new dropout mask, so their
     gradients belonged to another sample than the outputs (about 100 % off the first backward's). Now
-    every recomputation starts from the forward's random state: both equal the first backward's."""
+    the node keeps φ's graph for both, so they differentiate the forward's sample: both equal the first backward's."""
     from fwbench.variants import FastWeightAttention, FeatureMap
 
     class Dropped(FeatureMap):
@@ -767,27 +767,118 @@ class _SharedStatisticsPhi(FeatureMap):
         return F.elu(self.reading(flat).reshape(x.shape)) + 1
 
 
+class _CountingPhi(FeatureMap):
+    """elu + 1 of x times a scale that grows with a Python counter of φ's calls."""
+
+    name = "counting-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.calls = 0
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        self.calls += 1
+        return F.elu(x * (1 + 0.25 * self.calls)) + 1
+
+
+class _DecayingPhi(FeatureMap):
+    """elu + 1 of x times a learnable scale that φ decays in place (under no_grad) before reading it."""
+
+    name = "decaying-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.scale.mul_(0.8)
+        return F.elu(x * self.scale.clone()) + 1  # a copy: the key's call decays the scale the query's read
+
+
+class _ViewBuffersPhi(FeatureMap):
+    """elu + 1 of x shifted by a running mean, a buffer that is a view of a statistics buffer whose other row
+    counts the calls; both moved in place and read by the output."""
+
+    name = "view-buffers-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.register_buffer("stats", torch.zeros(2, d_key))
+        self.register_buffer("mean", self.stats[0])
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        self.mean.mul_(0.5).add_(0.5 * x.detach().flatten(0, -2).mean(0))
+        self.stats[1].add_(1)
+        stats = self.stats.clone()  # as read now: the key's call moves them after the query's
+        return F.elu(x * stats[1] - stats[0]) + 1
+
+
+class _OwnGeneratorPhi(FeatureMap):
+    """elu + 1 of x under dropout (keep 0.7) drawn from a torch.Generator of φ's own."""
+
+    name = "own-generator-dropout-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.generator = torch.Generator().manual_seed(3)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        keep = torch.rand(x.shape, generator=self.generator) < 0.7
+        return (F.elu(x) + 1) * keep / 0.7
+
+
+def _phi_state(attention: torch.nn.Module) -> dict[str, object]:
+    """Everything a feature map's forward may move: buffers, parameters, Python numbers, generator states."""
+    state: dict[str, object] = {name: t.detach().clone() for name, t in attention.state_dict(keep_vars=True).items()}
+    for name, value in vars(attention.feature_map).items():
+        if isinstance(value, int | float):
+            state[name] = value
+        elif isinstance(value, torch.Generator):
+            state[name] = value.get_state()
+    return state
+
+
 @pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
 @pytest.mark.parametrize("phi", [_BatchNormPhi, _SpectralNormPhi, _LazyBatchNormPhi, _RegisteringPhi, _WarmStartPhi,
-                                 _MadeSubmodulePhi, _SharedStatisticsPhi],
+                                 _MadeSubmodulePhi, _SharedStatisticsPhi, _CountingPhi, _DecayingPhi, _ViewBuffersPhi,
+                                 _OwnGeneratorPhi],
                          ids=["batchnorm", "spectral_norm", "lazy_batchnorm", "registered_in_forward",
-                              "deleted_in_forward", "submodule_made_in_forward", "shared_statistics"])
+                              "deleted_in_forward", "submodule_made_in_forward", "shared_statistics",
+                              "python_counter", "parameter_decayed_in_place", "buffer_views", "own_generator"])
 def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autocast(phi, backward):
-    """Break-it pass X: run_in_fp32 runs phi again for a second backward through a retained graph and for a
+    """Break-it pass X: run_in_fp32 ran phi again for a second backward through a retained graph and for a
     create_graph backward, and a phi whose forward moves module state moved it again each time: BatchNorm's
     num_batches_tracked 4 / 6 after one step against 2 without autocast (running statistics 0.115 / 0.209 off),
     spectral_norm's vectors 2.8e-2 / 4.6e-2 off and its gradients 0.46 % / 4 % off (another weight recomputed).
-    Every recomputation now reads copies of the buffers as the forward found them.
+    Each recomputation then read copies of the buffers as the forward found them.
 
     Break-it pass Z: a buffer registered by φ's first forward was not in the list taken before it, and moved in
-    every recomputation (scale 0.024 / 0.030 off, the query's gradient 3.5 % / 11 % off); it is now taken out for
-    each recomputation, which registers it again. A LazyBatchNorm1d never worked: its uninitialised buffers were
-    read (torch's 'Attempted to use an uninitialized parameter'), and before that its parameters' gradients had
-    shape [0] (NativeBatchNormBackward0's 'invalid gradient'). A buffer that φ deleted was missing in every
-    recomputation (the query's gradient 19 % / 44 % off); each recomputation now finds it and deletes it again.
+    every recomputation (scale 0.024 / 0.030 off, the query's gradient 3.5 % / 11 % off). A LazyBatchNorm1d never
+    worked: its uninitialised buffers were read (torch's 'Attempted to use an uninitialized parameter'), and
+    before that its parameters' gradients had shape [0] (NativeBatchNormBackward0's 'invalid gradient'). A buffer
+    that φ deleted was missing in every recomputation (the query's gradient 19 % / 44 % off).
     Break-it pass AA: a buffer of a submodule made by φ's first forward was replayed from its moved value (3.5 % /
-    7.6 % off), and buffers sharing a tensor got a copy each (5.8 % / 13 % off): a recomputation now runs without
-    the made submodule, which φ makes again, and shared buffers share one copy."""
+    7.6 % off), and buffers sharing a tensor got a copy each (5.8 % / 13 % off).
+    Break-it pass AB: a Python counter, a parameter decayed in place, buffers that are views of one tensor and a
+    generator of φ's own still moved or drew again in each recomputation (2-40 % off). Since then run_in_fp32 keeps
+    φ's graph for every backward and never runs φ again: every kind of state moves once, as without autocast."""
 
     def step(autocast: bool):
         torch.manual_seed(0)
@@ -803,12 +894,15 @@ def test_a_phi_that_moves_its_buffers_moves_them_once_a_forward_under_cpu_autoca
             else:
                 grads = torch.autograd.grad(loss, [q, *params], create_graph=True)
                 (loss + sum(g.square().sum() for g in grads)).backward()
-        return dict(attention.named_buffers()), [q.grad, *(p.grad for p in params)]
+        return _phi_state(attention), [q.grad, *(p.grad for p in params)]
 
-    (plain_buffers, plain_grads), (buffers, grads) = step(False), step(True)
-    assert plain_buffers.keys() == buffers.keys()
-    for name, buffer in buffers.items():
-        torch.testing.assert_close(buffer, plain_buffers[name], rtol=0, atol=0, msg=name)
+    (plain_state, plain_grads), (state, grads) = step(False), step(True)
+    assert plain_state.keys() == state.keys()
+    for name, value in state.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(value, plain_state[name], rtol=0, atol=0, msg=name)
+        else:
+            assert value == plain_state[name], name
     for grad, plain in zip(grads, plain_grads, strict=True):
         torch.testing.assert_close(grad, plain, rtol=1e-5, atol=1e-6)
 
@@ -853,7 +947,8 @@ def test_functional_call_parameters_get_their_gradients_under_cpu_autocast(backw
     """Break-it pass AA: torch.func.functional_call (MAML's adapted weights) puts the module's own parameters back
     before the backward, and run_in_fp32's recomputation read those: the passed weights' gradients were half of
     plain autograd's after a second backward through a retained graph, and a create_graph backward raised torch's
-    'appears to not have been used in the graph'. A recomputation reads the parameters in place at the forward."""
+    'appears to not have been used in the graph'. The node now keeps φ's graph, built on the parameters in place
+    at the forward, for every backward."""
 
     def grads(autocast: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)
@@ -879,7 +974,8 @@ def test_functional_call_parameters_get_their_gradients_under_cpu_autocast(backw
 def test_a_training_flag_changed_between_two_backwards_is_the_forwards_in_the_recomputation():
     """Break-it pass AA: ``.eval()`` called between a first and a second backward through a retained graph made the
     recomputation of a BatchNorm φ use its running statistics instead of the batch's (gradients 33 % off plain
-    autograd's, which never runs φ again); it now runs in the forward's mode, and the caller's mode is kept."""
+    autograd's, which never runs φ again); the node now keeps φ's graph from the forward, and the caller's mode is
+    kept."""
 
     def grads(autocast: bool) -> torch.Tensor:
         torch.manual_seed(0)
@@ -920,11 +1016,12 @@ class _AdoptingPhi(FeatureMap):
 def test_a_module_that_phi_attaches_is_left_as_the_forward_left_it(backward):
     """Break-it pass AB: a module that existed before and that φ attaches in its first forward was taken out of the
     tree for each recomputation, which attached the same object again and moved its live statistics
-    (num_batches_tracked 4 / 6 against 2, running variance 0.115 / 0.209 off). Its buffers are now replayed from
-    their values after the forward. Its values before the forward are not known (it was not in the tree), so the
-    recomputation's gradients are not plain autograd's (documented in module_state.replay)."""
+    (num_batches_tracked 4 / 6 against 2, running variance 0.115 / 0.209 off); replayed from their values after the
+    forward, its values before the forward were not known (it was not in the tree), so the recomputation's
+    gradients were not plain autograd's (2-40 % off). φ now runs once a forward: buffers and gradients are plain
+    autograd's."""
 
-    def step(autocast: bool) -> torch.nn.Module:
+    def step(autocast: bool) -> tuple[torch.nn.Module, torch.Tensor]:
         torch.manual_seed(0)
         shared = torch.nn.BatchNorm1d(4, affine=False)
         attention = FastWeightAttention(_AdoptingPhi(4, shared), rule="sum", form="chunk")
@@ -937,11 +1034,54 @@ def test_a_module_that_phi_attaches_is_left_as_the_forward_left_it(backward):
             else:
                 (first,) = torch.autograd.grad(loss, [q], create_graph=True)
                 (loss + first.square().sum()).backward()
-        return shared
+        return shared, q.grad
 
-    plain, autocast = step(False), step(True)
+    (plain, plain_grad), (autocast, grad) = step(False), step(True)
     for name, buffer in autocast.named_buffers():
         torch.testing.assert_close(buffer, plain.get_buffer(name), rtol=0, atol=0, msg=name)
+    torch.testing.assert_close(grad, plain_grad, rtol=1e-5, atol=1e-6)
+
+
+class _OffsetPhi(FeatureMap):
+    """elu + 1 of x minus an offset held as a buffer."""
+
+    name = "offset-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.register_buffer("offset", torch.linspace(-0.5, 0.5, d_key))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x - self.offset) + 1
+
+
+@pytest.mark.parametrize("backward", ["retained graph", "gradient penalty"])
+def test_a_buffer_that_functional_call_passes_with_a_gradient_gets_it_under_cpu_autocast(backward):
+    """Break-it pass AB: a buffer that requires a gradient (``functional_call`` passing one) was no input of the
+    autocast node, so it got no gradient (``None``) where plain autograd gives one. The module's buffers that
+    require a gradient are now inputs of the node too."""
+
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_OffsetPhi(4), rule="sum", form="chunk")
+        q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+        offset = torch.linspace(-0.2, 0.3, 4).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = torch.func.functional_call(attention, {"feature_map.offset": offset}, (q, q, q))[0].square().sum()
+            if backward == "retained graph":
+                loss.backward(retain_graph=True)
+                loss.backward()
+            else:
+                (first,) = torch.autograd.grad(loss, [offset], create_graph=True)
+                (loss + first.square().sum()).backward()
+        return offset.grad
+
+    plain = grad(False)
+    assert plain is not None and plain.abs().sum() > 0
+    torch.testing.assert_close(grad(True), plain, rtol=1e-5, atol=1e-6)
 
 
 class _MadeLinearPhi(FeatureMap):
@@ -1025,3 +1165,36 @@ def test_autocast_on_reads_an_mps_block_as_on():
     assert autocast_on(torch.ones(1)) is False
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert autocast_on(torch.ones(1)) is True
+
+
+def _autocast_nodes(output: torch.Tensor) -> list:
+    """The autocast nodes (run_in_fp32's) in the graph behind ``output``."""
+    found, seen, stack = [], set(), [output.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if "AutocastOff" in type(node).__name__:
+            found.append(node)
+        stack.extend(next_node for next_node, _ in node.next_functions)
+    return found
+
+
+def test_the_autocast_node_keeps_phis_graph_while_the_backward_keeps_its_own_and_lets_it_go_with_it():
+    """The node keeps φ's graph for a second backward (retain_graph=True) instead of running φ again, and lets it go
+    in a backward that frees the graph, as autograd frees its saved tensors: a third backward then raises torch's
+    own 'backward through the graph a second time', as without autocast."""
+    attention = FastWeightAttention(_CountingPhi(4), rule="sum", form="chunk")
+    q = (0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = attention(q, q, q)[0].square().sum()
+    (node,) = _autocast_nodes(loss)
+    loss.backward(retain_graph=True)
+    assert node.graph is not None and attention.feature_map.calls == 2  # the query's and the key's φ, once each
+    first = q.grad.clone()
+    loss.backward()
+    assert node.graph is None and attention.feature_map.calls == 2
+    torch.testing.assert_close(q.grad, 2 * first)
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        loss.backward()

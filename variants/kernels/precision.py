@@ -16,13 +16,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from . import module_state
-from .double_backward import kept_graph
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -76,29 +74,20 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     records, ``fn``'s graph is therefore built inside one :class:`_AutocastOff` node, whose backward
     differentiates it with autocast off. ``params``: tensors ``fn`` reads besides ``inputs`` (a
     learnable φ's parameters: the attention module passes all of its own, its feature map's among them),
-    which get their gradients through the same node. ``module``: the module ``fn`` calls, whose buffers (and its
-    submodules') it may change in place (BatchNorm's running statistics, spectral_norm's power-iteration
-    vectors): every recomputation of ``fn`` reads copies of their values at the forward, so they move once per
-    forward, as without autocast (they moved again in each recomputation: BatchNorm's count 6 against 2 after a
-    gradient penalty, spectral_norm's weight another one and its gradient 4 % off). The same holds for the rest
-    of the module's state (:mod:`.module_state`): the parameters in place at the forward (those
-    ``torch.func.functional_call`` passed, put back by the time of the backward: their gradients were half or
-    missing), a buffer or submodule that ``fn`` registers, deletes or makes, buffers that share a tensor, the
-    training flags; a lazy module (``nn.LazyBatchNorm1d``) is initialised by the forward alone. What is not
-    covered (a φ that changes its parameters in place or moves Python attributes, ...) is listed there.
+    which get their gradients through the same node. ``module``: the module ``fn`` calls; its buffers that require a
+    gradient (``torch.func.functional_call`` can pass such) count as ``params`` too. The node builds ``fn``'s graph
+    once and keeps it for every backward (:class:`_AutocastOff`), so ``fn`` runs once a forward, as without autocast:
+    whatever φ's forward changes (BatchNorm's running statistics, spectral_norm's vectors, a buffer or submodule it
+    makes, a counter, a parameter it changes in place under ``no_grad``) moves once, and a stochastic φ is
+    differentiated on the sample its outputs came from, whatever generator it draws from.
 
     Limitation: a tensor that ``fn`` reads but that is neither in ``inputs`` nor in ``params`` (a plain tensor
     with ``requires_grad=True`` held in an attribute or a closure, not registered as an ``nn.Parameter``, or the
-    parameter of a module that ``fn`` itself makes) is not found, and gets no gradient (``None``) from a backward
-    under autocast; it does without autocast. A learnable φ must register such tensors as ``nn.Parameter`` in its
-    ``__init__`` (constants as buffers, which need no gradient). An input changed in place after the forward is
-    refused as plain autograd refuses it in the first backward (where one of ``fn``'s ops saved it), but always in
-    a second backward through a retained graph and in a ``create_graph=True`` backward, which run ``fn`` again on
-    the inputs (torch's 'modified by an inplace operation'), as ``torch.utils.checkpoint`` does. A φ that draws
-    random numbers replays them in those two recomputations from the default CPU generator and the inputs' CUDA
-    generators only: one drawing from a ``torch.Generator`` of its own (``torch.rand(..., generator=g)``) gets its
-    second-backward and ``create_graph`` gradients from another sample, as under ``torch.utils.checkpoint``; draw
-    from the default generator (``torch.nn.functional.dropout``) instead.
+    parameter of a module that ``fn`` itself makes, which warns) is not found, and gets no gradient (``None``) from a
+    backward under autocast; it does without autocast. A learnable φ must register such tensors as ``nn.Parameter``
+    in its ``__init__`` (constants as buffers, which need no gradient). An input changed in place after the forward
+    is refused where one of ``fn``'s ops saved it, as plain autograd refuses it, and always in a ``create_graph=True``
+    backward, which reads the saved inputs (torch's 'modified by an inplace operation').
 
     Not covered: a forward run without autocast (outside the block, or in an inner
     ``torch.autocast(..., enabled=False)``) whose backward is called inside a bf16/fp16 block. That call
@@ -115,6 +104,8 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
+        if module is not None:
+            params += [b for b in module.buffers() if b.requires_grad]
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
         # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
         # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
@@ -124,6 +115,13 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
                 or _functorch_transform_active()):
             return tuple(fn(*inputs))
         return _apply(fn, len(inputs), x.device.type, (*inputs, *params), module)
+
+
+# whether the backward running now keeps the graph (retain_graph=True, or create_graph=True by default): torch's own
+# check (AOTAutograd reads it); a torch without it keeps every graph until its node dies, as a retained one is kept
+_graph_kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+
+Graph = tuple[list, list[Tensor]]  # (one leaf per tensor of a node, or None; the outputs built from those leaves)
 
 
 def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: str,
@@ -138,157 +136,115 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
-    start = _Start(_rng_state(tensors), module_state.before(module), None)
     if any(module_state.lazy(t) for t in tensors[n_inputs:]):
         # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
         # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
         # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it; a lazy
         # module that fn does not call keeps parameters without values, which fn cannot have read
         tensors, graph = _built_first(present, n_inputs, tensors)
-        start = start._replace(graph=graph)
-    found = iter(_AutocastOff.apply(present, n_inputs, device, start, *tensors))
-    return tuple(None if gone else next(found) for gone in missing)
+        found = _AutocastOff.apply(lambda tensors, needs_grad: graph, device, *tensors)
+    else:
+        found = _AutocastOff.apply(lambda tensors, needs_grad: _graph(present, n_inputs, tensors, needs_grad),
+                                   device, *tensors)
+    if unreached := module_state.unreached_parameters(module, tensors):
+        warnings.warn(f"fwbench: under autocast, the parameters {', '.join(unreached)}, of a module that the "
+                      "feature map's forward made or attached, get no gradient from this call (plain autograd "
+                      "gives them one): make the module in the feature map's __init__", stacklevel=3)
+    outputs = iter(found)
+    return tuple(None if gone else next(outputs) for gone in missing)
+
+
+def _graph(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence[Tensor | None],
+           needs_grad: Sequence[bool]) -> Graph:
+    """``fn``'s graph, built with autocast off (the caller's block): its leaves are the inputs detached (a gradient
+    wanted where ``needs_grad`` says) and the params as they are, so it reaches a graph that made a param (a weight
+    that ``parametrize`` computed)."""
+    inputs = [None if t is None else t.detach().requires_grad_(need)
+              for t, need in zip(tensors[:n_inputs], needs_grad)]
+    with torch.enable_grad():
+        outputs = list(fn(*inputs))
+    return [*inputs, *tensors[n_inputs:]], outputs
 
 
 @torch.compiler.disable  # dynamo's trace of a lazy module's initialisation diverged ('SpeculationLogDivergence')
 def _built_first(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence[Tensor | None]
-                 ) -> tuple[list[Tensor | None], tuple[list, Sequence[Tensor]]]:
-    """``fn``'s graph built before its node (:func:`_AutocastOff._graph`), and the tensors for the node: the
-    parameters still without values left out (those of a lazy module that ``fn`` does not call)."""
+                 ) -> tuple[list[Tensor | None], Graph]:
+    """``fn``'s graph built before its node (:func:`_graph`), and the tensors for the node: the parameters still
+    without values left out (those of a lazy module that ``fn`` does not call)."""
     needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
-    leaves, outputs = _AutocastOff._graph(fn, n_inputs, tensors, needs_grad)
+    leaves, outputs = _graph(fn, n_inputs, tensors, needs_grad)
     tensors = [*tensors[:n_inputs], *(t for t in tensors[n_inputs:] if not module_state.lazy(t))]
     return tensors, ([*leaves[:n_inputs], *tensors[n_inputs:]], outputs)
 
 
-class _Start(NamedTuple):
-    """What every recomputation of ``fn`` starts from, taken before the forward's ``fn`` ran: the generators'
-    states (:func:`_rng_state`) and the module's state (:func:`.module_state.before`); ``graph``: ``fn``'s graph
-    where it was built before the node (:func:`_AutocastOff._graph`), else ``None``."""
-
-    rng: tuple[Tensor, dict[torch.device, Tensor]]
-    module: module_state.Before | None
-    graph: tuple[list, Sequence[Tensor]] | None
-
-
-def _rng_state(tensors: Sequence[Tensor | None]) -> tuple[Tensor, dict[torch.device, Tensor]]:
-    """The random generators' states a recomputation of ``fn`` must start from: the CPU one, and that of
-    each CUDA device the tensors are on (as ``torch.utils.checkpoint``'s ``preserve_rng_state``)."""
-    devices = {t.device for t in tensors if t is not None and t.is_cuda}
-    return torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in devices}
-
-
-@contextmanager
-def _replayed(state: tuple[Tensor, dict[torch.device, Tensor]], plan: module_state.Replay) -> Iterator[None]:
-    """Run the block from the generators' states ``state`` (:func:`_rng_state`) and with the module's state that
-    ``plan`` gives (:func:`.module_state.replayed`), then set back the states it found, so a recomputation neither
-    draws another sample nor moves the caller's generators or the module's state."""
-    cpu, cuda = state
-    found = torch.get_rng_state(), {device: torch.cuda.get_rng_state(device) for device in cuda}
-    torch.set_rng_state(cpu)
-    for device, generator_state in cuda.items():
-        torch.cuda.set_rng_state(generator_state, device)
-    try:
-        with module_state.replayed(plan):
-            yield
-    finally:
-        torch.set_rng_state(found[0])
-        for device, generator_state in found[1].items():
-            torch.cuda.set_rng_state(generator_state, device)
-
-
 class _AutocastOff(torch.autograd.Function):
-    """:func:`run_in_fp32`'s node: ``fn``'s graph is built inside ``forward`` on detached inputs, kept
-    in ``ctx`` and differentiated by ``backward`` with autocast off (let go after the first backward,
-    as :func:`~.double_backward.kept_graph` does; a second one, through a retained graph, builds it
-    again). Under ``create_graph=True`` the backward's vector-Jacobian product is itself computed
-    through another such node (a function of the saved inputs and the incoming gradients that runs
-    ``fn`` again and differentiates it), so the second-order graph's backward runs with autocast off
-    too, and so on for every order: recorded under the caller's autocast, a gradient penalty's second
-    derivatives were bf16 (linear-fwm's 460 % off the fp32 run's). Every recomputation of ``fn`` starts from the
-    random generators' states of the forward (:func:`_rng_state`): a φ with dropout got its gradients from
-    another sample than its outputs; and from the module's state as it was (:func:`_replayed`)."""
+    """:func:`run_in_fp32`'s node: a graph built with autocast off (``build(tensors, needs_grad)``: its leaves, one
+    per tensor of the node, and its outputs; :func:`_graph` builds ``fn``'s), kept in ``ctx`` and differentiated by
+    ``backward`` with autocast off. The graph is kept for as long as the backward keeps the node's
+    (``retain_graph=True``, ``create_graph=True``), so a second backward differentiates the same graph, and let go
+    with it otherwise. Under ``create_graph=True`` the backward's vector-Jacobian product is built from that graph
+    too, as a graph of its leaves and of the incoming gradients, and goes through another such node, so the
+    second-order graph's backward runs with autocast off too, and so on for every order: recorded under the
+    caller's autocast, a gradient penalty's second derivatives were bf16 (linear-fwm's 460 % off the fp32 run's).
+    ``fn`` runs once a forward, as under plain autograd: its module's state (BatchNorm's statistics, a buffer it
+    registers) moves once, and its random numbers (dropout) are drawn once. It ran again for a second backward and
+    for a ``create_graph`` backward before, which had to find the forward's module state and random generators
+    (two hundred lines that break-it passes kept finding exceptions to: a φ's Python attributes, parameters changed
+    in place, an attached module's earlier values)."""
 
     @staticmethod
-    def forward(ctx, fn, n_inputs, device, start, *tensors):
-        ctx.fn, ctx.n_inputs = fn, n_inputs
+    def forward(ctx, build, device, *tensors):
+        ctx.device = device
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
-        ctx.autocast = (device, False, torch.get_autocast_dtype(device))  # for kept_graph's rebuild
-        ctx.rng = start.rng  # a stochastic φ (dropout) draws the same sample in every recomputation
-        ctx.graph = start.graph or _AutocastOff._graph(fn, n_inputs, tensors, ctx.needs_input_grad[4:])
-        # the state a φ moves in place (BatchNorm's statistics) as fn found it, for every recomputation; read
-        # again after fn, which may register, delete or initialise buffers and make submodules
-        ctx.module = module_state.replay(start.module)
-        if unreached := module_state.unreached_parameters(start.module, tensors):
-            warnings.warn(f"fwbench: under autocast, the parameters {', '.join(unreached)}, of a module that the "
-                          "feature map's forward made or attached, get no gradient from this call (plain autograd "
-                          "gives them one): make the module in the feature map's __init__", stacklevel=2)
+        ctx.graph = build(tensors, ctx.needs_input_grad[2:])
         ctx.save_for_backward(*tensors)
         return tuple(out.detach() for out in ctx.graph[1])
 
     @staticmethod
-    def _graph(fn, n_inputs, tensors, needs_grad):
-        """(the leaves ``fn``'s graph starts from, its outputs): the inputs detached, the params as they are."""
-        inputs = [None if t is None else t.detach().requires_grad_(need)
-                  for t, need in zip(tensors[:n_inputs], needs_grad)]
-        with torch.enable_grad():
-            outputs = fn(*inputs)
-        return [*inputs, *tensors[n_inputs:]], outputs
-
-    @staticmethod
-    def _rebuilt(ctx, saved):
-        """The forward's graph built again (a second backward through a retained graph), on the forward's
-        random sample."""
-        with _replayed(ctx.rng, ctx.module):
-            return _AutocastOff._graph(ctx.fn, ctx.n_inputs, saved, ctx.needs_input_grad[4:])
-
-    @staticmethod
-    def _vjp(fn, n_inputs, n_outputs, params, rng, module):
-        """A function of (fn's inputs, one gradient per output of fn) giving one gradient per input and
-        then per param (``None`` where not wanted), differentiable: the create_graph backward's body."""
-
-        def vjp(*args: Tensor | None) -> tuple[Tensor | None, ...]:
-            inputs, grads = args[:n_inputs], args[n_inputs:n_inputs + n_outputs]
-            with _replayed(rng, module):
-                outputs = fn(*inputs)
-            return _AutocastOff._grads(inputs, outputs, grads, params, create_graph=True)
-
-        return vjp
-
-    @staticmethod
-    def _grads(inputs, outputs, grads, params, create_graph):
-        """The gradient of Σ⟨grads, outputs⟩ for every input and param that requires one (else ``None``)."""
-        leaves = [t if t is not None and t.requires_grad else None for t in (*inputs, *params)]
-        wanted = [t for t in leaves if t is not None]
+    def _grads(leaves: list, outputs: Sequence[Tensor], grads: Sequence[Tensor | None], wanted: Sequence[bool],
+               create_graph: bool) -> tuple[Tensor | None, ...]:
+        """The gradient of Σ⟨grads, outputs⟩ for every leaf that is ``wanted`` and requires one (else ``None``)."""
+        asked = [t if want and t is not None and t.requires_grad else None for t, want in zip(leaves, wanted)]
+        inputs = [t for t in asked if t is not None]
         pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
                  if grad is not None and out.requires_grad]
-        if not wanted or not pairs:
+        if not inputs or not pairs:
             return (None,) * len(leaves)
-        # retained: fn's graph may reach a graph made outside it, shared with other calls (a weight that
-        # parametrize.cached() computed once for two attention calls), which the caller's one backward
-        # runs through once per call here; freed, the second call raised 'Trying to backward through the
-        # graph a second time'. fn's own graph is let go with ctx.graph at the end of this backward.
-        found = iter(torch.autograd.grad([out for out, _ in pairs], wanted, [grad for _, grad in pairs],
+        # retained: the kept graph serves every later backward through this node, and it may reach a graph made
+        # outside it, shared with other calls (a weight that parametrize.cached() computed once for two attention
+        # calls), which the caller's one backward runs through once per call here; freed, the second call raised
+        # 'Trying to backward through the graph a second time'. The kept graph is let go with ctx.graph.
+        found = iter(torch.autograd.grad([out for out, _ in pairs], inputs, [grad for _, grad in pairs],
                                          create_graph=create_graph, retain_graph=True, allow_unused=True))
-        return tuple(None if t is None else next(found) for t in leaves)
+        return tuple(None if t is None else next(found) for t in asked)
 
     @staticmethod
     def backward(ctx, *grads):
-        device, _, dtype = ctx.autocast
-        n = ctx.n_inputs
-        with torch.autocast(device, dtype=dtype, enabled=False):
-            if torch.is_grad_enabled():  # create_graph=True: a node of its own, whose backward is autocast-off too
-                saved = ctx.saved_tensors  # raises on a backward through a freed graph, or on a changed input
-                ctx.graph = None
-                params = saved[n:]
-                vjp = _AutocastOff._vjp(ctx.fn, n, len(grads), params, ctx.rng, ctx.module)
-                return (None, None, None, None, *_apply(vjp, n + len(grads), device, (*saved[:n], *grads, *params)))
-            # the saved inputs are read only to build fn's graph again: the kept graph's leaves share their
-            # version counters, so an input changed in place after the forward is refused where fn's own ops
-            # saved it, as plain autograd does (reading them here refused every such change)
-            leaves, outputs = kept_graph(ctx, lambda: _AutocastOff._rebuilt(ctx, ctx.saved_tensors))
-            found = _AutocastOff._grads(leaves[:n], outputs, grads, leaves[n:], create_graph=False)
-        return (None, None, None, None, *found)
+        graph = ctx.graph
+        if not _graph_kept():
+            ctx.graph = None  # as autograd frees the node's saved tensors: kept, it lived as long as the outputs
+        if graph is None:
+            ctx.saved_tensors  # noqa: B018 (raises torch's 'Trying to backward through the graph a second time')
+            raise RuntimeError("fwbench: this autocast node's graph was freed by an earlier backward: pass "
+                               "retain_graph=True to the first backward to call another")
+        leaves, outputs = graph
+        wanted = ctx.needs_input_grad[2:]
+        with torch.autocast(ctx.device, enabled=False):
+            if not torch.is_grad_enabled():
+                return (None, None, *_AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False))
+            # create_graph=True: the vector-Jacobian product as a graph of the leaves and of the incoming gradients,
+            # through a node of its own (whose tensors are the saved ones, connected to the caller's graph, and the
+            # gradients), so that its backward is autocast-off too; the saved tensors are read, so an input changed
+            # in place since the forward is refused (torch's 'modified by an inplace operation')
+            saved = ctx.saved_tensors
+            grad_leaves = [None if g is None else g.detach().requires_grad_(g.requires_grad) for g in grads]
+            products = _AutocastOff._grads(leaves, outputs, grad_leaves, wanted, create_graph=True)
+            present = [p for p in products if p is not None]
+            if not present:
+                return (None, None, *products)
+            next_graph = ([*leaves, *grad_leaves], present)
+            found = iter(_AutocastOff.apply(lambda tensors, needs_grad: next_graph, ctx.device, *saved, *grads))
+            return (None, None, *(None if p is None else next(found) for p in products))
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
