@@ -1198,3 +1198,77 @@ def test_the_autocast_node_keeps_phis_graph_while_the_backward_keeps_its_own_and
     torch.testing.assert_close(q.grad, 2 * first)
     with pytest.raises(RuntimeError, match="backward through the graph a second time"):
         loss.backward()
+
+
+class _AliasedScalePhi(FeatureMap):
+    """elu + 1 of x times a learnable scale that the map also holds as a buffer (one tensor, two slots)."""
+
+    name = "aliased-scale-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.register_buffer("scale_ref", self.scale)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x * self.scale) + 1
+
+
+def test_a_tensor_held_as_a_parameter_and_a_buffer_gets_its_gradient_once_under_cpu_autocast():
+    """Break-it pass AD (new in 91f7092): the module's buffers that require a gradient were added to the node's
+    inputs beside its parameters without dropping repeats, so a parameter also registered as a buffer got its
+    gradient twice (2.0 times plain autograd's); each tensor is one input now."""
+
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_AliasedScalePhi(4), rule="sum", form="chunk")
+        q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            attention(q, q, q)[0].square().sum().backward()
+        return attention.feature_map.scale.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunk", "recurrent"])
+@pytest.mark.parametrize("spec", ["linear", "dpfp:nu=1", "linear-delta"])
+def test_an_output_that_needs_no_gradient_requires_none_under_cpu_autocast(spec, form):
+    """Break-it pass AD: every output of the autocast node required a gradient, so with only the queries learnable
+    the state W did too (it does not without autocast), and a loop carrying the state without detaching it raised
+    'Trying to backward through the graph a second time' at its second step. The node marks the outputs that fn
+    made from nothing that requires a gradient as not differentiable."""
+    attention = build_attention(spec, 4, form=form)
+    state, requires = None, []
+    for step in range(2):
+        generator = torch.Generator().manual_seed(step)
+        q = torch.randn(1, 2, 8, 4, generator=generator).requires_grad_()
+        k, v = torch.randn(1, 2, 8, 4, generator=generator), torch.randn(1, 2, 8, 4, generator=generator)
+        beta = torch.rand(1, 2, 8, generator=generator) if attention.uses_beta else None
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, state = attention(q, k, v, beta, state=state)
+            y.float().sum().backward()
+        requires.append(state.W.requires_grad)
+    assert requires == [False, False]
+
+
+@pytest.mark.parametrize("spec", ["linear", "dpfp:nu=1", "linear-delta"])
+def test_keys_and_values_made_under_inference_mode_are_taken_beside_learnable_queries_under_cpu_autocast(spec):
+    """Break-it pass AD: keys and values made under ``torch.inference_mode()`` with learnable queries were refused
+    under autocast ('Inference tensors cannot be saved for backward': the node saved every input) where plain
+    autograd takes them (recurrent form); the node saves only the inputs that require a gradient."""
+
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = build_attention(spec, 4, form="recurrent")
+        generator = torch.Generator().manual_seed(1)
+        q = torch.randn(1, 2, 8, 4, generator=generator).requires_grad_()
+        with torch.inference_mode():
+            k, v = torch.randn(1, 2, 8, 4, generator=generator), torch.randn(1, 2, 8, 4, generator=generator)
+            beta = torch.rand(1, 2, 8, generator=generator) if attention.uses_beta else None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            attention(q, k, v, beta)[0].float().square().sum().backward()
+        return q.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)

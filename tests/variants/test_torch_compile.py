@@ -85,3 +85,28 @@ def test_a_compiled_call_under_cpu_autocast_initialises_a_lazy_module_in_phi():
 
     torch.testing.assert_close(grad(compiled=True, autocast=True), grad(compiled=False, autocast=False),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # inductor compiles C++: about 20 s
+def test_an_inductor_compiled_call_under_cpu_autocast_takes_a_plain_backward():
+    """Break-it pass AD: with torch.compile's default backend (inductor), a plain ``loss.backward()`` under bf16
+    autocast raised torch's 'This backward function was compiled with non-empty donated buffers which requires
+    create_graph=False and retain_graph=False' for linear attention in the chunk form: the autocast node
+    differentiated φ's graph with retain_graph=True in every backward. It keeps the graph only where a backward
+    must (the caller's retains its own, or the graph reaches one made outside φ), and the gradient is the eager
+    call's."""
+    torch._dynamo.reset()
+    attention = build_attention("linear", 4, form="chunk")
+    q, k, v = (0.5 * torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3))
+
+    def grad(call) -> torch.Tensor:
+        query = q.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            call(query, k, v)[0].float().square().sum().backward()
+        return query.grad
+
+    eager = grad(attention)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's graph-break notes
+        compiled = grad(torch.compile(attention))
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-6)

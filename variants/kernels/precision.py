@@ -98,6 +98,18 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     autograd function needs a ``setup_context`` these transforms accept), so its gradients are computed
     under the block's autocast (linear's 0.3 % off the fp32 run's).
 
+    Also not covered under autocast (break-it pass AD; each differs from plain autograd): a hook registered on
+    a parameter φ reads (``p.register_hook``) runs twice a backward, once for the node's own gradient and once
+    at the parameter (a hook that doubles a gradient quadruples it); a backward that does not keep the graph
+    lets the node's whole graph go, so a second one through another output (``y.sum().backward()``, then
+    ``state.W.sum().backward()``) raises 'Trying to backward through the graph a second time' where plain
+    autograd may answer; forward-mode AD (``torch.autograd.forward_ad``) and ``is_grads_batched=True`` with
+    ``create_graph=True`` raise torch's 'You must implement the jvp function' / 'Batching rule not
+    implemented'; and under ``torch.utils.checkpoint(..., use_reentrant=False)`` a ``create_graph=True``
+    backward recomputes the checkpointed forward twice (the saved inputs are read in the caller's backward and
+    φ's graph in a nested one), so a φ with state moves it once more than plain autograd (BatchNorm's count 6
+    against 4): a checkpointed forward must not change state, as torch's checkpoint asks.
+
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
     if not autocast_on(x):
@@ -106,6 +118,9 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         params = [p for p in params if p.requires_grad]
         if module is not None:
             params += [b for b in module.buffers() if b.requires_grad]
+        # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got each
+        # of its gradients twice
+        params = list({id(p): p for p in params}.values())
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
         # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
         # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
@@ -120,6 +135,14 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
 # whether the backward running now keeps the graph (retain_graph=True, or create_graph=True by default): torch's own
 # check (AOTAutograd reads it); a torch without it keeps every graph until its node dies, as a retained one is kept
 _graph_kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
+_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
+
+
+@torch.compiler.disable  # dynamo warned that it cannot trace this pybind builtin; a graph break, as all_finite's
+def _next_sequence_nr() -> int | None:
+    """The sequence number the next autograd node made on this thread gets: the nodes of fn's graph are numbered
+    from the one read before fn, and a lower one was made before fn (outside it); ``None`` on a torch without it."""
+    return None if _sequence_nr is None else _sequence_nr()
 
 Graph = tuple[list, list[Tensor]]  # (one leaf per tensor of a node, or None; the outputs built from those leaves)
 
@@ -136,16 +159,17 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
+    start = _next_sequence_nr()  # before fn's graph: see _AutocastOff.forward
     if any(module_state.lazy(t) for t in tensors[n_inputs:]):
         # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
         # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
         # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it; a lazy
         # module that fn does not call keeps parameters without values, which fn cannot have read
         tensors, graph = _built_first(present, n_inputs, tensors)
-        found = _AutocastOff.apply(lambda tensors, needs_grad: graph, device, *tensors)
+        found = _AutocastOff.apply(lambda tensors, needs_grad: graph, device, start, *tensors)
     else:
         found = _AutocastOff.apply(lambda tensors, needs_grad: _graph(present, n_inputs, tensors, needs_grad),
-                                   device, *tensors)
+                                   device, start, *tensors)
     if unreached := module_state.unreached_parameters(module, tensors):
         warnings.warn(f"fwbench: under autocast, the parameters {', '.join(unreached)}, of a module that the "
                       "feature map's forward made or attached, get no gradient from this call (plain autograd "
@@ -193,16 +217,25 @@ class _AutocastOff(torch.autograd.Function):
     in place, an attached module's earlier values)."""
 
     @staticmethod
-    def forward(ctx, build, device, *tensors):
-        ctx.device = device
+    def forward(ctx, build, device, start, *tensors):
+        """``start``: the sequence number read before the graph was built (:func:`_reaches_outside`), or ``None``
+        where the graph may reach another node's (a vector-Jacobian product's reaches its first-order graph), or a
+        torch without sequence numbers: every backward then keeps it (``retain_graph``) while ``ctx`` holds it."""
+        ctx.device, ctx.start = device, start
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
-        ctx.graph = build(tensors, ctx.needs_input_grad[2:])
-        ctx.save_for_backward(*tensors)
-        return tuple(out.detach() for out in ctx.graph[1])
+        ctx.graph = build(tensors, ctx.needs_input_grad[3:])
+        # for a create_graph backward only, which needs the tensors that require a gradient (connected to the
+        # caller's graph); one that needs none is not saved: made under inference_mode, it cannot be
+        ctx.save_for_backward(*(t if t is not None and t.requires_grad else None for t in tensors))
+        outputs = tuple(out.detach() for out in ctx.graph[1])
+        # an output that fn made from nothing that requires a gradient (the state W with q alone learnable) does
+        # not require one, as without autocast (it did, so a carried state chained the steps' graphs)
+        ctx.mark_non_differentiable(*(out for out, made in zip(outputs, ctx.graph[1]) if not made.requires_grad))
+        return outputs
 
     @staticmethod
     def _grads(leaves: list, outputs: Sequence[Tensor], grads: Sequence[Tensor | None], wanted: Sequence[bool],
-               create_graph: bool) -> tuple[Tensor | None, ...]:
+               create_graph: bool, retain_graph: bool) -> tuple[Tensor | None, ...]:
         """The gradient of Σ⟨grads, outputs⟩ for every leaf that is ``wanted`` and requires one (else ``None``)."""
         asked = [t if want and t is not None and t.requires_grad else None for t, want in zip(leaves, wanted)]
         inputs = [t for t in asked if t is not None]
@@ -210,41 +243,75 @@ class _AutocastOff(torch.autograd.Function):
                  if grad is not None and out.requires_grad]
         if not inputs or not pairs:
             return (None,) * len(leaves)
-        # retained: the kept graph serves every later backward through this node, and it may reach a graph made
-        # outside it, shared with other calls (a weight that parametrize.cached() computed once for two attention
-        # calls), which the caller's one backward runs through once per call here; freed, the second call raised
-        # 'Trying to backward through the graph a second time'. The kept graph is let go with ctx.graph.
         found = iter(torch.autograd.grad([out for out, _ in pairs], inputs, [grad for _, grad in pairs],
-                                         create_graph=create_graph, retain_graph=True, allow_unused=True))
+                                         create_graph=create_graph, retain_graph=retain_graph, allow_unused=True))
         return tuple(None if t is None else next(found) for t in asked)
+
+    @staticmethod
+    def _retained(ctx, outputs: Sequence[Tensor], leaves: list) -> bool:
+        """Whether a first-order backward must keep the graph: where the caller's backward keeps its own, where the
+        graph may serve another node (a vector-Jacobian product built from it), and where it reaches a graph made
+        outside fn (a weight that ``parametrize.cached()`` computed once for two attention calls): the caller's one
+        backward runs through that once per call here, and freed, the second call raised 'Trying to backward
+        through the graph a second time'. Elsewhere it is freed as it runs, as autograd frees its own: kept, a
+        backward that ``torch.compile`` (inductor) compiled with donated buffers refused to run."""
+        return _graph_kept() or ctx.start is None or _reaches_outside(outputs, leaves, ctx.start)
 
     @staticmethod
     def backward(ctx, *grads):
         graph = ctx.graph
-        if not _graph_kept():
-            ctx.graph = None  # as autograd frees the node's saved tensors: kept, it lived as long as the outputs
         if graph is None:
             ctx.saved_tensors  # noqa: B018 (raises torch's 'Trying to backward through the graph a second time')
             raise RuntimeError("fwbench: this autocast node's graph was freed by an earlier backward: pass "
                                "retain_graph=True to the first backward to call another")
         leaves, outputs = graph
-        wanted = ctx.needs_input_grad[2:]
+        wanted = ctx.needs_input_grad[3:]
         with torch.autocast(ctx.device, enabled=False):
             if not torch.is_grad_enabled():
-                return (None, None, *_AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False))
-            # create_graph=True: the vector-Jacobian product as a graph of the leaves and of the incoming gradients,
-            # through a node of its own (whose tensors are the saved ones, connected to the caller's graph, and the
-            # gradients), so that its backward is autocast-off too; the saved tensors are read, so an input changed
-            # in place since the forward is refused (torch's 'modified by an inplace operation')
-            saved = ctx.saved_tensors
-            grad_leaves = [None if g is None else g.detach().requires_grad_(g.requires_grad) for g in grads]
-            products = _AutocastOff._grads(leaves, outputs, grad_leaves, wanted, create_graph=True)
-            present = [p for p in products if p is not None]
-            if not present:
-                return (None, None, *products)
-            next_graph = ([*leaves, *grad_leaves], present)
-            found = iter(_AutocastOff.apply(lambda tensors, needs_grad: next_graph, ctx.device, *saved, *grads))
-            return (None, None, *(None if p is None else next(found) for p in products))
+                found = _AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False,
+                                            retain_graph=_AutocastOff._retained(ctx, outputs, leaves))
+            else:
+                found = _AutocastOff._vector_jacobian_node(ctx, leaves, outputs, grads, wanted)
+        if not _graph_kept():
+            ctx.graph = None  # as autograd frees the node's saved tensors: kept, it lived as long as the outputs
+        return (None, None, None, *found)
+
+    @staticmethod
+    def _vector_jacobian_node(ctx, leaves: list, outputs: Sequence[Tensor], grads: Sequence[Tensor | None],
+                              wanted: Sequence[bool]) -> tuple[Tensor | None, ...]:
+        """A create_graph=True backward: the vector-Jacobian product as a graph of the leaves and of the incoming
+        gradients, through a node of its own (whose tensors are the saved ones, connected to the caller's graph,
+        and the gradients), so that its backward is autocast-off too. The saved tensors are read, so an input
+        changed in place since the forward is refused (torch's 'modified by an inplace operation')."""
+        saved = ctx.saved_tensors
+        grad_leaves = [None if g is None else g.detach().requires_grad_(g.requires_grad) for g in grads]
+        products = _AutocastOff._grads(leaves, outputs, grad_leaves, wanted, create_graph=True, retain_graph=True)
+        present = [p for p in products if p is not None]
+        if not present:
+            return products
+        ctx.start = None  # the product's graph reaches this one: a backward through either keeps it
+        next_graph = ([*leaves, *grad_leaves], present)
+        found = iter(_AutocastOff.apply(lambda tensors, needs_grad: next_graph, ctx.device, None, *saved, *grads))
+        return tuple(None if p is None else next(found) for p in products)
+
+
+def _reaches_outside(outputs: Sequence[Tensor], leaves: list, start: int) -> bool:
+    """Whether the graph from ``outputs`` back to ``leaves`` runs through a node made before sequence number
+    ``start`` (before fn's graph was built, on this thread), other than a leaf's own (a parameter that
+    ``functional_call`` passed as a computed tensor: the gradient stops at it). A walk over fn's graph, once a
+    backward that does not keep it: tens of microseconds."""
+    boundary = {leaf.grad_fn for leaf in leaves if leaf is not None and leaf.grad_fn is not None}
+    stack = [out.grad_fn for out in outputs if out.grad_fn is not None]
+    seen = set()
+    while stack:
+        node = stack.pop()
+        if node in seen or node in boundary:
+            continue
+        seen.add(node)
+        if node._sequence_nr() < start:
+            return True
+        stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
+    return False
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
