@@ -119,6 +119,31 @@ class RunSpec:
         return f"{self.variant} [{axes}] seed={self.seed}"
 
 
+# the keys a progress label names first where runs share a label (the grid's two learning rates, its carried-state
+# runs beside the limited-context ones); the others follow in name order
+_LABEL_KEYS_FIRST = ("lr", "train_segments")
+
+
+def shown_labels(specs: list[RunSpec]) -> dict[str, str]:
+    """Run id → what the progress bar shows for each of ``specs``: its :attr:`RunSpec.label`, and where runs share
+    one, up to two config values that tell them apart, ``"linear [d_model=64] seed=1 (lr=0.012)"`` (the same label
+    twice read as a run trained again)."""
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault(spec.label, []).append(spec)
+    shown = {}
+    for label, alike in groups.items():
+        keys = sorted({key for spec in alike for key in spec.config},
+                      key=lambda key: (key not in _LABEL_KEYS_FIRST, _LABEL_KEYS_FIRST.index(key)
+                                       if key in _LABEL_KEYS_FIRST else 0, key))
+        differing = [key for key in keys
+                     if len({json.dumps(spec.config.get(key), sort_keys=True, default=str) for spec in alike}) > 1][:2]
+        for spec in alike:
+            values = ", ".join(f"{key}={spec.config.get(key)}" for key in differing)
+            shown[spec.run_id] = f"{label} ({values})" if values else label
+    return shown
+
+
 @dataclass(frozen=True)
 class Grid:
     """A parsed grid file."""

@@ -22,7 +22,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.distributed import DistributedContext
 from fwbench.run.environment import resolve_device
 from fwbench.run.execute import execute
-from fwbench.run.grid import RunSpec
+from fwbench.run.grid import RunSpec, shown_labels
 from fwbench.run.launchers import LaunchOptions, launch
 from fwbench.run.pack_plan import pack_policy, plan_packs
 from fwbench.run.packing import execute_packed
@@ -228,6 +228,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     read, done = loaded, loaded.finished_ids()
     todo = [s for s in specs if s.run_id not in done]
     check_checkpoint_dir(store, todo)
+    labels = shown_labels(specs)
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
                "failed": 0}
     if not todo:
@@ -245,7 +246,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     def progress_for(spec: RunSpec):
         if quiet:
             return None
-        bar.set_description(spec.label)
+        bar.set_description(labels[spec.run_id])
         return progress
 
     def store_record(record: dict) -> None:
@@ -350,6 +351,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
         todo_ids = [s.run_id for s in specs if s.run_id not in done]
     todo_ids = context.broadcast(todo_ids if context.is_main else None)
     todo = [s for s in specs if s.run_id in set(todo_ids)]
+    labels = shown_labels(specs)
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
                "failed": 0}
     show = context.is_main and not quiet
@@ -373,7 +375,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
             summary["skipped"] += 1
             bar.update(1)
             return
-        bar.set_description(spec.label)
+        bar.set_description(labels[spec.run_id])
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
         # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
         stored = True
