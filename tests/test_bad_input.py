@@ -2853,6 +2853,18 @@ def _(ctx):
     return raised(CorpusError, task.build_model, config, "linear")
 
 
+@row("H82")
+def _(ctx):
+    store = ResultsStore(ctx.tmp_path / "r")
+    specs = [RunSpec("capacity", "retrieval", "linear", 1, asdict(tasks.RetrievalConfig(S=3, d_key=4, max_steps=1)))]
+    for quiet in ("no", 1):
+        assert raised(FwbenchError, run_grid, specs, store, quiet=quiet) == f"FwbenchError: quiet: got {quiet!r}; " \
+                                                                             "expected True or False"
+    answer = raised(FwbenchError, run_grid, specs, store, pack="off")
+    assert not (ctx.tmp_path / "r" / "runs.jsonl").exists()  # refused before any training
+    return answer
+
+
 @row("C115")
 def _(ctx):
     ctx.monkeypatch.setenv("RAY_ADDRESS", "")

@@ -217,8 +217,12 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     ``diverged``, ``failed`` (of the runs stored here).
 
     Raises:
-        FwbenchError: the store cannot be written (checked before any training).
+        FwbenchError: the store cannot be written (checked before any training), or ``pack`` or ``quiet`` is not
+            a bool (``pack="off"`` packed: a non-empty string is true).
     """
+    for name, value in (("pack", pack), ("quiet", quiet)):
+        if not isinstance(value, bool):
+            raise FwbenchError(f"{name}: got {value!r}; expected True or False")
     # absolute: a Ray worker runs in another working directory. realpath, not Path.resolve, which raised
     # "RuntimeError: Symlink loop" (a traceback, whatever the grid) where R/checkpoints is a link that loops
     options = replace(options or LaunchOptions(),
