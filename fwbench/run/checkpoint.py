@@ -12,6 +12,7 @@ leaves the previous checkpoint intact, never half a file.
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -59,6 +60,18 @@ def save_checkpoint(path: str | Path, payload: dict[str, Any]) -> Path:
     finally:
         Path(temporary).unlink(missing_ok=True)
     return path
+
+
+def discard_unfinished_writes(path: str | Path) -> list[Path]:
+    """Delete the temporary files that :func:`save_checkpoint` left beside ``path`` when its process was killed
+    between writing and renaming (SIGTERM or SIGKILL runs no ``finally``): each is a whole checkpoint, never read,
+    and they piled up one per kill. Call it only where no other process can be writing ``path`` (the run's owner,
+    before it trains). Returns the files deleted."""
+    path = Path(path)
+    stale = sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp")) if path.parent.is_dir() else []
+    for temporary in stale:
+        temporary.unlink(missing_ok=True)
+    return stale
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu",

@@ -40,7 +40,13 @@ from typing import Any
 import torch
 
 from fwbench.errors import FwbenchError
-from fwbench.run.checkpoint import load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from fwbench.run.checkpoint import (
+    discard_unfinished_writes,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
 from fwbench.run.distributed import DistributedContext, parameter_digest
 from fwbench.run.optimization import build_optimizer, build_schedule, clip_gradients
 from fwbench.tasks import TASKS
@@ -309,6 +315,8 @@ class _Training:
 
     def resume(self) -> LoopState:
         """The loop state of the checkpoint (model, optimiser and streams restored), or a fresh one."""
+        if self.checkpoint_every and self.is_main:  # the one process that writes this run's checkpoint
+            discard_unfinished_writes(self.checkpoint_path)
         saved = load_checkpoint(self.checkpoint_path, self.device) if self.checkpoint_every else None
         if saved is None:
             return LoopState()

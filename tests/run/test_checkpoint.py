@@ -43,3 +43,4 @@ def test_a_checkpoint_path_holding_a_newline_is_named_on_one_line(tmp_path, cont
         load_checkpoint(path)
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"checkpoint {tmp_path}/c\\nk.pt: "), message
+

@@ -101,6 +101,25 @@ def test_a_run_killed_mid_training_resumes_with_the_same_final_metrics(variant, 
     assert resumed.final_evaluation == uninterrupted.final_evaluation
 
 
+def test_a_write_killed_before_its_rename_leaves_a_temporary_that_the_run_deletes_when_it_starts(tmp_path):
+    """Break-it pass AA noted: SIGTERM or SIGKILL between torch.save and the rename runs no ``finally``, so the
+    temporary (a whole checkpoint) stayed beside the run's checkpoint, one more per kill, never read. The run's
+    trainer deletes its own before it trains (another run's, and any other file, are left)."""
+    runs = tmp_path / "checkpoints"
+    runs.mkdir()
+    path = runs / "run.pt"
+    killed = ("import os, signal, torch; from fwbench.run.checkpoint import save_checkpoint; "
+              "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL); "
+              f"save_checkpoint({str(path)!r}, {{'model': {{'w': torch.ones(2)}}}})")
+    for _ in range(2):
+        assert subprocess.run([sys.executable, "-c", killed]).returncode == -signal.SIGKILL
+    left = sorted(p.name for p in runs.iterdir())
+    assert len(left) == 2 and all(name.startswith(".run.pt.") and name.endswith(".tmp") for name in left)
+    (runs / ".other.pt.abc.tmp").write_text("another run's")
+    fit("shakespeare", "linear", tiny_config(max_steps=5), 1, torch.device("cpu"), checkpoint_path=path)
+    assert sorted(p.name for p in runs.iterdir()) == [".other.pt.abc.tmp", "run.pt"]
+
+
 def test_a_finished_checkpoint_is_not_trained_again(tmp_path):
     first = fit("shakespeare", "linear", tiny_config(), 1, torch.device("cpu"), checkpoint_path=tmp_path / "c.pt")
     again = fit("shakespeare", "linear", tiny_config(), 1, torch.device("cpu"), checkpoint_path=tmp_path / "c.pt")
