@@ -133,7 +133,9 @@ def section_bench(frame: pd.DataFrame, out_dir: Path) -> str:
     skipped_lines = ["Benchmark records skipped:", "", *[f"- {p}" for p in problems], ""] if problems else []
     measured = bench_frame(records)
     if measured.empty:
-        return "\n".join(["## Speed and memory", "", "No benchmark records yet (`fwbench bench --profile full`).",
+        return "\n".join(["## Speed and memory", "",
+                          "No benchmark records yet: `fwbench bench` (a few minutes on a CPU) or `fwbench bench "
+                          "--profile full` (about an hour on a 2-core CPU) measures speed and memory.",
                           "", *skipped_lines])
     summaries = {r["session"]: r for r in records if r.get("kind") == SUMMARY_KIND}
     lines = ["## Speed and memory", "", *skipped_lines]
