@@ -105,10 +105,12 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     ``state.W.sum().backward()``) raises 'Trying to backward through the graph a second time' where plain
     autograd may answer; forward-mode AD (``torch.autograd.forward_ad``) and ``is_grads_batched=True`` with
     ``create_graph=True`` raise torch's 'You must implement the jvp function' / 'Batching rule not
-    implemented'; and under ``torch.utils.checkpoint(..., use_reentrant=False)`` a ``create_graph=True``
-    backward recomputes the checkpointed forward twice (the saved inputs are read in the caller's backward and
-    φ's graph in a nested one), so a φ with state moves it once more than plain autograd (BatchNorm's count 6
-    against 4): a checkpointed forward must not change state, as torch's checkpoint asks.
+    implemented'; and under ``torch.utils.checkpoint(..., use_reentrant=False)`` a backward recomputes the
+    checkpointed forward twice where plain autograd recomputes it once: φ's graph is differentiated in a nested
+    backward, which the checkpoint serves with a recomputation of its own, beside the caller's (for its other
+    ops, a projection in the region, or the saved inputs a ``create_graph=True`` backward reads). It costs one
+    more forward of the region, and a φ with state moves it once more (a counter 6 against 4, BatchNorm's
+    count likewise): a checkpointed forward must not change state, as torch's checkpoint asks.
 
     Shapes and dtypes are ``fn``'s; raises what ``fn`` raises."""
     x = next(t for t in inputs if t is not None)
