@@ -548,11 +548,16 @@ def test_a_stochastic_phi_is_differentiated_on_its_forwards_sample_under_cpu_aut
     torch.testing.assert_close(created.detach(), first, rtol=1e-5, atol=1e-7)
 
 
-def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_under_cpu_autocast():
+@pytest.mark.parametrize("thread", ["this thread", "another thread"])
+def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_under_cpu_autocast(thread):
     """A learnable φ whose weight is a ``torch.nn.utils.parametrize`` parametrization, computed once inside
     ``parametrize.cached()`` and read by two attention calls: under bf16 autocast the first call's backward
     freed the shared weight's graph and the second raised 'Trying to backward through the graph a second
-    time'. Now the gradients are those without autocast."""
+    time'. Now the gradients are those without autocast. Break-it pass AE: 93e0b4d told a graph made outside φ by
+    autograd's sequence numbers, which count per thread, so a weight cached on this thread and read by calls on
+    another was freed again (the same error); the node now keeps φ's graph through every first-order backward."""
+    import threading
+
     from torch import nn
     from torch.nn.utils import parametrize
 
@@ -583,9 +588,27 @@ def test_a_phi_weight_cached_by_parametrize_for_two_calls_gets_its_gradient_unde
     def grads(enabled: bool) -> list[torch.Tensor]:
         torch.manual_seed(0)
         attention = FastWeightAttention(Learned(4), "sum", form="chunk")
-        with parametrize.cached(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
-            y, _ = attention(q, k, v)
-            (y.float().square().sum() + attention.write_read(k, v, q).float().square().sum()).backward()
+        for _ in range(2000):  # this thread's autograd sequence numbers move on, as after any earlier work
+            torch.ones(1, requires_grad=True) * 1.0
+        failed = []
+
+        def step() -> None:
+            try:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=enabled):
+                    y, _ = attention(q, k, v)
+                    (y.float().square().sum() + attention.write_read(k, v, q).float().square().sum()).backward()
+            except RuntimeError as error:
+                failed.append(error)
+
+        with parametrize.cached():
+            _ = attention.feature_map.linear.weight  # cached here, on this thread
+            if thread == "this thread":
+                step()
+            else:
+                worker = threading.Thread(target=step)
+                worker.start()
+                worker.join()
+        assert not failed, failed
         return [p.grad for p in attention.parameters()]
 
     for inside, without in zip(grads(True), grads(False), strict=True):
@@ -1272,3 +1295,99 @@ def test_keys_and_values_made_under_inference_mode_are_taken_beside_learnable_qu
         return q.grad
 
     torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+class _ViewBufferPhi(FeatureMap):
+    """elu + 1 of x times a learnable scale read through a buffer that is a view of it."""
+
+    name = "view-buffer-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.scale = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.register_buffer("scale_view", self.scale.view(-1))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x * self.scale_view) + 1
+
+
+class _TwoScalesPhi(FeatureMap):
+    """elu + 1 of x times two learnable scales."""
+
+    name = "two-scales-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.a = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.b = torch.nn.Parameter(torch.linspace(1.0, 0.2, d_key))
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x * self.a * self.b) + 1
+
+
+def test_a_buffer_that_views_a_parameter_passes_its_gradient_once_under_cpu_autocast():
+    """Break-it pass AE (new in 91f7092): a buffer that requires a gradient because it is a view of a parameter was
+    a node input too, so the view's path was counted by the node and again by the caller's backward (the
+    parameter's gradient 2.0 times plain autograd's). Only buffers that are leaves are node inputs."""
+
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_ViewBufferPhi(4), rule="sum", form="chunk")
+        q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            attention(q, q, q)[0].square().sum().backward()
+        return attention.feature_map.scale.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("made", ["flip", "times two", "exp"])
+def test_functional_call_tensors_made_from_one_another_get_plain_gradients_under_cpu_autocast(made):
+    """Break-it pass AE (older than 91f7092): functional_call passing a = base and b made from base: the node's
+    backward differentiated through b's history to a, and the caller's backward went through it again, so base's
+    gradient was up to 1.62 times plain autograd's (flip); 93e0b4d freed that history in the node and the caller's
+    backward raised 'Trying to backward through the graph a second time' (times two, exp). φ now reads a made
+    parameter as a leaf of its own, whose history only the caller's backward goes through."""
+
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_TwoScalesPhi(4), rule="sum", form="chunk")
+        q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+        base = torch.linspace(0.5, 1.5, 4).requires_grad_()
+        b = {"flip": base.flip(0), "times two": base * 2, "exp": base.exp()}[made]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = torch.func.functional_call(attention, {"feature_map.a": base, "feature_map.b": b}, (q, q, q))[0]
+            y.float().square().sum().backward()
+        assert attention.feature_map.b is not b  # the module's own parameter is back
+        return base.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("retain", [None, True])
+def test_maml_adapting_some_parameters_gets_plain_gradients_under_cpu_autocast(retain):
+    """Break-it pass AE (older than 91f7092): MAML adapting φ's weight only (w - 0.1 g, g from a create_graph
+    backward) and keeping its bias: the bias gradient was 1.0 % (5.3 % with retain_graph=True) off plain autograd's,
+    and 93e0b4d raised 'Trying to backward through the graph a second time'. Now both equal plain autograd's."""
+
+    def grads(autocast: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        attention = FastWeightAttention(_LinearPhi(4), rule="sum", form="chunk")
+        generator = torch.Generator().manual_seed(1)
+        q, k, v = (0.5 * torch.randn(1, 2, 8, 4, generator=generator) for _ in range(3))
+        weight = attention.feature_map.linear.weight
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            (g,) = torch.autograd.grad(attention(q, k, v)[0].float().square().sum(), [weight], create_graph=True,
+                                       retain_graph=retain)
+            adapted = {"feature_map.linear.weight": weight - 0.1 * g}
+            torch.func.functional_call(attention, adapted, (k, q, v))[0].float().square().sum().backward()
+        return [p.grad for p in attention.parameters()]
+
+    for got, wanted in zip(grads(True), grads(False), strict=True):
+        torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)

@@ -13,6 +13,7 @@ read them instead.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -98,10 +99,16 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     autograd function needs a ``setup_context`` these transforms accept), so its gradients are computed
     under the block's autocast (linear's 0.3 % off the fp32 run's).
 
-    Also not covered under autocast (break-it pass AD; each differs from plain autograd): a hook registered on
-    a parameter φ reads (``p.register_hook``) runs twice a backward, once for the node's own gradient and once
-    at the parameter (a hook that doubles a gradient quadruples it); a backward that does not keep the graph
-    lets the node's whole graph go, so a second one through another output (``y.sum().backward()``, then
+    Also not covered under autocast (break-it passes AD and AE; each differs from plain autograd): a hook
+    registered on a parameter φ reads (``p.register_hook``) runs twice a backward, once for the node's own
+    gradient and once at the parameter (a hook that doubles a gradient quadruples it;
+    ``torch.autograd.graph.register_multi_grad_hook`` fires twice with ``mode="any"`` and raises torch's 'A leaf
+    node was passed to _will_engine_execute_node' with ``mode="all"``); a tensor φ reads that was made from a
+    parameter outside the call and carried across steps without being detached (plain autograd refuses the
+    second step) is differentiated back through every step, at a cost that grows with them; inductor
+    (``torch.compile``'s default backend) compiling a call whose φ reads a tensor made outside it inside the
+    compiled function raises torch's 'An intermediate tensor ... aliases an input or output'; a backward that
+    does not keep the graph lets the node's whole graph go, so a second one through another output (``y.sum().backward()``, then
     ``state.W.sum().backward()``) raises 'Trying to backward through the graph a second time' where plain
     autograd may answer; forward-mode AD (``torch.autograd.forward_ad``) and ``is_grads_batched=True`` with
     ``create_graph=True`` raise torch's 'You must implement the jvp function' / 'Batching rule not
@@ -118,11 +125,11 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if module is not None:
-            params += [b for b in module.buffers() if b.requires_grad]
+        if module is not None:  # a buffer made from a parameter (a view of it) is reached through the parameter
+            params += [b for b in module.buffers() if b.requires_grad and b.is_leaf]
         # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got each
         # of its gradients twice
-        params = list({id(p): p for p in params}.values())
+        params = [p for i, p in enumerate(params) if not any(p is q for q in params[:i])]
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
         # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
         # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
@@ -137,15 +144,6 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
 # whether the backward running now keeps the graph (retain_graph=True, or create_graph=True by default): torch's own
 # check (AOTAutograd reads it); a torch without it keeps every graph until its node dies, as a retained one is kept
 _graph_kept = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", lambda: True)
-_sequence_nr = getattr(torch._C._autograd, "_get_sequence_nr", None)
-
-
-@torch.compiler.disable  # dynamo warned that it cannot trace this pybind builtin; a graph break, as all_finite's
-def _next_sequence_nr() -> int | None:
-    """The sequence number the next autograd node made on this thread gets: the nodes of fn's graph are numbered
-    from the one read before fn, and a lower one was made before fn (outside it); ``None`` on a torch without it."""
-    return None if _sequence_nr is None else _sequence_nr()
-
 Graph = tuple[list, list[Tensor]]  # (one leaf per tensor of a node, or None; the outputs built from those leaves)
 
 
@@ -161,17 +159,17 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
         missing[:] = [out is None for out in outputs]
         return tuple(out for out in outputs if out is not None)
 
-    start = _next_sequence_nr()  # before fn's graph: see _AutocastOff.forward
     if any(module_state.lazy(t) for t in tensors[n_inputs:]):
         # a lazy module's first call (nn.LazyBatchNorm1d in φ): its parameters get their shapes in fn, and a node
         # made before that holds their gradient accumulators at shape [0] (torch's 'invalid gradient ... expected
         # shape compatible with [0]' in the backward), so fn's graph is built first and the node takes it; a lazy
         # module that fn does not call keeps parameters without values, which fn cannot have read
         tensors, graph = _built_first(present, n_inputs, tensors)
-        found = _AutocastOff.apply(lambda tensors, needs_grad: graph, device, start, *tensors)
+        found = _AutocastOff.apply(lambda tensors, needs_grad: graph, device, False, *tensors)
     else:
-        found = _AutocastOff.apply(lambda tensors, needs_grad: _graph(present, n_inputs, tensors, needs_grad),
-                                   device, start, *tensors)
+        # a partial, not a lambda: module as a closure cell of this function made dynamo fail ('has no attribute
+        # proxy') where it hands the lazy branch's tensors to the uncompiled _built_first
+        found = _AutocastOff.apply(functools.partial(_graph, present, n_inputs, module=module), device, False, *tensors)
     if unreached := module_state.unreached_parameters(module, tensors):
         warnings.warn(f"fwbench: under autocast, the parameters {', '.join(unreached)}, of a module that the "
                       "feature map's forward made or attached, get no gradient from this call (plain autograd "
@@ -181,15 +179,42 @@ def _apply(fn: Callable[..., Sequence[Tensor | None]], n_inputs: int, device: st
 
 
 def _graph(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence[Tensor | None],
-           needs_grad: Sequence[bool]) -> Graph:
+           needs_grad: Sequence[bool], module: torch.nn.Module | None = None) -> Graph:
     """``fn``'s graph, built with autocast off (the caller's block): its leaves are the inputs detached (a gradient
     wanted where ``needs_grad`` says) and the params as they are, so it reaches a graph that made a param (a weight
-    that ``parametrize`` computed)."""
+    that ``parametrize`` computed). A param that is itself made by a graph (``functional_call`` passing ``w - lr *
+    g``, MAML's adapted weight) is read by ``fn`` as a leaf of its own in ``module`` (:func:`_cut_at_made_params`):
+    its history is the caller's graph's, which the node's gradient for it goes on through; differentiated here too,
+    it was counted twice where it reached another param (a bias gradient 5 % off), or freed for the caller's."""
     inputs = [None if t is None else t.detach().requires_grad_(need)
               for t, need in zip(tensors[:n_inputs], needs_grad)]
-    with torch.enable_grad():
+    params = list(tensors[n_inputs:])
+    with torch.enable_grad(), _cut_at_made_params(module, params) as cut:
         outputs = list(fn(*inputs))
-    return [*inputs, *tensors[n_inputs:]], outputs
+    return [*inputs, *(cut.get(id(p), p) for p in params)], outputs
+
+
+@contextmanager
+def _cut_at_made_params(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> Iterator[dict]:
+    """Within the block, every parameter slot of ``module`` that holds one of ``params`` made by a graph holds a
+    detached leaf of it instead, one per tensor; yields {id of the param: its leaf}. Each slot gets its param back
+    afterwards, unless the block put something else there."""
+    made = {id(p) for p in params if p is not None and p.grad_fn is not None}
+    cut: dict[int, Tensor] = {}
+    swapped: list[tuple[dict, str, Tensor, Tensor]] = []
+    if made and module is not None:
+        for owner in module.modules():
+            for name, value in list(owner._parameters.items()):
+                if value is not None and id(value) in made:
+                    leaf = cut.setdefault(id(value), value.detach().requires_grad_(value.requires_grad))
+                    owner._parameters[name] = leaf
+                    swapped.append((owner._parameters, name, value, leaf))
+    try:
+        yield cut
+    finally:
+        for slots, name, value, leaf in swapped:
+            if slots.get(name) is leaf:
+                slots[name] = value
 
 
 @torch.compiler.disable  # dynamo's trace of a lazy module's initialisation diverged ('SpeculationLogDivergence')
@@ -199,8 +224,8 @@ def _built_first(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Se
     without values left out (those of a lazy module that ``fn`` does not call)."""
     needs_grad = [t is not None and t.requires_grad for t in tensors[:n_inputs]]
     leaves, outputs = _graph(fn, n_inputs, tensors, needs_grad)
-    tensors = [*tensors[:n_inputs], *(t for t in tensors[n_inputs:] if not module_state.lazy(t))]
-    return tensors, ([*leaves[:n_inputs], *tensors[n_inputs:]], outputs)
+    kept = [i for i, t in enumerate(tensors) if i < n_inputs or not module_state.lazy(t)]
+    return [tensors[i] for i in kept], ([leaves[i] for i in kept], outputs)
 
 
 class _AutocastOff(torch.autograd.Function):
@@ -219,11 +244,10 @@ class _AutocastOff(torch.autograd.Function):
     in place, an attached module's earlier values)."""
 
     @staticmethod
-    def forward(ctx, build, device, start, *tensors):
-        """``start``: the sequence number read before the graph was built (:func:`_reaches_outside`), or ``None``
-        where the graph may reach another node's (a vector-Jacobian product's reaches its first-order graph), or a
-        torch without sequence numbers: every backward then keeps it (``retain_graph``) while ``ctx`` holds it."""
-        ctx.device, ctx.start = device, start
+    def forward(ctx, build, device, shared, *tensors):
+        """``shared``: the graph may be differentiated by another node too (a vector-Jacobian product's reaches its
+        first-order graph), so every backward keeps it (``retain_graph``) while ``ctx`` holds it."""
+        ctx.device, ctx.shared = device, shared
         ctx.set_materialize_grads(False)  # an unused output (the state W, often) adds no backward through fn
         ctx.graph = build(tensors, ctx.needs_input_grad[3:])
         # for a create_graph backward only, which needs the tensors that require a gradient (connected to the
@@ -250,14 +274,22 @@ class _AutocastOff(torch.autograd.Function):
         return tuple(None if t is None else next(found) for t in asked)
 
     @staticmethod
-    def _retained(ctx, outputs: Sequence[Tensor], leaves: list) -> bool:
-        """Whether a first-order backward must keep the graph: where the caller's backward keeps its own, where the
-        graph may serve another node (a vector-Jacobian product built from it), and where it reaches a graph made
-        outside fn (a weight that ``parametrize.cached()`` computed once for two attention calls): the caller's one
-        backward runs through that once per call here, and freed, the second call raised 'Trying to backward
-        through the graph a second time'. Elsewhere it is freed as it runs, as autograd frees its own: kept, a
-        backward that ``torch.compile`` (inductor) compiled with donated buffers refused to run."""
-        return _graph_kept() or ctx.start is None or _reaches_outside(outputs, leaves, ctx.start)
+    def _first_order(ctx, leaves: list, outputs: Sequence[Tensor], grads: Sequence[Tensor | None],
+                     wanted: Sequence[bool]) -> tuple[Tensor | None, ...]:
+        """A first-order backward's gradients. The graph is kept through it (``retain_graph``): a later backward may
+        need it (the caller's keeps its own graph, or a vector-Jacobian node was built from it), and it may reach a
+        graph made outside fn (a weight that ``parametrize.cached()`` computed once for two attention calls, or a
+        tensor φ reads that was made from a parameter), which the caller's one backward runs through once per call
+        here: freed, the second call raised 'Trying to backward through the graph a second time'. It is let go with
+        ``ctx.graph``. A graph that ``torch.compile`` (inductor) compiled with donated buffers refuses to be kept
+        ('... requires create_graph=False and retain_graph=False'): where neither the caller nor another node needs
+        it again, it is then differentiated once more without being kept, which plain ``torch.compile`` does."""
+        try:
+            return _AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False, retain_graph=True)
+        except RuntimeError as error:
+            if "donated buffers" not in str(error) or _graph_kept() or ctx.shared:
+                raise
+        return _AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False, retain_graph=False)
 
     @staticmethod
     def backward(ctx, *grads):
@@ -270,8 +302,7 @@ class _AutocastOff(torch.autograd.Function):
         wanted = ctx.needs_input_grad[3:]
         with torch.autocast(ctx.device, enabled=False):
             if not torch.is_grad_enabled():
-                found = _AutocastOff._grads(leaves, outputs, grads, wanted, create_graph=False,
-                                            retain_graph=_AutocastOff._retained(ctx, outputs, leaves))
+                found = _AutocastOff._first_order(ctx, leaves, outputs, grads, wanted)
             else:
                 found = _AutocastOff._vector_jacobian_node(ctx, leaves, outputs, grads, wanted)
         if not _graph_kept():
@@ -291,29 +322,10 @@ class _AutocastOff(torch.autograd.Function):
         present = [p for p in products if p is not None]
         if not present:
             return products
-        ctx.start = None  # the product's graph reaches this one: a backward through either keeps it
+        ctx.shared = True  # the product's graph reaches this one: a backward through either keeps it
         next_graph = ([*leaves, *grad_leaves], present)
-        found = iter(_AutocastOff.apply(lambda tensors, needs_grad: next_graph, ctx.device, None, *saved, *grads))
+        found = iter(_AutocastOff.apply(lambda tensors, needs_grad: next_graph, ctx.device, True, *saved, *grads))
         return tuple(None if p is None else next(found) for p in products)
-
-
-def _reaches_outside(outputs: Sequence[Tensor], leaves: list, start: int) -> bool:
-    """Whether the graph from ``outputs`` back to ``leaves`` runs through a node made before sequence number
-    ``start`` (before fn's graph was built, on this thread), other than a leaf's own (a parameter that
-    ``functional_call`` passed as a computed tensor: the gradient stops at it). A walk over fn's graph, once a
-    backward that does not keep it: tens of microseconds."""
-    boundary = {leaf.grad_fn for leaf in leaves if leaf is not None and leaf.grad_fn is not None}
-    stack = [out.grad_fn for out in outputs if out.grad_fn is not None]
-    seen = set()
-    while stack:
-        node = stack.pop()
-        if node in seen or node in boundary:
-            continue
-        seen.add(node)
-        if node._sequence_nr() < start:
-            return True
-        stack.extend(next_node for next_node, _ in node.next_functions if next_node is not None)
-    return False
 
 
 def cat(tensors: Sequence[Tensor], dim: int = 0) -> Tensor:
