@@ -1391,3 +1391,46 @@ def test_maml_adapting_some_parameters_gets_plain_gradients_under_cpu_autocast(r
 
     for got, wanted in zip(grads(True), grads(False), strict=True):
         torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
+
+
+class _TiedBufferPhi(FeatureMap):
+    """elu + 1 of x times a learnable scale and a buffer that holds the same tensor."""
+
+    name = "tied-buffer-elu"
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.a = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.register_buffer("s", self.a)
+
+    @property
+    def d_dot(self) -> int:
+        return self.d_key
+
+    def forward(self, x):
+        return F.elu(x * self.a * self.s) + 1
+
+
+@pytest.mark.parametrize("passed", ["the parameter made, tied", "the buffer made", "both made apart"])
+def test_a_buffer_that_functional_call_fills_with_a_made_tensor_gets_its_gradient_under_cpu_autocast(passed):
+    """Break-it pass AF: functional_call fills a buffer slot with a made tensor where the buffer holds a parameter
+    (tie_weights=True) or where it is passed made itself: 9927ced cut made parameters only, so the buffer's path
+    was lost (base's gradient 0.5 of plain autograd's, new in 9927ced), and a made buffer got no gradient at all
+    (older: None). Made buffers are node inputs and cut as made parameters are."""
+
+    def grad(autocast: bool) -> torch.Tensor | None:
+        attention = FastWeightAttention(_TiedBufferPhi(4), rule="sum", form="chunk")
+        q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
+        base = torch.linspace(0.5, 1.5, 4).requires_grad_()
+        given = {"the parameter made, tied": {"feature_map.a": base * 1},
+                 "the buffer made": {"feature_map.s": base * 2},
+                 "both made apart": {"feature_map.a": base * 1, "feature_map.s": base * 2}}[passed]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            torch.func.functional_call(attention, given, (q, q, q), tie_weights=passed != "both made apart"
+                                       )[0].float().square().sum().backward()
+        assert attention.feature_map.s is attention.feature_map.a  # the module's own tensors are back
+        return base.grad
+
+    plain = grad(False)
+    assert plain is not None
+    torch.testing.assert_close(grad(True), plain, rtol=1e-5, atol=1e-6)

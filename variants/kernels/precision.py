@@ -99,7 +99,7 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     autograd function needs a ``setup_context`` these transforms accept), so its gradients are computed
     under the block's autocast (linear's 0.3 % off the fp32 run's).
 
-    Also not covered under autocast (break-it passes AD and AE; each differs from plain autograd): a hook
+    Also not covered under autocast (break-it passes AD, AE and AF; each differs from plain autograd): a hook
     registered on a parameter φ reads (``p.register_hook``) runs twice a backward, once for the node's own
     gradient and once at the parameter (a hook that doubles a gradient quadruples it;
     ``torch.autograd.graph.register_multi_grad_hook`` fires twice with ``mode="any"`` and raises torch's 'A leaf
@@ -107,7 +107,14 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     parameter outside the call and carried across steps without being detached (plain autograd refuses the
     second step) is differentiated back through every step, at a cost that grows with them; inductor
     (``torch.compile``'s default backend) compiling a call whose φ reads a tensor made outside it inside the
-    compiled function raises torch's 'An intermediate tensor ... aliases an input or output'; a backward that
+    compiled function raises torch's 'An intermediate tensor ... aliases an input or output'; a tensor φ keeps
+    from its forward and the caller reads afterwards (an output stashed in an attribute for an auxiliary loss, the
+    weight the old ``torch.nn.utils.weight_norm`` leaves on the module) belongs to φ's graph, which the node
+    differentiates on its own: a backward through both raises 'Trying to backward through the graph a second
+    time', and under ``functional_call`` with a made parameter the stash holds the detached leaf φ read (its
+    gradient lost); made parameters are not cut on a lazy module's first call (two made from one another then
+    count twice, as before the cut); and under ``parametrize.cached()`` a made ``original`` read through the
+    cached weight by two calls gets the first call's gradient only. A backward that
     does not keep the graph lets the node's whole graph go, so a second one through another output (``y.sum().backward()``, then
     ``state.W.sum().backward()``) raises 'Trying to backward through the graph a second time' where plain
     autograd may answer; forward-mode AD (``torch.autograd.forward_ad``) and ``is_grads_batched=True`` with
@@ -125,8 +132,8 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if module is not None:  # a buffer made from a parameter (a view of it) is reached through the parameter
-            params += [b for b in module.buffers() if b.requires_grad and b.is_leaf]
+        if module is not None:  # a made one (a view of a parameter) is cut as a made parameter is (_graph)
+            params += [b for b in module.buffers() if b.requires_grad]
         # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got each
         # of its gradients twice
         params = [p for i, p in enumerate(params) if not any(p is q for q in params[:i])]
@@ -196,19 +203,21 @@ def _graph(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence
 
 @contextmanager
 def _cut_at_made_params(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> Iterator[dict]:
-    """Within the block, every parameter slot of ``module`` that holds one of ``params`` made by a graph holds a
-    detached leaf of it instead, one per tensor; yields {id of the param: its leaf}. Each slot gets its param back
-    afterwards, unless the block put something else there."""
+    """Within the block, every parameter or buffer slot of ``module`` that holds one of ``params`` made by a graph
+    holds a detached leaf of it instead, one per tensor (a buffer that ``functional_call`` tied to a parameter
+    gets the parameter's); yields {id of the param: its leaf}. Each slot gets its tensor back afterwards, unless
+    the block put something else there."""
     made = {id(p) for p in params if p is not None and p.grad_fn is not None}
     cut: dict[int, Tensor] = {}
     swapped: list[tuple[dict, str, Tensor, Tensor]] = []
     if made and module is not None:
         for owner in module.modules():
-            for name, value in list(owner._parameters.items()):
-                if value is not None and id(value) in made:
-                    leaf = cut.setdefault(id(value), value.detach().requires_grad_(value.requires_grad))
-                    owner._parameters[name] = leaf
-                    swapped.append((owner._parameters, name, value, leaf))
+            for slots in (owner._parameters, owner._buffers):
+                for name, value in list(slots.items()):
+                    if value is not None and id(value) in made:
+                        leaf = cut.setdefault(id(value), value.detach().requires_grad_(value.requires_grad))
+                        slots[name] = leaf
+                        swapped.append((slots, name, value, leaf))
     try:
         yield cut
     finally:
