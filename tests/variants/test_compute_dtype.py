@@ -15,6 +15,7 @@ mutants that survived: a dropped argument of ``compute_dtype``, ``dtype = None``
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from typing import NamedTuple
@@ -1411,26 +1412,60 @@ class _TiedBufferPhi(FeatureMap):
         return F.elu(x * self.a * self.s) + 1
 
 
-@pytest.mark.parametrize("passed", ["the parameter made, tied", "the buffer made", "both made apart"])
-def test_a_buffer_that_functional_call_fills_with_a_made_tensor_gets_its_gradient_under_cpu_autocast(passed):
-    """Break-it pass AF: functional_call fills a buffer slot with a made tensor where the buffer holds a parameter
-    (tie_weights=True) or where it is passed made itself: 9927ced cut made parameters only, so the buffer's path
-    was lost (base's gradient 0.5 of plain autograd's, new in 9927ced), and a made buffer got no gradient at all
-    (older: None). Made buffers are node inputs and cut as made parameters are."""
+def test_a_buffer_that_functional_call_ties_to_a_made_parameter_passes_its_gradient_under_cpu_autocast():
+    """Break-it pass AF: functional_call (tie_weights=True) fills a buffer that holds a parameter with the made
+    tensor passed for the parameter; 9927ced cut the parameter slot only, so the buffer's path was lost (base's
+    gradient 0.5 of plain autograd's). The buffer slot is cut with the parameter's leaf too. (A buffer passed as a
+    made tensor of its own gets no gradient: documented in run_in_fp32.)"""
 
     def grad(autocast: bool) -> torch.Tensor | None:
         attention = FastWeightAttention(_TiedBufferPhi(4), rule="sum", form="chunk")
         q = 0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(1))
         base = torch.linspace(0.5, 1.5, 4).requires_grad_()
-        given = {"the parameter made, tied": {"feature_map.a": base * 1},
-                 "the buffer made": {"feature_map.s": base * 2},
-                 "both made apart": {"feature_map.a": base * 1, "feature_map.s": base * 2}}[passed]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            torch.func.functional_call(attention, given, (q, q, q), tie_weights=passed != "both made apart"
-                                       )[0].float().square().sum().backward()
+            y = torch.func.functional_call(attention, {"feature_map.a": base * 1}, (q, q, q))[0]
+            y.float().square().sum().backward()
         assert attention.feature_map.s is attention.feature_map.a  # the module's own tensors are back
         return base.grad
 
-    plain = grad(False)
-    assert plain is not None
-    torch.testing.assert_close(grad(True), plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+class _SlowViewBufferPhi(_ViewBufferPhi):
+    """_ViewBufferPhi that sleeps after reading its buffer, so that another thread's call overlaps it."""
+
+    name = "slow-view-buffer-elu"
+
+    def forward(self, x):
+        scale = self.scale_view
+        time.sleep(0.05)
+        return F.elu(x * scale) + 1
+
+
+def test_two_threads_calling_one_module_with_a_buffer_that_views_a_parameter_both_get_gradients_under_autocast():
+    """Break-it pass AG (new in fdbb213): every buffer that required a gradient was cut, so during one thread's φ
+    the module's buffer slot held that thread's detached leaf, and a second thread calling the module meanwhile
+    took it as its own input: its parameter's gradient came back None (10 of 20 threads at T=4096). A module's own
+    slots are never swapped now; both threads get plain autograd's gradients."""
+    import threading
+
+    attention = FastWeightAttention(_SlowViewBufferPhi(4), rule="sum", form="chunk")
+    scale = attention.feature_map.scale
+    inputs = [0.5 * torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(seed)) for seed in (1, 2)]
+
+    def grad(q: torch.Tensor, autocast: bool) -> torch.Tensor | None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = attention(q, q, q)[0].float().square().sum()
+        return torch.autograd.grad(loss, scale, allow_unused=True)[0]
+
+    plain = [grad(q, False) for q in inputs]
+    got: dict[int, torch.Tensor | None] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(i, grad(inputs[i], True))) for i in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.01)  # the second call starts while the first one's φ sleeps
+    for thread in threads:
+        thread.join()
+    for i in range(2):
+        assert got[i] is not None, f"thread {i} got no gradient"
+        torch.testing.assert_close(got[i], plain[i], rtol=1e-5, atol=1e-6)

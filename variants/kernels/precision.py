@@ -112,7 +112,10 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     weight the old ``torch.nn.utils.weight_norm`` leaves on the module) belongs to φ's graph, which the node
     differentiates on its own: a backward through both raises 'Trying to backward through the graph a second
     time', and under ``functional_call`` with a made parameter the stash holds the detached leaf φ read (its
-    gradient lost); made parameters are not cut on a lazy module's first call (two made from one another then
+    gradient lost), and a recorded in-place op φ applies to it raises torch's 'a leaf Variable that requires grad
+    is being used in an in-place operation'; a buffer ``functional_call`` passes as a made tensor (not tied to a
+    parameter) gets no gradient, nor does a buffer that requires one and that φ registers in its forward;
+    made parameters are not cut on a lazy module's first call (two made from one another then
     count twice, as before the cut); and under ``parametrize.cached()`` a made ``original`` read through the
     cached weight by two calls gets the first call's gradient only. A backward that
     does not keep the graph lets the node's whole graph go, so a second one through another output (``y.sum().backward()``, then
@@ -132,8 +135,8 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if module is not None:  # a made one (a view of a parameter) is cut as a made parameter is (_graph)
-            params += [b for b in module.buffers() if b.requires_grad]
+        if module is not None:  # a buffer made from a parameter (a view of it) is reached through the parameter
+            params += [b for b in module.buffers() if b.requires_grad and b.is_leaf]
         # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got each
         # of its gradients twice
         params = [p for i, p in enumerate(params) if not any(p is q for q in params[:i])]
@@ -204,9 +207,11 @@ def _graph(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence
 @contextmanager
 def _cut_at_made_params(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> Iterator[dict]:
     """Within the block, every parameter or buffer slot of ``module`` that holds one of ``params`` made by a graph
-    holds a detached leaf of it instead, one per tensor (a buffer that ``functional_call`` tied to a parameter
-    gets the parameter's); yields {id of the param: its leaf}. Each slot gets its tensor back afterwards, unless
-    the block put something else there."""
+    (a parameter ``functional_call`` passed so; a buffer it tied to one) holds a detached leaf of it instead, one
+    per tensor; yields {id of the param: its leaf}. Each slot gets its tensor back afterwards, unless the block put
+    something else there. Only ``functional_call``'s tensors are made params (buffers are params only as leaves), so
+    a module's own slots are never swapped: a swap is seen by every thread that calls the module meanwhile (a
+    buffer viewing a parameter, cut in fdbb213, lost a second thread's gradient)."""
     made = {id(p) for p in params if p is not None and p.grad_fn is not None}
     cut: dict[int, Tensor] = {}
     swapped: list[tuple[dict, str, Tensor, Tensor]] = []
