@@ -1469,3 +1469,33 @@ def test_two_threads_calling_one_module_with_a_buffer_that_views_a_parameter_bot
     for i in range(2):
         assert got[i] is not None, f"thread {i} got no gradient"
         torch.testing.assert_close(got[i], plain[i], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("made", ["from a tensor outside", "from the queries", "FAVOR+'s omega"])
+def test_a_buffer_made_by_a_graph_passes_its_gradient_under_cpu_autocast(made):
+    """Break-it passes AF and AG (older than this session): a buffer that functional_call fills with a made tensor
+    was no input of the autocast node, so its path was lost: base's gradient None, the queries' 80 % off plain
+    autograd's with a buffer made from them, FAVOR+'s random features passed made 0.5 of plain. A made buffer whose
+    history does not reach the node's parameters is an input now (none is swapped out of its slot, so two threads
+    calling one module see no swap; a buffer viewing a parameter is reached through the parameter instead)."""
+
+    def grads(autocast: bool) -> list[torch.Tensor | None]:
+        torch.manual_seed(0)  # FAVOR+ draws its features
+        generator = torch.Generator().manual_seed(1)
+        q = (0.5 * torch.randn(1, 2, 8, 4, generator=generator)).requires_grad_()
+        base = torch.linspace(0.5, 1.5, 4).requires_grad_()
+        if made == "FAVOR+'s omega":
+            attention = build_attention("favor:m=8", 4, form="chunk")
+            given = {"feature_map.omega": attention.feature_map.omega * base[:, None]}
+        else:
+            attention = FastWeightAttention(_OffsetPhi(4), rule="sum", form="chunk")
+            given = {"feature_map.offset": base * 2 if made == "from a tensor outside" else q.mean((0, 1, 2)).exp()}
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            torch.func.functional_call(attention, given, (q, q, q))[0].float().square().sum().backward()
+        return [q.grad, base.grad]
+
+    for got, wanted in zip(grads(True), grads(False), strict=True):
+        if wanted is None:
+            assert got is None
+        else:
+            torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
