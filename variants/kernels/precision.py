@@ -237,20 +237,23 @@ def _graph(fn: Callable[..., Sequence[Tensor]], n_inputs: int, tensors: Sequence
 
 @contextmanager
 def _cut_at_made_params(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> Iterator[dict]:
-    """Within the block, every parameter or buffer slot of ``module`` that holds one of ``params`` made by a graph
-    (a parameter ``functional_call`` passed so; a buffer it tied to one) holds a detached leaf of it instead, one
-    per tensor; yields {id of the param: its leaf}. Each slot gets its tensor back afterwards, unless the block put
-    something else there. Only ``functional_call``'s tensors are made params (buffers are params only as leaves), so
-    a module's own slots are never swapped: a swap is seen by every thread that calls the module meanwhile (a
-    buffer viewing a parameter, cut in fdbb213, lost a second thread's gradient)."""
-    made = {id(p) for p in params if p is not None and p.grad_fn is not None}
+    """Within the block, every parameter slot of ``module`` that holds one of ``params`` made by a graph (a tensor
+    ``functional_call`` passed for a parameter), and every buffer slot it tied to one, holds a detached leaf of it
+    instead, one per tensor; yields {id of the param: its leaf}. Each slot gets its tensor back afterwards, unless
+    the block put something else there. A made buffer of its own is not swapped (the node's gradient stops at it,
+    :func:`_made_buffers_as_params`), nor is any slot of a module that ``functional_call`` did not fill: a swap is
+    seen by every thread that calls the module meanwhile (a buffer viewing a parameter, swapped in fdbb213, lost a
+    second thread's gradient)."""
     cut: dict[int, Tensor] = {}
     swapped: list[tuple[dict, str, Tensor, Tensor]] = []
-    if made and module is not None:
-        for owner in module.modules():
+    if module is not None and any(p is not None and p.grad_fn is not None for p in params):
+        made = {id(p) for p in params if p is not None and p.grad_fn is not None}
+        owners = list(module.modules())
+        in_parameters = {id(value) for owner in owners for value in owner._parameters.values() if id(value) in made}
+        for owner in owners:
             for slots in (owner._parameters, owner._buffers):
                 for name, value in list(slots.items()):
-                    if value is not None and id(value) in made:
+                    if value is not None and id(value) in in_parameters:
                         leaf = cut.setdefault(id(value), value.detach().requires_grad_(value.requires_grad))
                         slots[name] = leaf
                         swapped.append((slots, name, value, leaf))
