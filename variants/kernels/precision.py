@@ -136,15 +136,18 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return tuple(fn(*inputs))
     with torch.autocast(x.device.type, enabled=False):
         params = [p for p in params if p.requires_grad]
-        if module is not None:  # its buffers that require a gradient: leaves, and made ones (_made_buffers_as_params)
-            buffers = [b for b in module.buffers() if b.requires_grad]
+        # its buffers that require a gradient (none in the built-in variants): leaves, and made ones
+        # (_made_buffers_as_params); inline: dynamo could not hand a lazy module's buffers to a function ('proxy')
+        buffers = [] if module is None else [b for b in module.buffers() if b.requires_grad]
+        if buffers:
+            # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got
+            # each of its gradients twice
+            given = {id(p) for p in params}
+            buffers = [b for b in buffers if id(b) not in given]
             made = [b for b in buffers if not b.is_leaf]
             params += [b for b in buffers if b.is_leaf]
-            if made:  # inline above: dynamo could not hand a lazy module's buffers to a function ('proxy')
+            if made:
                 params += _made_buffers_as_params(made, params)
-        # one input a tensor: held as a parameter and a buffer too (or passed so by functional_call), it got each
-        # of its gradients twice
-        params = [p for i, p in enumerate(params) if not any(p is q for q in params[:i])]
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
         # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
         # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
