@@ -183,7 +183,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     _refuse_empty_store(args.results_dir, args.out)
     _make_out_dir(args.out)
     try:
-        path = render_report(args.results_dir, args.out)
+        path = render_report(args.results_dir, args.out, echo=print)
     except VariantError as exc:
         if not str(exc).startswith("variant: got"):  # not a name the registry lacks: --variant-module cannot help
             raise FwbenchError(f"cannot render the report of {_one_line(args.results_dir)}: {exc}") from None
@@ -281,7 +281,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         locate_corpus(args.data_dir)
     _run_grids(args, grids)
     _write_probe(Path(args.out))
-    path = render_report(args.results_dir, args.out)
+    path = render_report(args.results_dir, args.out, echo=print)
     print(f"report written to {path}")
     return 0
 

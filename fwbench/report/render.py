@@ -24,7 +24,7 @@ from fwbench.analysis.claims import evaluate_claims, main_d_key
 from fwbench.analysis.records import CAPACITY_THRESHOLD, ENVIRONMENT_COLUMNS, load_run_records, records_frame
 from fwbench.analysis.reference import official_synthetic
 from fwbench.analysis.statistics import CONFIDENCE, log_interval, t_interval
-from fwbench.analysis.verdicts import leaning_note
+from fwbench.analysis.verdicts import FAIL, INDICATIVE, NOT_RUN, PASS, ClaimResult, leaning_note
 from fwbench.errors import FwbenchError
 from fwbench.report.bench_section import section_bench
 from fwbench.report.figures import capacity_figure
@@ -300,8 +300,21 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
             "run hours = the runs' wall seconds summed):", "", markdown_table(combos), ""]
 
 
-def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir/REPORT.md`` and its figures from the store in ``results_dir``.
+def verdict_summary(claims: list[ClaimResult]) -> str:
+    """One line counting the claims table's verdicts, for the console after a run: "14 claims: 2 PASS,
+    0 FAIL, 12 INDICATIVE (7 leaning PASS, 1 leaning FAIL), 0 NOT RUN". A user who only reads the console
+    learns whether anything was decided without opening the report."""
+    counts = {v: sum(c.verdict == v for c in claims) for v in (PASS, FAIL, INDICATIVE, NOT_RUN)}
+    leanings = [c.leaning for c in claims if c.verdict == INDICATIVE]
+    leaning = f" ({leanings.count(PASS)} leaning PASS, {leanings.count(FAIL)} leaning FAIL)" if counts[INDICATIVE] else ""
+    return (f"{len(claims)} claims: {counts[PASS]} {PASS}, {counts[FAIL]} {FAIL}, {counts[INDICATIVE]} {INDICATIVE}"
+            f"{leaning}, {counts[NOT_RUN]} {NOT_RUN}")
+
+
+def render_report(results_dir: str | Path, out_dir: str | Path,
+                  echo: Callable[[str], object] | None = None) -> Path:
+    """Write ``out_dir/REPORT.md`` and its figures from the store in ``results_dir``; when ``echo`` is
+    given (``print``), pass it the :func:`verdict_summary` line of the claims table.
 
     Raises:
         FwbenchError: ``out_dir`` cannot be created.
@@ -343,4 +356,6 @@ def render_report(results_dir: str | Path, out_dir: str | Path) -> Path:
     lines += _environment_lines(frame)
     path = out_dir / "REPORT.md"
     path.write_text("\n".join(lines))
+    if echo is not None:
+        echo(verdict_summary(claims))
     return path

@@ -148,7 +148,7 @@ def test_a_variant_error_that_is_not_an_unknown_variant_gets_no_variant_module_a
     (results / "runs.jsonl").write_text(json.dumps(record) + "\n")
 
     def raising(message):
-        def render(*_):
+        def render(*_, **__):
             raise VariantError(message)
         return render
 
