@@ -69,7 +69,8 @@ def section_capacity(frame: pd.DataFrame, out_dir: Path) -> str:
         "",
         f"Best evaluation loss ½‖v − v̂‖² against the number of unique keys S (one write per key, one "
         f"query), geometric mean over {seeds} seed(s); official seed-1 result in parentheses. A loss of 0.5 means "
-        f"the memory returns nothing; ≤ {CAPACITY_THRESHOLD} counts as retrieving.",
+        f"the memory returns nothing (v̂ = 0, v one-hot); above 0.5 it returns something farther from v than nothing, "
+        f"weighted toward other keys' values (1.0 for one wrong value read whole); ≤ {CAPACITY_THRESHOLD} counts as retrieving.",
         "",
         f"![capacity]({figure.name})",
         "",
