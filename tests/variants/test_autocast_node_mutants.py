@@ -260,12 +260,11 @@ def test_the_warning_for_parameters_phi_makes_names_the_attention_call():
     assert ours[0].filename.replace("\\", "/").endswith("variants/attention.py"), ours[0].filename
 
 
-@pytest.mark.xfail(strict=True, reason="mutation pass of 7 December 2026 (_made_buffers_as_params 4): a buffer that "
-                   "functional_call passes made from a made parameter (a = base * 1 for the parameter, a * 2 for the "
-                   "buffer) is left out of the node's inputs as 'reached through the parameter', but the parameter's "
-                   "slot holds a cut leaf, so the buffer's path is lost under autocast (base's gradient the parameter "
-                   "path's only). Not fixed here: the lead's call")
 def test_a_buffer_made_from_a_made_parameter_passes_its_gradient_under_cpu_autocast():
+    """Mutation pass of 7 December 2026 (_made_buffers_as_params 4) found it: a buffer that functional_call passes
+    made from a made parameter (a = base * 1 for the parameter, a * 2 for the buffer) was left out of the node's
+    inputs as 'reached through the parameter', but φ reads the parameter as a cut leaf, so the buffer's path was
+    lost (base's gradient [1.82, -0.31, 0.09, -0.01] against plain autograd's [0.67, 0.82, 0.02, 0.07])."""
     def grad(autocast: bool) -> torch.Tensor:
         attention = FastWeightAttention(_ScaleOffsetPhi(4), rule="sum", form="chunk")
         q = _queries()
@@ -298,3 +297,30 @@ def test_an_inductor_compiled_call_refuses_a_retained_backward_under_cpu_autocas
                 loss = compiled(query, k, v)[0].float().square().sum()
             with pytest.raises(RuntimeError, match="donated buffers"):
                 loss.backward(retain_graph=True)
+
+
+class _ScaleOffsetSpareLazyPhi(_ScaleOffsetPhi):
+    """_ScaleOffsetPhi beside a LazyLinear that the forward never calls: every call takes the lazy path, where made
+    parameters are not cut."""
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.spare = torch.nn.LazyLinear(3)
+
+
+def test_a_buffer_made_from_a_made_parameter_on_the_lazy_path_passes_its_gradient_once_under_cpu_autocast():
+    """The lazy path does not cut made parameters, so φ's graph reaches ``a`` through the buffer ``a * 2`` and the
+    buffer must stay out of the node's inputs there: as an input too, its path was counted twice (the fix of
+    ``_made_buffers_as_params`` 4 must tell the two paths apart; checked by emptying ``made_nodes``)."""
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_ScaleOffsetSpareLazyPhi(4), rule="sum", form="chunk")
+        q = _queries()
+        base = torch.linspace(0.5, 1.5, 4).requires_grad_()
+        a = base * 1
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the lazy module's 'under development' note
+            given = {"feature_map.a": a, "feature_map.offset": a * 2}
+            torch.func.functional_call(attention, given, (q, q, q))[0].float().square().sum().backward()
+        return base.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)

@@ -147,7 +147,9 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
             made = [b for b in buffers if not b.is_leaf]
             params += [b for b in buffers if b.is_leaf]
             if made:
-                params += _made_buffers_as_params(made, params)
+                # a lazy module's first call is not cut (_apply): its made parameters are the node's inputs as they are
+                cut = set() if any(module_state.lazy(t) for t in params) else _made_params_in_slots(module, params)
+                params += _made_buffers_as_params(made, params, cut)
         recorded = any(t is not None and t.requires_grad for t in (*inputs, *params))
         # inference_mode records nothing, also under a nested enable_grad(), and its tensors cannot be saved;
         # torch.func's transforms (grad, vjp, jacrev) refuse an autograd function without setup_context in one
@@ -159,16 +161,29 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
         return _apply(fn, len(inputs), x.device.type, (*inputs, *params), module)
 
 
-def _made_buffers_as_params(made: Sequence[Tensor], params: Sequence[Tensor]) -> list[Tensor]:
+def _made_buffers_as_params(made: Sequence[Tensor], params: Sequence[Tensor], cut: set[int] = frozenset()
+                            ) -> list[Tensor]:
     """Of the buffers ``made`` by a graph (``functional_call`` passing ``base * 2``, or a tensor made from the
     inputs), those the node takes as inputs: the ones whose history does not reach ``params``. One whose history
     reaches them (a view of a parameter, registered in ``__init__``) is left out: φ's graph reaches the parameter
     through it, and as an input too it was counted twice (2.0x); left out of the inputs too, a made buffer's
     gradient was lost (FAVOR+'s ω passed made: 0.5 of plain autograd's, q's gradient 80 % off with a buffer made
-    from q). None is swapped out of its slot (a second thread calling the module would see the swap)."""
+    from q). A made parameter whose id is in ``cut`` (:func:`_made_params_in_slots`) is read by φ as a leaf of its
+    own, so a buffer made from it does not reach it in φ's graph and is an input (``a = base * 1`` for a parameter
+    and ``a * 2`` for a buffer: base's gradient was the parameter path's alone). None is swapped out of its slot (a
+    second thread calling the module would see the swap)."""
     targets = {id(p) for p in params}
-    made_nodes = {p.grad_fn for p in params if p.grad_fn is not None}
+    made_nodes = {p.grad_fn for p in params if p.grad_fn is not None and id(p) not in cut}
     return [b for b in made if not _history_reaches(b, targets, made_nodes)]
+
+
+def _made_params_in_slots(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> set[int]:
+    """Ids of the ``params`` made by a graph that sit in a parameter slot of ``module`` or of a module in it:
+    those :func:`_cut_at_made_params` swaps for leaves of their own during φ's forward."""
+    made = {id(p) for p in params if p is not None and p.grad_fn is not None}
+    if module is None or not made:
+        return set()
+    return {id(value) for owner in module.modules() for value in owner._parameters.values() if id(value) in made}
 
 
 def _history_reaches(t: Tensor, targets: set[int], made_nodes: set) -> bool:
@@ -249,11 +264,8 @@ def _cut_at_made_params(module: torch.nn.Module | None, params: Sequence[Tensor 
     second thread's gradient)."""
     cut: dict[int, Tensor] = {}
     swapped: list[tuple[dict, str, Tensor, Tensor]] = []
-    if module is not None and any(p is not None and p.grad_fn is not None for p in params):
-        made = {id(p) for p in params if p is not None and p.grad_fn is not None}
-        owners = list(module.modules())
-        in_parameters = {id(value) for owner in owners for value in owner._parameters.values() if id(value) in made}
-        for owner in owners:
+    if in_parameters := _made_params_in_slots(module, params):
+        for owner in module.modules():
             for slots in (owner._parameters, owner._buffers):
                 for name, value in list(slots.items()):
                     if value is not None and id(value) in in_parameters:
