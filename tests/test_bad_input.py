@@ -684,7 +684,7 @@ def _(ctx):
 
     config = RetrievalConfig(S=4, d_key=8, batch_size=4, eval_every=50, eval_sequences=4, max_steps=100, lr=1e12)
     store = ResultsStore(ctx.tmp_path / "results")
-    run_grid([RunSpec("lr", "retrieval", "linear", 1, asdict(config))], store, LaunchOptions(device="cpu"), quiet=True)
+    run_grid([RunSpec("lr", "retrieval", "dpfp:nu=1", 1, asdict(config))], store, LaunchOptions(device="cpu"), quiet=True)
     line, = store.path.read_text().splitlines()
 
     def refuse(token):

@@ -151,21 +151,27 @@ class ElementwiseFeatureMap(FeatureMap):
 
 #: A token whose every coordinate lies below this is shifted up by its largest one before φ = elu + 1 in
 #: the normalised uses (see :meth:`EluPlusOne.for_queries`); tokens above it are computed unshifted, bit
-#: for bit as φ(x). elu(x) + 1 forms e^x as expm1(x) + 1, whose absolute error (6e-8 in fp32) is a
-#: relative error above 1e-5 below x = −5 and swallows e^x whole below x ≈ −16.6 (φ = 0).
+#: for bit as φ(x) (queries are then scaled by a power of two, which the read cancels bit for bit). elu(x) + 1
+#: forms e^x as expm1(x) + 1, whose absolute error (up to 6e-8 in fp32) is a relative error up to 5e-6 at
+#: x = −5, above 1e-5 below x ≈ −5.8, and swallows e^x whole from x ≈ −16.6: φ is 0 or 2^-24 (6e-8) down
+#: to −17.33 (= −25·ln 2), and 0 below. −5 keeps every unshifted φ within 5e-6 of e^x.
 ELU_SHIFT_BELOW = -5.0
 
 
 class EluPlusOne(ElementwiseFeatureMap):
     """φ(x) = elu(x) + 1 (Katharopoulos et al. 2020); d_dot = d_key.
 
-    φ(x) = e^x for x < 0, computed as expm1(x) + 1, so a token whose coordinates are all below
-    ≈ −16.6 in fp32 (e.g. N(0, 1000²) entries at d_key 8: one token in 256) has φ = 0, and below −5
-    φ has lost more than 1e-5 of its relative precision: as a query its read would be
-    0 / floor = 0 rather than a normalised row, and as a key it writes nothing. Queries of the sum
-    rule and the delta rule's φ̂ are computed on the token shifted by its largest coordinate (a
-    positive factor per token, which their normalisation cancels); keys are φ(x) itself (a factor
-    per key would change the weights between keys), so a row whose every key underflows reads 0.
+    φ(x) = e^x for x < 0, computed as expm1(x) + 1, so in fp32 a token whose coordinates are all below
+    ≈ −16.6 (all below −17.33 for certain; e.g. N(0, 1000²) entries at d_key 8: one token in 256) has φ
+    = 0 or 6e-8, and below ≈ −5.8 φ has lost more than 1e-5 of its relative precision: as a query its
+    read would be 0 / floor = 0 rather than a normalised row, and as a key it writes nothing. Queries
+    of the sum rule and the delta rule's φ̂ are computed on the token shifted by its largest coordinate
+    when every coordinate is below −5 (:data:`ELU_SHIFT_BELOW`), then scaled by a power of two so that
+    the largest feature lies in [0.5, 1) (:func:`unit_scaled`): positive factors per token, which their
+    normalisation cancels, so a query of any scale reads a normalised row (unscaled, fp32 queries of
+    1e30 overflowed W φ(q) and read NaN). Keys are φ(x) itself (a factor per key would change the
+    weights between keys): a row whose every key underflows reads 0, and keys whose φ summed over the
+    sequence overflows the dtype (N(0, 1)·1e37 fp32 keys over 32 tokens: a row reads 0) are out of range.
     """
 
     name = "elu+1"
@@ -182,10 +188,14 @@ class EluPlusOne(ElementwiseFeatureMap):
         return F.elu(x - shift) + 1.0
 
     def for_queries(self, x: Tensor) -> Tensor:
-        return self._shifted(x)
+        """φ of the shifted token (:meth:`_shifted`) scaled per token by a power of two (:func:`unit_scaled`): a
+        positive factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly (bit for bit,
+        away from the normaliser's floor). Unscaled, a query of 1e30 (fp32) made W φ(q) overflow and every
+        form read NaN, where DPFP's and FAVOR+'s queries read normalised rows."""
+        return unit_scaled(self._shifted(x))
 
     def normalized(self, x: Tensor) -> Tensor:
-        return sum_normalize(self._shifted(x))
+        return sum_normalize(unit_scaled(self._shifted(x)))
 
 
 class Tanh(ElementwiseFeatureMap):

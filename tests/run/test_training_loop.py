@@ -176,9 +176,10 @@ def strict(line: str) -> dict:
 
 
 def test_a_run_that_diverges_before_any_evaluation_writes_strict_json(tmp_path):
-    """lr 1e12: diverged at step 2; its best loss was never measured, so null, not Infinity."""
+    """lr 1e12: diverged at step 2; its best loss was never measured, so null, not Infinity. DPFP: linear's
+    queries are scaled per token since break-it pass AH, and it trains on finite (lr 1e20 diverges it)."""
     config = RetrievalConfig(S=4, d_key=8, batch_size=4, eval_every=50, eval_sequences=4, max_steps=100, lr=1e12)
-    spec = RunSpec("diverge", "retrieval", "linear", 1, config.__dict__)
+    spec = RunSpec("diverge", "retrieval", "dpfp:nu=1", 1, config.__dict__)
     store = ResultsStore(tmp_path)
     run_grid([spec], store, LaunchOptions(device="cpu"), quiet=True)
     line, = store.path.read_text().splitlines()

@@ -18,7 +18,7 @@ CONFIG = {"S": 3, "d_key": 4, "batch_size": 2, "eval_sequences": 2, "eval_every"
 
 def test_a_run_diverged_before_its_first_evaluation_records_no_best_step():
     torch.set_num_threads(1)
-    record = execute(RunSpec("g", "retrieval", "linear", 1, {**CONFIG, "lr": 1e12}), torch.device("cpu"))
+    record = execute(RunSpec("g", "retrieval", "dpfp:nu=1", 1, {**CONFIG, "lr": 1e12}), torch.device("cpu"))
     assert record["status"] == "diverged" and record["diverged_at"] == 2 and record["curve"] == []
     metrics = json.loads(strict_dumps(record))["metrics"]
     assert metrics["best_eval_loss"] is None and metrics["best_step"] is None

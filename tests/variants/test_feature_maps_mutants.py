@@ -47,7 +47,7 @@ def test_elu_plus_one_is_not_shifted_when_the_largest_coordinate_equals_the_thre
     """A token whose largest coordinate is exactly ELU_SHIFT_BELOW (-5) is not "every coordinate
     below" it: its features are φ(x) = elu(x) + 1 itself, not φ(x)·e^5."""
     x = torch.tensor([[ELU_SHIFT_BELOW, ELU_SHIFT_BELOW - 1.0]])
-    assert torch.equal(EluPlusOne(2).for_queries(x), F.elu(x) + 1.0)
+    assert torch.equal(EluPlusOne(2).for_queries(x), unit_scaled(F.elu(x) + 1.0))
 
 
 def test_favor_declares_the_size_of_its_default_map():

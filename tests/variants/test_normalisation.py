@@ -274,13 +274,54 @@ def test_linear_delta_features_sum_to_one_with_every_coordinate_very_negative():
 def test_elu_shift_changes_no_bit_for_tokens_with_a_coordinate_above_the_threshold():
     import torch.nn.functional as F
 
-    from fwbench.variants.feature_maps import sum_normalize
+    from fwbench.variants.feature_maps import sum_normalize, unit_scaled
 
     q, _ = queries_and_keys(1.0, seed=10)
     q = q.clamp(min=-4.9)  # some coordinate of each token above −5
     feature_map = module("linear").feature_map
-    assert torch.equal(feature_map.for_queries(q), F.elu(q) + 1.0)
+    assert torch.equal(feature_map.for_queries(q), unit_scaled(F.elu(q) + 1.0))
     assert torch.equal(feature_map.normalized(q), sum_normalize(F.elu(q) + 1.0))
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_linear_querys_power_of_two_scale_changes_no_bit_of_the_read(form, monkeypatch):
+    """EluPlusOne.for_queries scales φ(q) per token by a power of two (so a huge query does not overflow the read,
+    below); the sum rule's read W φ(q) / zᵀφ(q) cancels it exactly: the output and the gradients are those of the
+    unscaled φ(q) bit for bit, for ordinary inputs (N(0, 1), some tokens all below −5 included)."""
+    from fwbench.variants.feature_maps import EluPlusOne
+
+    q, k = queries_and_keys(1.0, seed=11)
+    q = torch.cat([q[:, :, :8] - 6.0, q[:, :, 8:]], dim=2)  # 8 tokens shifted, the rest not
+
+    def run():
+        query = q.clone().requires_grad_()
+        y, _ = module("linear")(query, k, torch.randn(1, 2, T, D_KEY, generator=torch.Generator().manual_seed(3)),
+                                form=form, chunk_size=8)
+        y.square().sum().backward()
+        return y.detach(), query.grad
+
+    scaled = run()
+    monkeypatch.setattr(EluPlusOne, "for_queries", EluPlusOne._shifted)  # the unscaled φ(q) of before
+    unscaled = run()
+    assert torch.equal(scaled[0], unscaled[0]) and torch.equal(scaled[1], unscaled[1])
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize(("q_scale", "k_scale"), [(1e30, 1e10), (1e19, 1e19), (1e34, 1e34), (1e-30, 1.0)])
+def test_linear_rows_sum_to_one_for_huge_queries(form, q_scale, k_scale):
+    """Break-it pass AH: q of 1e30 with keys of 1e10 (fp32) made W φ(q) overflow and every form read NaN; q and k
+    both N(0, 1)·c read 0 from c = 3e18 and NaN from 1e19. A row with no mass (the supports of φ(q) and of every
+    φ(k) before it disjoint: elu + 1 of a coordinate of −1e30 is 0) reads 0; every other sums to 1."""
+    q, k = queries_and_keys(1.0, seed=12)
+    q, k = q * q_scale, k * k_scale
+    attention = module("linear")
+    y, _ = attention(q, k, identity_values(), form=form, chunk_size=8)
+    phi_q, phi_k = attention.feature_map.for_queries(q), attention.feature_map(k)
+    mass = (phi_q @ phi_k.transpose(-1, -2)).tril().sum(-1)  # > 0 where the row has any mass (no overflow: q ≤ 1)
+    sums = y.sum(-1)
+    assert torch.isfinite(y).all() and (mass > 0).float().mean() > 0.9
+    torch.testing.assert_close(sums[mass > 0], torch.ones_like(sums[mass > 0]), rtol=0, atol=1e-5)
+    assert (sums[mass == 0] == 0).all()
 
 
 @pytest.mark.parametrize(("dtype", "safe", "short"), [(torch.float32, (1e-13, 1e18), 1e-15),
