@@ -7,6 +7,7 @@ records; a task owns the data and the maths of its loss.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from typing import Any, ClassVar, Protocol
@@ -91,6 +92,22 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
                          "evaluation loss is at most it; losses are never negative, so below 0 it never would)")
     if getattr(config, "form", "auto") not in FORMS:
         raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
+
+
+def check_int(name: str, value: Any, minimum: int = 1, note: str = "") -> int:
+    """``value`` as an ``int`` if it is an integer (Python's or NumPy's; not a bool, not a float such as 2.0)
+    of at least ``minimum``, else a ``ValueError`` naming ``name`` in :func:`check_fields`'s words (with
+    ``note`` after them). For the size arguments of the task generators and models, checked before any
+    torch work: a size of 0 or below raised torch's RuntimeError (``random_ expects 'from' to be less than
+    'to'``, ``Trying to create tensor with negative dimension``), a float or a string a TypeError.
+
+    Raises:
+        ValueError: ``NAME: got VALUE; expected a positive integer (>= 1)`` (``an integer >= MINIMUM``).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        expected = "a positive integer (>= 1)" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name}: got {value!r}; expected {expected}{note}")
+    return int(value)
 
 
 def variant_over(variant: str, tokens: int) -> str:

@@ -23,11 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import check_fields, check_ids, forward_acting_config, variant_over
+from fwbench.tasks.base import check_fields, check_ids, check_int, forward_acting_config, variant_over
 from fwbench.variants import AttentionLayer, parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -106,8 +107,15 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     Raises:
         ValueError: seq_len odd, vocabulary too small for distinct keys and values, more pairs
             than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len), or a ``power_a`` so large that
-            fewer than num_kv_pairs gaps keep a non-zero probability.
+            fewer than num_kv_pairs gaps keep a non-zero probability; ``batch`` not an integer >= 0,
+            ``vocab_size``, ``seq_len`` or ``num_kv_pairs`` not a positive integer, ``random_non_queries``
+            not a bool (checked first: torch raised its own errors on them, and ``"no"`` filled randomly).
     """
+    check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
+    for name, size in (("vocab_size", vocab_size), ("seq_len", seq_len), ("num_kv_pairs", num_kv_pairs)):
+        check_int(name, size)
+    if not isinstance(random_non_queries, (bool, np.bool_)):
+        raise ValueError(f"random_non_queries: got {random_non_queries!r}; expected True or False")
     if seq_len % 2:
         raise ValueError(f"seq_len: got {seq_len}; expected an even number")
     if 4 * num_kv_pairs > seq_len:
@@ -158,11 +166,22 @@ class TokenShift(nn.Module):
 
 
 class MQARModel(nn.Module):
-    """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out."""
+    """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out.
+
+    Raises:
+        ValueError: ``vocab_size``, ``d_model``, ``n_heads`` or ``n_layers`` not a positive integer.
+        VariantError: a bad variant spec, form or chunk size, or d_model not a multiple of n_heads
+            (:class:`variants.AttentionLayer`).
+    """
 
     def __init__(self, variant: str, vocab_size: int, d_model: int, n_heads: int = 1, n_layers: int = 2,
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__()
+        # before any module is made: vocab_size -1 raised torch's RuntimeError, n_layers 0 (or -1) built a
+        # model without attention silently
+        for name, size in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
+                           ("n_layers", n_layers)):
+            check_int(name, size)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))

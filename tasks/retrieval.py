@@ -21,6 +21,7 @@ S=600, which would saturate a softmax: it then stayed at loss 0.83 at S=500).
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -28,7 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
-from fwbench.tasks.base import acting_config, check_fields, check_ids, variant_over
+from fwbench.tasks.base import acting_config, check_fields, check_ids, check_int, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
 from fwbench.variants.kernels.precision import compute_dtype
 from fwbench.variants.rules.fwm import FWM
@@ -84,7 +85,12 @@ def generate_sequences(setting: int, S: int, batch: int, generator: torch.Genera
 
     Setting 1 uses a random permutation of the keys and of the values, so every key appears once
     with a distinct value; Setting 2 draws both with replacement.
+
+    Raises:
+        ValueError: ``setting`` not 1 or 2 (an int), ``S`` not a positive integer, ``batch`` not an
+            integer >= 0 (0: an empty batch); checked before anything is drawn.
     """
+    check_sizes(setting, S, batch)
     if setting == 1:
         keys = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
         values = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
@@ -92,6 +98,19 @@ def generate_sequences(setting: int, S: int, batch: int, generator: torch.Genera
         keys = torch.randint(0, S, (batch, 2 * S), generator=generator)
         values = torch.randint(0, S, (batch, 2 * S), generator=generator)
     return keys, values
+
+
+def check_sizes(setting: int, S: int, batch: int) -> None:
+    """Refuse a retrieval setting other than the int 1 or 2 (``3`` or ``"1"`` drew Setting 2 silently) and sizes
+    that are not integers (``S`` >= 1, ``batch`` >= 0), before torch raises its own error on them.
+
+    Raises:
+        ValueError: naming ``setting``, ``S`` or ``batch``.
+    """
+    if isinstance(setting, bool) or not isinstance(setting, numbers.Integral) or setting not in (1, 2):
+        raise ValueError(f"setting: got {setting!r}; expected 1 (capacity) or 2 (overwriting)")
+    check_int("S", S)
+    check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
 
 
 def last_occurrence_values(keys: Tensor, values: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
@@ -109,7 +128,11 @@ def last_occurrence_values(keys: Tensor, values: Tensor, queries: Tensor) -> tup
 
 
 def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -> dict[str, Tensor]:
-    """A training batch: sequences plus one query per sequence, drawn among its keys."""
+    """A training batch: sequences plus one query per sequence, drawn among its keys.
+
+    Raises:
+        ValueError: as :func:`generate_sequences` (a bad ``setting``, ``S`` or ``batch``).
+    """
     keys, values = generate_sequences(setting, S, batch, generator)
     position = torch.randint(0, keys.shape[1], (batch, 1), generator=generator)
     queries = torch.gather(keys, 1, position)
@@ -143,10 +166,14 @@ def official_initial_weights(family: str, S: int, embedding_size: int, d_key: in
     the last two ``None`` for the softmax model, which has no W_β.
 
     Raises:
-        ValueError: ``family`` is not ``"softmax"`` or ``"linear"``.
+        ValueError: ``family`` is not ``"softmax"`` or ``"linear"``; ``S``, ``embedding_size`` or ``d_key``
+            not a positive integer (d_key = 0 raised ``ZeroDivisionError`` from the bound).
     """
     if family not in ("softmax", "linear"):
         raise ValueError(f"family: got {family!r}; expected 'softmax' or 'linear'")
+    check_int("S", S)
+    check_int("embedding_size", embedding_size)
+    check_int("d_key", d_key)
     token_size = S + embedding_size
     with torch.no_grad():
         nn.Embedding(S, S)  # the value codes: their draw moves the RNG, the identity replaces them
@@ -181,11 +208,20 @@ class RetrievalModel(nn.Module):
     The initial weights are the official model's for the variant's family, drawn in the official
     order (:func:`official_initial_weights`), so ``torch.manual_seed(s)`` followed by this
     constructor gives the weights the official code gives with seed s.
+
+    Raises:
+        ValueError: ``S``, ``d_key`` or ``embedding_size`` (where given) not a positive integer, before
+            anything is drawn (``d_key=0`` raised ``ZeroDivisionError``, ``S="4"`` a TypeError).
+        VariantError: a bad variant spec, form or chunk size (:func:`variants.build_attention`).
     """
 
     def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None,
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__()
+        check_int("S", S)
+        check_int("d_key", d_key)
+        if embedding_size is not None:
+            check_int("embedding_size", embedding_size)
         self.S = S
         self.embedding_size = int(2.2 * S) if embedding_size is None else embedding_size
         family = model_family(variant)

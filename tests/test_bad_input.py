@@ -1610,6 +1610,86 @@ def _(ctx):
     return "no error: outputs before token 5 unchanged and finite in every form (as the recurrent form's)"
 
 
+@row("L121")
+def _(ctx):
+    """Flags took any truthy value: check_finite="no" switched the check on, bias="no" gave the projections
+    biases, sum_normalize="no" sum-normalised φ, all silently."""
+    import numpy as np
+
+    for flag in "no", 0.5, 1, None:
+        assert raised(VariantError, variants.build_attention, "linear", D_KEY, check_finite=flag) == \
+            f"VariantError: check_finite: got {flag!r}; expected True or False"
+        for name in "check_finite", "bias":
+            assert raised(VariantError, AttentionLayer, "linear", 8, 2, **{name: flag}) == \
+                f"VariantError: {name}: got {flag!r}; expected True or False"
+        if flag is not None:  # None: the rule's own
+            assert raised(VariantError, variants.FastWeightAttention, variants.EluPlusOne(D_KEY), "delta-unnorm",
+                          sum_normalize=flag).startswith("VariantError: sum_normalize: got")
+    for flag in True, False, np.True_, np.False_:  # bools are taken, NumPy's too (as set_check_finite takes them)
+        assert variants.build_attention("linear", D_KEY, check_finite=flag).check_finite is bool(flag)
+        layer = AttentionLayer("linear", 8, 2, bias=flag, check_finite=flag)
+        assert layer.attention.check_finite is bool(flag) and (layer.q_proj.bias is not None) == bool(flag)
+    assert not variants.FastWeightAttention(variants.EluPlusOne(D_KEY), "delta", sum_normalize=False).sum_normalize
+    return raised(VariantError, variants.build_attention, "linear", D_KEY, check_finite="no")
+
+
+@row("L122")
+def _(ctx):
+    """int() read '3_0' as 30 and other scripts' digits ('٣', '３') as 3: the spec built m = 30, m = 3."""
+    for spec in "favor:m=3_0", "favor:m=٣", "favor:m=３", "favor:m=𝟑", "dpfp:nu=٢", "softmax:window=1_0", "favor:m=1_000":
+        name, _, rest = spec.partition(":")
+        key, _, value = rest.partition("=")
+        assert raised(VariantError, variants.parse_spec, spec) == \
+            f"VariantError: {name}:{key}: got {value!r}; expected a positive integer in ASCII digits 0-9 " \
+            "(no '_' separators or other scripts' digits)"
+    for value in "1_0.5", "１.５", "1e3", "0x10", "3.0":  # no integer at all: L03's answer
+        assert raised(VariantError, variants.parse_spec, f"favor:m={value}") == \
+            f"VariantError: favor:m: got {value!r}; expected a positive integer"
+    for spec, canonical in ("favor:m= 16 ", "favor:m=16"), ("dpfp:nu=+2", "dpfp:nu=2"), ("favor:m=007", "favor:m=7"):
+        assert str(variants.parse_spec(spec)) == canonical
+    return raised(VariantError, variants.build_attention, "favor:m=3_0", d_key=D_KEY)
+
+
+@row("L123")
+def _(ctx):
+    """sum_normalize took complex φ (its imaginary part dropped, with a torch warning only) and integer or
+    bool φ (cast to fp32) silently."""
+    for dtype in torch.complex64, torch.complex128, torch.int64, torch.int32, torch.uint8, torch.bool:
+        assert raised(VariantError, variants.sum_normalize, torch.ones(2, 3, dtype=dtype)) == \
+            f"VariantError: phi.dtype: got {dtype}; expected a floating-point dtype"
+    for dtype in torch.float16, torch.bfloat16, torch.float32, torch.float64:  # floating φ as before
+        out = variants.sum_normalize(torch.ones(2, 4, dtype=dtype))
+        assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+        assert torch.equal(out, torch.full((2, 4), 0.25, dtype=out.dtype))
+    return raised(VariantError, variants.sum_normalize, torch.ones(3, dtype=torch.complex64))
+
+
+@row("L124")
+def _(ctx):
+    """Task models took sizes that are not positive integers: RetrievalModel's d_key=0 raised ZeroDivisionError,
+    S=0 built a model silently, MQARModel's n_layers=0 one without attention, vocab_size=-1 a RuntimeError."""
+    from fwbench.tasks.mqar import MQARModel
+    from fwbench.tasks.retrieval import RetrievalModel, official_initial_weights
+
+    for args, kwargs, name in (
+            (("linear", 0), {}, "S"), (("linear", "4"), {}, "S"), (("linear", True), {}, "S"),
+            (("softmax", 4), {"d_key": 0}, "d_key"), (("linear", 4), {"d_key": 4.0}, "d_key"),
+            (("linear", 4), {"d_key": -2}, "d_key"), (("linear", 4), {"embedding_size": 0}, "embedding_size")):
+        value = kwargs.get(name, args[1])
+        assert raised(ValueError, RetrievalModel, *args, **kwargs) == \
+            f"ValueError: {name}: got {value!r}; expected a positive integer (>= 1)"
+    for args in ("linear", 4, 8, 0), ("linear", 0, 8, 8), ("linear", 4, 8.0, 8):
+        assert raised(ValueError, official_initial_weights, *args).startswith("ValueError: ")
+    for args, kwargs, name in ((("linear", -1, 8), {}, "vocab_size"), (("linear", 8, 0), {}, "d_model"),
+                               (("linear", 8, 8), {"n_heads": 0}, "n_heads"),
+                               (("linear", 8, 8), {"n_layers": 0}, "n_layers"),
+                               (("linear", 8, 8), {"n_layers": -1}, "n_layers"),
+                               (("linear", 8, 8), {"n_layers": 2.0}, "n_layers")):
+        assert raised(ValueError, MQARModel, *args, **kwargs).startswith(f"ValueError: {name}: got "), (args, kwargs)
+    assert RetrievalModel("linear", 1, d_key=4).S == 1  # one key is a (small) model
+    return raised(ValueError, RetrievalModel, "linear", 4, d_key=0)
+
+
 @row("H80")
 def _(ctx):
     from fwbench.run.training import fit
@@ -2863,6 +2943,61 @@ def _(ctx):
     answer = raised(FwbenchError, run_grid, specs, store, pack="off")
     assert not (ctx.tmp_path / "r" / "runs.jsonl").exists()  # refused before any training
     return answer
+
+
+@row("H83")
+def _(ctx):
+    """The retrieval generators drew Setting 2 for any setting but 1 ('1', 3, None), silently."""
+    import numpy as np
+
+    from fwbench.tasks.retrieval import generate_sequences, sample_batch
+
+    generator = torch.Generator().manual_seed(0)
+    for setting in 3, "1", 0, True, 1.0, None:
+        for draw in sample_batch, generate_sequences:
+            assert raised(ValueError, draw, setting, 4, 2, generator) == \
+                f"ValueError: setting: got {setting!r}; expected 1 (capacity) or 2 (overwriting)"
+    assert sample_batch(np.int64(2), 4, 2, generator)["keys"].shape == (2, 8)  # NumPy integers are taken
+    return raised(ValueError, sample_batch, 3, 4, 2, generator)
+
+
+@row("H84")
+def _(ctx):
+    """The retrieval generators passed S and batch to torch: S=0 raised 'random_ expects 'from' to be less than
+    'to'', batch=-1 'Trying to create tensor with negative dimension', a float a TypeError from torch.rand."""
+    from fwbench.tasks.retrieval import generate_sequences, sample_batch
+
+    generator = torch.Generator().manual_seed(0)
+    for setting in 1, 2:
+        for draw in sample_batch, generate_sequences:
+            for S, batch, name in (0, 2, "S"), (-3, 2, "S"), (4.0, 2, "S"), ("4", 2, "S"), (4, -1, "batch"), (4, 2.5, "batch"):
+                assert raised(ValueError, draw, setting, S, batch, generator).startswith(f"ValueError: {name}: got "), \
+                    (setting, S, batch)
+        assert sample_batch(setting, 4, 0, generator)["keys"].shape == (0, 4 * setting)  # an empty batch is taken
+    assert raised(ValueError, sample_batch, 1, 4, -1, generator) == \
+        "ValueError: batch: got -1; expected an integer >= 0 (sequences; 0 draws an empty batch)"
+    return raised(ValueError, sample_batch, 1, 0, 2, generator)
+
+
+@row("H85")
+def _(ctx):
+    """generate_mqar passed its sizes to torch (negative dimension, 'cannot sample n_sample <= 0 samples',
+    TypeErrors) and filled unscored positions randomly for random_non_queries="no"."""
+    from fwbench.tasks.mqar import MQARConfig, MQARTask, generate_mqar
+
+    generator = torch.Generator().manual_seed(0)
+    for args, name in (((2, 0, 8, 2), "vocab_size"), ((2, -16, 8, 2), "vocab_size"), ((2, "16", 8, 2), "vocab_size"),
+                       ((2, 16, -8, 2), "seq_len"), ((2, 16, 0, 2), "seq_len"), ((2, 16, 8.0, 2), "seq_len"),
+                       ((2, 16, 8, 0), "num_kv_pairs"), ((2, 16, 8, 2.0), "num_kv_pairs"), ((2.0, 16, 8, 2), "batch")):
+        assert raised(ValueError, generate_mqar, *args, 0.5, generator).startswith(f"ValueError: {name}: got "), args
+    for flag in "no", 0, 1.0:
+        assert raised(ValueError, generate_mqar, 2, 16, 8, 2, 0.5, generator, flag) == \
+            f"ValueError: random_non_queries: got {flag!r}; expected True or False"
+    assert raised(ValueError, MQARTask().validate, MQARConfig(random_non_queries="no")).startswith(
+        "ValueError: random_non_queries: got 'no'")
+    inputs, labels = generate_mqar(0, 16, 8, 2, 0.5, generator)  # an empty batch is taken
+    assert inputs.shape == labels.shape == (0, 8)
+    return raised(ValueError, generate_mqar, -1, 16, 8, 2, 0.5, generator)
 
 
 @row("C115")

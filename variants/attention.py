@@ -46,7 +46,7 @@ from .checks import (
     check_state_tensor,
     recording_with_inference_state,
 )
-from .errors import VariantError, bad_value
+from .errors import VariantError, bad_value, true_or_false
 from .feature_maps import FeatureMap, positive_int
 from .kernels import softmax as softmax_kernels
 from .kernels.chunking import DEFAULT_CHUNK_SIZE
@@ -253,16 +253,16 @@ class FastWeightAttention(Attention):
     :func:`~variants.kernels.precision.run_in_fp32`.
 
     Raises:
-        VariantError: for an unknown rule, a form the rule lacks, or for bad shapes, form, chunk
-            size or state at call time.
+        VariantError: for an unknown rule, a form the rule lacks, a ``sum_normalize`` that is not a
+            bool or None, or for bad shapes, form, chunk size or state at call time.
     """
 
     def __init__(self, feature_map: FeatureMap, rule: str | UpdateRule = "sum", sum_normalize: bool | None = None,
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__(feature_map.d_key, form, chunk_size)
         update_rule = get_rule(rule)
-        if sum_normalize is not None:
-            update_rule = update_rule.with_sum_normalize(bool(sum_normalize))
+        if sum_normalize is not None:  # 'no' normalised silently
+            update_rule = update_rule.with_sum_normalize(true_or_false("sum_normalize", sum_normalize))
         self.update_rule = update_rule
         self.feature_map = feature_map
         self._kernel_form(form)  # refuse, at construction, a form the rule has no kernel for

@@ -6,6 +6,8 @@ the mistake in one line instead of a stack trace deep inside torch.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class VariantError(ValueError):
     """Bad variant spec, parameter, tensor shape or carried state.
@@ -18,6 +20,14 @@ class VariantError(ValueError):
 def bad_value(argument: str, received: object, allowed: str) -> VariantError:
     """Build the one-line error for ``argument``: what was received and what is allowed."""
     return VariantError(f"{argument}: got {received!r}; expected {allowed}")
+
+
+def true_or_false(argument: str, value: object) -> bool:
+    """``value`` as a ``bool`` if it is one (Python's or NumPy's), else raise :class:`VariantError` naming
+    ``argument``: a truthy non-bool (``"no"``, ``0.5``, ``1``) switched a flag on silently."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise bad_value(argument, value, "True or False")
+    return bool(value)
 
 
 def check_name(argument: str, name: object) -> str:

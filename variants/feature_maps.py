@@ -47,12 +47,14 @@ def sum_normalize(phi: Tensor, floor: float | None = None) -> Tensor:
     with equality only there). Keys whose φ̂ spreads over many features keep a share of v₁.
 
     Raises:
-        VariantError: ``phi`` not a tensor of at least one dimension; a ``floor`` that is not a finite
+        VariantError: ``phi`` not a floating-point tensor of at least one dimension; a ``floor`` that is not a finite
             number > 0 (:func:`~variants.kernels.limits.floor_for`).
     """
     if not isinstance(phi, Tensor) or phi.dim() < 1:  # a list raised AttributeError ('to')
         raise bad_value("phi", tuple(phi.shape) if isinstance(phi, Tensor) else type(phi).__name__,
                         "a tensor of features (…, d_dot)")
+    if not phi.is_floating_point():  # complex φ lost its imaginary part (a torch warning), integer φ was cast
+        raise bad_value("phi.dtype", phi.dtype, "a floating-point dtype")
     phi = phi.to(compute_dtype(phi))
     floor = floor_for(phi.dtype, floor)  # 1e-30 in fp32, 1e-300 in float64
     # Multiplying by the reciprocal rather than dividing: autograd's division backward builds

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .attention import Attention
 from .checks import check_dense, check_finite
-from .errors import VariantError, bad_value
+from .errors import VariantError, bad_value, true_or_false
 from .feature_maps import positive_int
 from .kernels.precision import autocast_on
 from .registry import VariantSpec, build_attention, parse_spec
@@ -47,7 +47,8 @@ class AttentionLayer(nn.Module):
             :func:`variants.build_attention`); kept on ``layer.attention``.
 
     Raises:
-        VariantError: bad spec, non-positive sizes, or d_model not divisible by n_heads.
+        VariantError: bad spec, non-positive sizes, d_model not divisible by n_heads, or ``bias`` or
+            ``check_finite`` not a bool.
     """
 
     def __init__(self, variant: str | VariantSpec, d_model: int, n_heads: int,
@@ -55,6 +56,9 @@ class AttentionLayer(nn.Module):
                  check_finite: bool = False, form: str = "auto", chunk_size: int | None = None):
         super().__init__()
         self.spec = parse_spec(variant)
+        # flags: a truthy non-bool ('no') switched biases or the check on silently
+        bias = true_or_false("bias", bias)
+        check_finite = true_or_false("check_finite", check_finite)
         self.d_model = positive_int("d_model", d_model)
         self.n_heads = positive_int("n_heads", n_heads)
         if d_key is None:

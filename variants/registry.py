@@ -16,6 +16,7 @@ user's own module (see :mod:`variants.plugins`).
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .attention import FORMS, Attention, FastWeightAttention, SoftmaxAttention
-from .errors import VariantError, bad_value, check_name
+from .errors import VariantError, bad_value, check_name, true_or_false
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, positive_int
 from .rules import RULES, UpdateRule, add_rule
 
@@ -207,12 +208,26 @@ def _allowed_names() -> str:
     return ", ".join(REGISTRY)
 
 
+#: a spec parameter's value: an ASCII decimal integer literal, with an optional sign
+_DECIMAL = re.compile(r"[+-]?[0-9]+")
+
+
+def _int_reads(text: str) -> bool:
+    """Whether Python's int() reads ``text`` (which also takes '_' separators and any script's digits)."""
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_spec(spec: str | VariantSpec) -> VariantSpec:
     """Parse ``NAME[:key=value,...]`` into a :class:`VariantSpec` with defaults filled in.
 
     Raises:
         VariantError: unknown name (lists the known ones), unknown parameter (lists the allowed
-            ones), a parameter given twice, or a value that is not a positive integer.
+            ones), a parameter given twice, or a value that is not a positive integer written in ASCII
+            digits (``'3_0'`` and ``'٣'``, which int() reads, are refused).
     """
     if isinstance(spec, VariantSpec):
         return spec
@@ -236,10 +251,11 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
             raise VariantError(f"variant {name}: parameter {key!r} given twice ({given[key]} and {value.strip()}); "
                                "expected each parameter once")
         given[key] = value.strip()
-        try:
-            number = int(value.strip())
-        except ValueError:
-            raise bad_value(f"{name}:{key}", value.strip(), "a positive integer") from None
+        if not _DECIMAL.fullmatch(value.strip()):
+            # int() also reads '3_0' (30) and other scripts' digits ('٣', '３': 3), which no spec should hold
+            raise bad_value(f"{name}:{key}", value.strip(), "a positive integer" if not _int_reads(value.strip())
+                            else "a positive integer in ASCII digits 0-9 (no '_' separators or other scripts' digits)")
+        number = int(value.strip())
         if number < 1:
             raise bad_value(f"{name}:{key}", number, "a positive integer (>= 1)")
         params[key] = number
@@ -258,9 +274,10 @@ def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = Fa
 
     Raises:
         VariantError: as :func:`parse_spec`, when a parameter does not fit ``d_key``, for a form
-            outside :data:`FORMS` or one the rule has no kernel for, or a chunk size that is not a
-            positive integer.
+            outside :data:`FORMS` or one the rule has no kernel for, a chunk size that is not a
+            positive integer, or a ``check_finite`` that is not a bool.
     """
+    check_finite = true_or_false("check_finite", check_finite)  # 'no' switched the check on
     spec = parse_spec(spec)
     info = spec.info
     if info.update_rule is None:
@@ -268,7 +285,7 @@ def build_attention(spec: str | VariantSpec, d_key: int, check_finite: bool = Fa
     else:
         feature_map = info.feature_map(d_key, **{k: v for k, v in spec.params.items()})
         attention = FastWeightAttention(feature_map, rule=info.update_rule, form=form, chunk_size=chunk_size)
-    attention.check_finite = bool(check_finite)
+    attention.check_finite = check_finite
     return attention
 
 
