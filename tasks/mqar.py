@@ -268,6 +268,16 @@ class MQARTask:
         """The config keys that act for ``variant`` (see :func:`fwbench.tasks.base.acting_config`)."""
         return forward_acting_config(config, variant)
 
+    def values_as_they_act(self, config: MQARConfig) -> dict[str, tuple[list[float], str]]:
+        """``power_a`` acts only through the fp32 query-gap distribution :func:`generate_mqar` draws from (see
+        :func:`fwbench.run.grid._refuse_equal_computations`; the run id hashes the distribution): with one
+        possible gap (seq_len = 4·num_kv_pairs + 2) every power_a draws alike, and 0.01 and 0.010000001 round
+        to one distribution (break-it pass AH: each trained a run of its own, with identical curves)."""
+        space = (config.seq_len - 2 * config.num_kv_pairs) // 2
+        p = power_law_probabilities(space, config.power_a).float().tolist()
+        return {"power_a": (p, f"the query gaps' fp32 distribution p(gap = i) ∝ i^(a−1) over {space} possible "
+                                f"gap{'' if space == 1 else 's'}")}
+
     def acting_variant(self, config: MQARConfig, variant: str) -> str:
         """The variant as it computes here (the run id hashes it): the last scored position is a query
         at ``seq_len − 2`` (queries sit on even positions), which attends to ``seq_len − 1`` keys, and

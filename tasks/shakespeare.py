@@ -325,7 +325,7 @@ class ShakespeareTask:
 
     def values_as_they_act(self, config: ShakespeareConfig) -> dict[str, tuple[int | None, str]]:
         """Keys whose value acts as another (see :func:`fwbench.run.grid._refuse_equal_computations`; the run id
-        still hashes each as given, as every stored record was keyed so): ``checkpoint_every`` acts on
+        hashes each as it acts): ``checkpoint_every`` acts on
         nothing a run computes (a resumed run ends with the same metrics); on the corpus this task
         verifies by its checksum, whose length is known, ``train_fraction`` acts as its training split's
         int(train_fraction · length) characters, and ``eval_segments`` of at least the validation split's

@@ -3216,6 +3216,17 @@ def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "checkpoint_every = [0, 125]\n")
 
 
+@row("G131")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace("seq_len = 8\nnum_kv_pairs = 2", "seq_len = 4\nnum_kv_pairs = 1")
+                      + "power_a = [0.01, 0.5]\n")
+
+
+@row("G132")
+def _(ctx):
+    return grid_error(ctx, MQAR_GRID.replace("seq_len = 8", "seq_len = 16") + "power_a = [0.01, 0.010000001]\n")
+
+
 @row("G95")
 def _(ctx):
     return grid_error(ctx, LM_GRID_HEAD + "eval_segments = [0, 100000]\n")

@@ -82,16 +82,29 @@ class RunSpec:
 
     @functools.cached_property
     def run_id(self) -> str:
-        """Hash of the normalised config keys that act (the task's ``acting_config``: a chunk size
-        that no kernel of the variant uses is left out) and of the variant as it computes (the task's
-        ``acting_variant``: softmax with a window that no call reaches is softmax): equal runs get
-        equal ids, whichever grid named them. The variant modules are not hashed: the spec names the variant. Computed once
-        (where the grid is expanded) and kept, so a worker receives it with the run."""
-        import_modules_of(self)
+        """Hash of the config as it acts (:func:`_acting_config`: a chunk size that no kernel of the variant uses
+        left out, a chunk size as its chunk lengths, the task's ``values_as_they_act``, the patience as it acts)
+        and of the variant as it computes (the task's ``acting_variant``: softmax with a window that no call
+        reaches is softmax): runs that compute the same numbers get one id, whichever grid or invocation named
+        them (``embedding_factor`` 2.0 and 2.2 at S = 4, or the LM's ``checkpoint_every``, gave two ids, and a
+        second invocation retrained the run). The variant modules are not hashed: the spec names the variant.
+        Computed once (where the grid is expanded) and kept, so a worker receives it with the run."""
+        return self._hash(_hashed_config(self))
+
+    @functools.cached_property
+    def given_id(self) -> str:
+        """The hash of the config as given (only the task's ``acting_config`` applied): two cells of one grid
+        whose ids are equal but given ids differ hold values that act alike (:func:`_refuse_equal_computations`
+        names them); equal given ids, keys with no effect (:func:`_same_run`)."""
         task = TASKS.get(self.task)
         config = self.config
         if hasattr(task, "acting_config"):
             config = task.acting_config(self.task_config(), self.variant)
+        return self._hash(config)
+
+    def _hash(self, config: dict[str, Any]) -> str:
+        import_modules_of(self)
+        task = TASKS.get(self.task)
         payload = {"schema": RECORD_SCHEMA, "task": self.task, "variant": self.acting_variant,
                    "seed": self.seed, "config": config}
         if getattr(task, "record_schema", None):  # a task whose records changed meaning on their own
@@ -349,7 +362,7 @@ def expand(grid: Grid, profile: str, seeds: list[int] | None = None) -> list[Run
     for index, block in enumerate(blocks, start=1):
         where = f"grid {grid.name} profile {profile} block {index}"
         for spec in _expand_block(grid, profile, block, seeds, where):
-            specs.setdefault(spec.run_id, spec)
+            specs.setdefault(spec.given_id, spec)  # one cell listed by two blocks; cells that act alike are refused
     _refuse_equal_computations(f"grid {grid.name} profile {profile}", list(specs.values()))
     return list(specs.values())
 
@@ -389,7 +402,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         spec = RunSpec(grid.name, grid.task, variant, seed, asdict(config), grid.variant_modules)
         try:
             task.validate(config)
-            spec.run_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
+            spec.given_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
         except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
         if hasattr(config, "d_key"):  # DPFP's ν < 2·d_key, FAVOR+'s m ≤ 2**16: checked when a run built its model
@@ -400,10 +413,10 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         specs.append(spec)
     seen: dict[str, RunSpec] = {}
     for spec in specs:
-        if spec.run_id in seen:
-            raise FwbenchError(f"{where}: {_same_run(seen[spec.run_id], spec)}")
-        seen[spec.run_id] = spec
-    _refuse_equal_computations(where, specs)
+        if spec.given_id in seen:
+            raise FwbenchError(f"{where}: {_same_run(seen[spec.given_id], spec)}")
+        seen[spec.given_id] = spec
+    _refuse_equal_computations(where, specs)  # every two cells with one run_id are refused here, if not above
     return specs
 
 
@@ -412,10 +425,10 @@ def _chunks_as_they_act(task: Any, config: Any, chunk_size: int) -> tuple[Any, s
     where the task does not say how long its chunked calls are.
 
     The chunk forms balance their chunks (:func:`~fwbench.variants.kernels.chunking.chunk_length`):
-    at T = 120, chunk sizes 60 to 119 all run 2 chunks of 60 tokens and compute the same numbers, yet
-    the run id hashes the chunk size as given (hashing the chunk length would re-key every committed
-    record). A task whose chunked calls all cover one length T says so with ``chunked_tokens``; one
-    whose calls cover any length from 1 to L tokens (the LM: a segment, or part of one) says L with
+    at T = 120, chunk sizes 60 to 119 all run 2 chunks of 60 tokens and compute the same numbers, so
+    the run id hashes the chunk length (:func:`_hashed_config`). A task whose chunked calls all cover one
+    length T says so with ``chunked_tokens``; one whose calls cover any length from 1 to L tokens (the LM: a
+    segment, or part of one) says L with
     ``longest_chunked_call``: two chunk sizes cut every such call alike only where both are at least L
     (below L, the size a + 1 is cut by a in two and by a larger size in one), so a size acts as min(size, L).
     Where such a task also knows the lengths of all its calls (``chunked_call_lengths``: the LM on its
@@ -465,7 +478,43 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     acts (:func:`_patience_as_it_acts`) applied together,
     so that two cells differing in both (chunk_size 32 and 64 at context 32, checkpoint_every 0 and
     100) are caught as well as cells differing in one."""
+    acting, normalised = _acting_config(spec)
+    return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
+
+
+def _hashed_config(spec: RunSpec) -> dict[str, Any]:
+    """The config :attr:`RunSpec.run_id` hashes: the task's ``acting_config`` as given, except each key whose value
+    :func:`_acting_config` normalises: its default where the default acts the same (so the id of a run stored
+    with the default is kept, and every value that acts as the default shares it), else the value it acts as
+    (two values that act alike, neither as the default, share that)."""
+    acting, normalised = _acting_config(spec)
+    task = TASKS[spec.task]
+    hashed = task.acting_config(spec.task_config(), spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+    defaults, given = config_defaults(spec.task), asdict(spec.task_config())  # a spec may name only some keys
+    for key in normalised:
+        if key not in hashed or key not in defaults or given[key] == defaults[key]:
+            continue
+        default = replace(spec, config={**given, key: defaults[key]})
+        try:
+            as_default = _acting_config(default)[0].get(key)
+        except ValueError:  # a default the other keys do not allow: no default to share
+            continue_with_acting = True
+        else:
+            continue_with_acting = as_default != acting[key]
+        if continue_with_acting:
+            hashed[key] = acting[key]
+        else:  # as the default's run hashes it (acting_config may write an unset chunk size as the rule's default)
+            as_given = task.acting_config(default.task_config(), spec.variant) if hasattr(task, "acting_config") else {}
+            hashed[key] = as_given.get(key, defaults[key])
+    return hashed
+
+
+def _acting_config(spec: RunSpec) -> tuple[dict[str, Any], dict[str, tuple[Any, str]]]:
+    """The config as the run acts with it, which :attr:`RunSpec.run_id` hashes, and for each key normalised in
+    it the value as given and why (see :func:`_as_it_computes`)."""
+    import_modules_of(spec)
     task, config = TASKS[spec.task], spec.task_config()
+    given = asdict(config)  # a spec may name only some keys (the rest: the task's defaults)
     acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
     normalised: dict[str, tuple[Any, str]] = {}
     chunks = None if "chunk_size" not in acting else _chunks_as_they_act(task, config, acting["chunk_size"])
@@ -474,13 +523,13 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
         acting["chunk_size"] = chunks[0]
     if hasattr(task, "values_as_they_act"):
         for name, (value, why) in task.values_as_they_act(config).items():
-            normalised[name] = (spec.config[name], why)
+            normalised[name] = (given[name], why)
             acting[name] = value
-    patience = _patience_as_it_acts(spec.config)
+    patience = _patience_as_it_acts(given)
     if patience is not None and "patience" in acting:
-        normalised["patience"] = (spec.config["patience"], patience[1])
+        normalised["patience"] = (given["patience"], patience[1])
         acting["patience"] = patience[0]
-    return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
+    return acting, normalised
 
 
 def _refuse_equal_computations(where: str, specs: list[RunSpec]) -> None:

@@ -95,16 +95,18 @@ def old_run_id(spec: RunSpec, config: dict) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-@pytest.mark.parametrize(("grid", "former_default"), [("mqar", 32), ("shakespeare", 64)])
+@pytest.mark.parametrize(("grid", "former_default"), [("mqar", 32)])
 def test_run_ids_whose_keys_all_act_are_unchanged(grid, former_default):
-    """A fast-weight run at its former default chunk size (MQAR: the task's 32; Shakespeare: 64, now
-    written in its grid) keeps the id it had before: its stored records stay valid. Softmax and FWM
-    runs, whose chunk size never acted, drop it from the hash (their ids change once)."""
+    """A fast-weight run at its former default chunk size (MQAR: the task's 32) keeps the id it had before: its
+    stored records stay valid. Softmax and FWM runs, whose chunk size never acted, drop it from the hash (their
+    ids change once). The LM's ids changed once more with break-it pass AH: its grid's ``checkpoint_every``
+    acts on nothing and is hashed as the task's default, its chunk size as the chunk lengths it cuts
+    (test_run_ids_as_they_act.py)."""
     cells = expand(load_grid(grid), "quick")
     acting = [cell for cell in cells if chunk_size_in_use(cell.variant, cell.config["form"]) is not None]
     assert {cell.variant for cell in cells} - {cell.variant for cell in acting} <= {"softmax", "dpfp-fwm:nu=1"}
     for cell in cells:
-        assert (cell.run_id == old_run_id(cell, cell.config)) == (cell in acting and grid == "shakespeare")
+        assert cell.run_id != old_run_id(cell, cell.config)
     for cell in acting:
         config = {**cell.config, "chunk_size": cell.config["chunk_size"] or former_default}
         assert cell.run_id == old_run_id(cell, config), cell.label
