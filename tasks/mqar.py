@@ -20,6 +20,8 @@ vocabulary. Loss: cross-entropy (nats) at the scored positions only.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -108,12 +110,19 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
         ValueError: seq_len odd, vocabulary too small for distinct keys and values, more pairs
             than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len), or a ``power_a`` so large that
             fewer than num_kv_pairs gaps keep a non-zero probability; ``batch`` not an integer >= 0,
-            ``vocab_size``, ``seq_len`` or ``num_kv_pairs`` not a positive integer, ``random_non_queries``
-            not a bool (checked first: torch raised its own errors on them, and ``"no"`` filled randomly).
+            ``vocab_size``, ``seq_len`` or ``num_kv_pairs`` not a positive integer, ``power_a`` not a finite
+            number > 0, ``generator`` not a torch.Generator, ``random_non_queries`` not a bool (checked
+            first: torch raised its own errors on them, and ``"no"`` filled randomly).
     """
     check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
     for name, size in (("vocab_size", vocab_size), ("seq_len", seq_len), ("num_kv_pairs", num_kv_pairs)):
         check_int(name, size)
+    # power_a <= 0 drew from a distribution that looked valid; a string raised a TypeError deep in the power law
+    if isinstance(power_a, bool) or not isinstance(power_a, numbers.Real) or not math.isfinite(power_a) \
+            or power_a <= 0:
+        raise ValueError(f"power_a: got {power_a!r}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1))")
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator: got {generator!r}; expected a torch.Generator")
     if not isinstance(random_non_queries, (bool, np.bool_)):
         raise ValueError(f"random_non_queries: got {random_non_queries!r}; expected True or False")
     if seq_len % 2:

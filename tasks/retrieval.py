@@ -21,7 +21,6 @@ S=600, which would saturate a softmax: it then stayed at loss 0.83 at S=500).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -107,7 +106,11 @@ def check_sizes(setting: int, S: int, batch: int) -> None:
     Raises:
         ValueError: naming ``setting``, ``S`` or ``batch``.
     """
-    if isinstance(setting, bool) or not isinstance(setting, numbers.Integral) or setting not in (1, 2):
+    try:
+        number = check_int("setting", setting)
+    except ValueError:
+        number = None
+    if number not in (1, 2):
         raise ValueError(f"setting: got {setting!r}; expected 1 (capacity) or 2 (overwriting)")
     check_int("S", S)
     check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")

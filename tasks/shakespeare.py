@@ -343,9 +343,12 @@ class ShakespeareTask:
         acts["train_fraction"] = (split, f"a training split of int(train_fraction × {CORPUS_CHARACTERS}) = {split} "
                                          "characters")
         segments = len(segment_starts(valid, config.context))
-        if config.eval_segments >= segments:
-            acts["eval_segments"] = (0, f"the validation split has {segments} segments of context={config.context}; "
-                                        "as many or more is all of them, as 0")
+        # reported for every value, not only those of at least `segments`: 0 acts as itself, and hashed as given
+        # it split from a default of 64 that acts as 0 too (train_fraction 0.995: two ids, break-it pass AI)
+        everything = config.eval_segments == 0 or config.eval_segments >= segments
+        acts["eval_segments"] = (0 if everything else config.eval_segments,
+                                 f"the validation split has {segments} segments of context={config.context}; "
+                                 "as many or more is all of them, as 0")
         if config.stream_characters >= valid:
             acts["stream_characters"] = (0, f"the validation split has {valid} characters; as many or more is all "
                                             "of them, as 0")

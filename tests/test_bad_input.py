@@ -3000,6 +3000,29 @@ def _(ctx):
     return raised(ValueError, generate_mqar, -1, 16, 8, 2, 0.5, generator)
 
 
+@row("H86")
+def _(ctx):
+    """Break-it pass AI: generate_mqar drew from a valid-looking distribution for power_a 0 or -1 (only the task's
+    validate refused them), raised a TypeError deep in the power law for "0.01" or None, and torch's TypeError for
+    a generator that is not one; sizes given as one-element integer tensors (accepted before c85c7b0) are
+    accepted again."""
+    from fwbench.tasks.mqar import generate_mqar
+    from fwbench.tasks.retrieval import RetrievalModel, sample_batch
+
+    generator = torch.Generator().manual_seed(0)
+    for power_a in (0, -1, "0.01", None, float("nan"), float("inf"), True):
+        assert raised(ValueError, generate_mqar, 2, 16, 8, 2, power_a, generator).startswith(
+            f"ValueError: power_a: got {power_a!r}; expected a finite number > 0"), power_a
+    assert raised(ValueError, generate_mqar, 2, 16, 8, 2, 0.5, "x") == \
+        "ValueError: generator: got 'x'; expected a torch.Generator"
+    assert generate_mqar(torch.tensor(2), 16, torch.tensor(8), 2, 0.5, generator)[0].shape == (2, 8)
+    assert sample_batch(torch.tensor(2), torch.tensor(4), torch.tensor(3), generator)["keys"].shape == (3, 8)
+    assert RetrievalModel("linear", torch.tensor(4), d_key=4).S == 4
+    for setting in (torch.tensor(3), torch.tensor(1.0), torch.tensor(True)):
+        assert raised(ValueError, sample_batch, setting, 4, 2, generator).startswith("ValueError: setting: got tensor(")
+    return raised(ValueError, generate_mqar, 2, 16, 8, 2, 0, generator)
+
+
 @row("C115")
 def _(ctx):
     ctx.monkeypatch.setenv("RAY_ADDRESS", "")

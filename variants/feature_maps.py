@@ -191,8 +191,10 @@ class EluPlusOne(ElementwiseFeatureMap):
 
     def for_queries(self, x: Tensor) -> Tensor:
         """φ of the shifted token (:meth:`_shifted`) scaled per token by a power of two (:func:`unit_scaled`): a
-        positive factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly (bit for bit,
-        away from the normaliser's floor). Unscaled, a query of 1e30 (fp32) made W φ(q) overflow and every
+        positive factor per query, which the sum rule's read W φ(q) / zᵀφ(q) cancels exactly: outputs and
+        gradients are those of the unscaled φ(q) bit for bit in fp32, bf16 and float64, away from the
+        normaliser's floor (in fp16, gradient entries of subnormal size, below 6.1e-5, may move by one
+        subnormal step, 6e-8, where the scale rounds twice). Unscaled, a query of 1e30 (fp32) made W φ(q) overflow and every
         form read NaN, where DPFP's and FAVOR+'s queries read normalised rows."""
         return unit_scaled(self._shifted(x))
 

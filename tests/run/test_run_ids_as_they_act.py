@@ -26,6 +26,8 @@ def run_id(task: str, config) -> str:
     ("retrieval", lambda v: RetrievalConfig(S=4, d_key=4, embedding_factor=v), (2.0, 2.2), (2.0, 3.0)),
     ("shakespeare", lambda v: ShakespeareConfig(checkpoint_every=v), (0, 125), None),
     ("shakespeare", lambda v: ShakespeareConfig(train_fraction=v), (0.9, 0.9000001), (0.9, 0.8)),
+    # a split too short for the default 64 segments: 64 and 0 both score all of it (break-it pass AI: two ids)
+    ("shakespeare", lambda v: ShakespeareConfig(train_fraction=0.995, eval_segments=v), (0, 64), (0, 3)),
     ("mqar", lambda v: MQARConfig(seq_len=4, num_kv_pairs=1, vocab_size=16, power_a=v), (0.01, 3.0), None),
     ("mqar", lambda v: MQARConfig(seq_len=16, num_kv_pairs=2, vocab_size=16, power_a=v), (0.01, 0.010000001),
      (0.01, 0.5)),

@@ -324,3 +324,54 @@ def test_a_buffer_made_from_a_made_parameter_on_the_lazy_path_passes_its_gradien
         return base.grad
 
     torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)
+
+
+class _TwoOffsetsPhi(_ElementwisePhi):
+    """elu + 1 of x times a learnable scale, minus two offsets held as buffers."""
+
+    def __init__(self, d_key: int):
+        super().__init__(d_key)
+        self.a = torch.nn.Parameter(torch.linspace(0.5, 1.5, d_key))
+        self.register_buffer("o1", torch.zeros(d_key))
+        self.register_buffer("o2", torch.zeros(d_key))
+
+    def forward(self, x):
+        return F.elu(x * self.a - self.o1 - self.o2) + 1
+
+
+def _chain(base):
+    o1 = base * 2
+    return {"feature_map.o1": o1, "feature_map.o2": o1 * 3}
+
+
+def _unbound(base):
+    o1, o2 = torch.stack([base * 2, base * 3]).unbind(0)
+    return {"feature_map.o1": o1, "feature_map.o2": o2}
+
+
+def _views(base):
+    made = base * 2
+    return {"feature_map.o1": made.view(4), "feature_map.o2": made.view(2, 2).reshape(4)}
+
+
+def _chain_from_a_made_parameter(base):
+    a = base * 1
+    o1 = a * 2
+    return {"feature_map.a": a, "feature_map.o1": o1, "feature_map.o2": o1 * 3}
+
+
+@pytest.mark.parametrize("given", [_chain, _unbound, _views, _chain_from_a_made_parameter])
+def test_buffers_made_from_one_another_pass_their_gradient_once_under_cpu_autocast(given):
+    """Break-it pass AI: functional_call passing o1 = base * 2 and o2 = o1 * 3 made both node inputs, and φ's graph
+    reached o1 through o2 as well, so the o2 → o1 path counted twice (base's gradient 7/4 of plain autograd's; with
+    a made parameter a and o1 = a * 2, o2 = o1 * 3, [2.067, 0.303, …] against [2.202, 0.168, …]). Two outputs of one
+    op (unbind) and two views of one made tensor must each stay inputs."""
+    def grad(autocast: bool) -> torch.Tensor:
+        attention = FastWeightAttention(_TwoOffsetsPhi(4), rule="sum", form="chunk")
+        q = _queries()
+        base = torch.linspace(0.5, 1.5, 4).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            torch.func.functional_call(attention, given(base), (q, q, q))[0].float().square().sum().backward()
+        return base.grad
+
+    torch.testing.assert_close(grad(True), grad(False), rtol=1e-5, atol=1e-6)

@@ -114,7 +114,8 @@ def run_in_fp32(fn: Callable[..., Sequence[Tensor | None]], *inputs: Tensor | No
     time', and under ``functional_call`` with a made parameter the stash holds the detached leaf φ read (its
     gradient lost), and a recorded in-place op φ applies to it raises torch's 'a leaf Variable that requires grad
     is being used in an in-place operation'; a buffer made from a parameter and from another tensor too
-    (``functional_call`` passing ``base * weight``) gets the parameter's part only; a buffer that requires a
+    (``functional_call`` passing ``base * weight``) gets the parameter's part only, and likewise one made from
+    another passed buffer and another tensor (``o2 = o1 * base``) the other buffer's part; a buffer that requires a
     gradient and that φ registers in its forward gets none;
     made parameters are not cut on a lazy module's first call (two made from one another then
     count twice, as before the cut); and under ``parametrize.cached()`` a made ``original`` read through the
@@ -174,7 +175,12 @@ def _made_buffers_as_params(made: Sequence[Tensor], params: Sequence[Tensor], cu
     second thread calling the module would see the swap)."""
     targets = {id(p) for p in params}
     made_nodes = {p.grad_fn for p in params if p.grad_fn is not None and id(p) not in cut}
-    return [b for b in made if not _history_reaches(b, targets, made_nodes)]
+    kept = [b for b in made if not _history_reaches(b, targets, made_nodes)]
+    # one made from another kept (o2 = o1 * 3) is reached through it, as a view of a parameter is: as an input too,
+    # its path to o1 was counted twice (7/4 of plain autograd's gradient, break-it pass AI). Two outputs of one op
+    # (x.unbind()) share a node and reach each other only through it: both stay.
+    nodes = {b.grad_fn for b in kept}
+    return [b for b in kept if not _history_reaches(b, set(), nodes - {b.grad_fn})]
 
 
 def _made_params_in_slots(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> set[int]:
