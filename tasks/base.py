@@ -95,9 +95,9 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
 
 
 def check_int(name: str, value: Any, minimum: int = 1, note: str = "") -> int:
-    """``value`` as an ``int`` if it is an integer (Python's, NumPy's, or a one-element integer torch tensor such
-    as ``torch.tensor(4)``; not a bool, not a float such as 2.0) of at least ``minimum``, else a ``ValueError``
-    naming ``name`` in :func:`check_fields`'s words (with ``note`` after them). For the size arguments of the
+    """``value`` as an ``int`` if it is an integer (Python's or NumPy's; not a bool, not a float such as 2.0, not
+    a torch tensor, which the callers would pass on to torch as it is) of at least ``minimum``, else a
+    ``ValueError`` naming ``name`` in :func:`check_fields`'s words (with ``note`` after them). For the size arguments of the
     task generators and models, checked before any torch work: a size of 0 or below raised torch's
     RuntimeError (``random_ expects 'from' to be less than 'to'``, ``Trying to create tensor with negative
     dimension``), a float or a string a TypeError.
@@ -105,9 +105,6 @@ def check_int(name: str, value: Any, minimum: int = 1, note: str = "") -> int:
     Raises:
         ValueError: ``NAME: got VALUE; expected a positive integer (>= 1)`` (``an integer >= MINIMUM``).
     """
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype.is_floating_point \
-            and not value.dtype.is_complex and value.dtype != torch.bool:
-        value = int(value.item())  # a size read off a tensor was taken before these checks
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         expected = "a positive integer (>= 1)" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name}: got {value!r}; expected {expected}{note}")

@@ -118,9 +118,13 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     for name, size in (("vocab_size", vocab_size), ("seq_len", seq_len), ("num_kv_pairs", num_kv_pairs)):
         check_int(name, size)
     # power_a <= 0 drew from a distribution that looked valid; a string raised a TypeError deep in the power law
-    if isinstance(power_a, bool) or not isinstance(power_a, numbers.Real) or not math.isfinite(power_a) \
-            or power_a <= 0:
+    try:
+        valid = not isinstance(power_a, bool) and isinstance(power_a, numbers.Real) and 0 < float(power_a) < math.inf
+    except OverflowError:  # an int such as 10**400
+        valid = False
+    if not valid:
         raise ValueError(f"power_a: got {power_a!r}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1))")
+    power_a = float(power_a)  # a Fraction passed the check and raised a TypeError against a tensor
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: got {generator!r}; expected a torch.Generator")
     if not isinstance(random_non_queries, (bool, np.bool_)):

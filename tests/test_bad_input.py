@@ -11,6 +11,7 @@ the table cannot drift from the code.
 
 from __future__ import annotations
 
+import fractions
 import hashlib
 import json
 import math
@@ -3004,8 +3005,7 @@ def _(ctx):
 def _(ctx):
     """Break-it pass AI: generate_mqar drew from a valid-looking distribution for power_a 0 or -1 (only the task's
     validate refused them), raised a TypeError deep in the power law for "0.01" or None, and torch's TypeError for
-    a generator that is not one; sizes given as one-element integer tensors (accepted before c85c7b0) are
-    accepted again."""
+    a generator that is not one, and 10**400 raised an OverflowError; a Fraction is taken as the number it is."""
     from fwbench.tasks.mqar import generate_mqar
     from fwbench.tasks.retrieval import RetrievalModel, sample_batch
 
@@ -3015,10 +3015,15 @@ def _(ctx):
             f"ValueError: power_a: got {power_a!r}; expected a finite number > 0"), power_a
     assert raised(ValueError, generate_mqar, 2, 16, 8, 2, 0.5, "x") == \
         "ValueError: generator: got 'x'; expected a torch.Generator"
-    assert generate_mqar(torch.tensor(2), 16, torch.tensor(8), 2, 0.5, generator)[0].shape == (2, 8)
-    assert sample_batch(torch.tensor(2), torch.tensor(4), torch.tensor(3), generator)["keys"].shape == (3, 8)
-    assert RetrievalModel("linear", torch.tensor(4), d_key=4).S == 4
-    for setting in (torch.tensor(3), torch.tensor(1.0), torch.tensor(True)):
+    for power_a in (10**400, torch.tensor(0.1)):
+        assert raised(ValueError, generate_mqar, 2, 16, 8, 2, power_a, generator).startswith("ValueError: power_a: got ")
+    assert generate_mqar(2, 16, 8, 2, fractions.Fraction(1, 10), generator)[0].shape == (2, 8)
+    # sizes given as torch tensors are refused in one line: the callers pass them on to torch as they are (break-it
+    # pass AJ: accepted, MQARModel's d_model tensor(16) raised "iteration over a 0-d tensor" from nn.LayerNorm)
+    assert raised(ValueError, generate_mqar, torch.tensor(2), 16, 8, 2, 0.5, generator).startswith(
+        "ValueError: batch: got tensor(2)")
+    assert raised(ValueError, RetrievalModel, "linear", torch.tensor(4), d_key=4).startswith("ValueError: S: got tensor(4)")
+    for setting in (torch.tensor(1), torch.tensor(3), torch.tensor(1.0), torch.tensor(True)):
         assert raised(ValueError, sample_batch, setting, 4, 2, generator).startswith("ValueError: setting: got tensor(")
     return raised(ValueError, generate_mqar, 2, 16, 8, 2, 0, generator)
 

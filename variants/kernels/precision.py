@@ -174,13 +174,14 @@ def _made_buffers_as_params(made: Sequence[Tensor], params: Sequence[Tensor], cu
     and ``a * 2`` for a buffer: base's gradient was the parameter path's alone). None is swapped out of its slot (a
     second thread calling the module would see the swap)."""
     targets = {id(p) for p in params}
-    made_nodes = {p.grad_fn for p in params if p.grad_fn is not None and id(p) not in cut}
-    kept = [b for b in made if not _history_reaches(b, targets, made_nodes)]
+    made_edges = {_edge(p) for p in params if p.grad_fn is not None and id(p) not in cut}
+    kept = [b for b in made if not _history_reaches(b, targets, made_edges)]
     # one made from another kept (o2 = o1 * 3) is reached through it, as a view of a parameter is: as an input too,
-    # its path to o1 was counted twice (7/4 of plain autograd's gradient, break-it pass AI). Two outputs of one op
-    # (x.unbind()) share a node and reach each other only through it: both stay.
-    nodes = {b.grad_fn for b in kept}
-    return [b for b in kept if not _history_reaches(b, set(), nodes - {b.grad_fn})]
+    # its path to o1 was counted twice (7/4 of plain autograd's gradient, break-it pass AI). Outputs are told apart
+    # by their edge, not their node: one made from unbind's second output does not reach its first (a node test
+    # dropped it, and its gradient: 0.12x plain autograd's, break-it pass AJ).
+    edges = {_edge(b) for b in kept}
+    return [b for b in kept if not _history_reaches(b, set(), edges - {_edge(b)})]
 
 
 def _made_params_in_slots(module: torch.nn.Module | None, params: Sequence[Tensor | None]) -> set[int]:
@@ -192,17 +193,28 @@ def _made_params_in_slots(module: torch.nn.Module | None, params: Sequence[Tenso
     return {id(value) for owner in module.modules() for value in owner._parameters.values() if id(value) in made}
 
 
-def _history_reaches(t: Tensor, targets: set[int], made_nodes: set) -> bool:
-    """Whether the graph that made ``t`` reaches a leaf whose id is in ``targets`` or a node in ``made_nodes``."""
+def _edge(t: Tensor) -> tuple:
+    """The autograd edge that made ``t``: its node and which of the node's outputs ``t`` is."""
+    return t.grad_fn, t.output_nr
+
+
+def _history_reaches(t: Tensor, targets: set[int], made_edges: set) -> bool:
+    """Whether the graph that made ``t`` reaches a leaf whose id is in ``targets`` or an edge (node, output) in
+    ``made_edges``: of a multi-output node (unbind, split), only the outputs whose edges lead there."""
+    if _edge(t) in made_edges:
+        return True
     stack, seen = [t.grad_fn], set()
     while stack:
         node = stack.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
-        if node in made_nodes or id(getattr(node, "variable", None)) in targets:
+        if id(getattr(node, "variable", None)) in targets:
             return True
-        stack.extend(next_node for next_node, _ in node.next_functions)
+        for edge in node.next_functions:
+            if edge in made_edges:
+                return True
+            stack.append(edge[0])
     return False
 
 
