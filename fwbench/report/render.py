@@ -303,11 +303,13 @@ def _environment_lines(frame: pd.DataFrame) -> list[str]:
 
 def verdict_summary(claims: list[ClaimResult]) -> str:
     """One line counting the claims table's verdicts, for the console after a run: "14 claims: 2 PASS,
-    0 FAIL, 12 INDICATIVE (7 leaning PASS, 1 leaning FAIL), 0 NOT RUN". A user who only reads the console
+    0 FAIL, 12 INDICATIVE (7 leaning PASS, 1 leaning FAIL, 4 undecided), 0 NOT RUN". A user who only reads the console
     learns whether anything was decided without opening the report."""
     counts = {v: sum(c.verdict == v for c in claims) for v in (PASS, FAIL, INDICATIVE, NOT_RUN)}
     leanings = [c.leaning for c in claims if c.verdict == INDICATIVE]
-    leaning = f" ({leanings.count(PASS)} leaning PASS, {leanings.count(FAIL)} leaning FAIL)" if counts[INDICATIVE] else ""
+    undecided = len(leanings) - leanings.count(PASS) - leanings.count(FAIL)
+    leaning = (f" ({leanings.count(PASS)} leaning PASS, {leanings.count(FAIL)} leaning FAIL, {undecided} undecided)"
+               if counts[INDICATIVE] else "")
     return (f"{len(claims)} claims: {counts[PASS]} {PASS}, {counts[FAIL]} {FAIL}, {counts[INDICATIVE]} {INDICATIVE}"
             f"{leaning}, {counts[NOT_RUN]} {NOT_RUN}")
 

@@ -88,8 +88,9 @@ class RunSpec:
         reaches is softmax): runs that compute the same numbers get one id, whichever grid or invocation named
         them (``embedding_factor`` 2.0 and 2.2 at S = 4, or the LM's ``checkpoint_every``, gave two ids, and a
         second invocation retrained the run). The variant modules are not hashed: the spec names the variant.
-        Computed once (where the grid is expanded) and kept, so a worker receives it with the run."""
-        return self._hash(_hashed_config(self))
+        Computed once (where the grid is expanded) and kept, so a worker receives it with the run. A spec of a
+        task this process does not know is hashed as given (a worker's failed record of it needs an id)."""
+        return self._hash(_hashed_config(self) if self.task in TASKS else dict(self.config))
 
     @functools.cached_property
     def given_id(self) -> str:

@@ -22,7 +22,7 @@ def test_the_summary_counts_each_verdict_and_the_leanings_of_the_indicative_ones
     claims = [claim(PASS, PASS), claim(FAIL, FAIL), claim(FAIL, FAIL), claim(INDICATIVE, PASS), claim(INDICATIVE, PASS),
               claim(INDICATIVE, FAIL), claim(INDICATIVE), claim(NOT_RUN)]
     assert verdict_summary(claims) == (
-        "8 claims: 1 PASS, 2 FAIL, 4 INDICATIVE (2 leaning PASS, 1 leaning FAIL), 1 NOT RUN")
+        "8 claims: 1 PASS, 2 FAIL, 4 INDICATIVE (2 leaning PASS, 1 leaning FAIL, 1 undecided), 1 NOT RUN")
     assert verdict_summary([claim(PASS, PASS)]) == "1 claims: 1 PASS, 0 FAIL, 0 INDICATIVE, 0 NOT RUN"
 
 
