@@ -284,10 +284,14 @@ def test_an_inductor_compiled_call_refuses_a_retained_backward_under_cpu_autocas
     buffers: torch refuses it with its 'donated buffers' error at the first backward, and the autocast node passes
     that error on (its retry without keeping the graph is for backwards that keep nothing). Two mutants retried here
     too: the first backward went through and the second raised 'Trying to backward through the graph a second
-    time', which names the wrong cause."""
+    time', which names the wrong cause.
+
+    Whether torch refuses depends on how inductor compiled the call (in the full suite, after other compiled tests,
+    the plain call took both backwards): the autocast call must do what the plain one does, error or not."""
     torch._dynamo.reset()
     attention = build_attention("linear", 4, form="chunk")
     q, k, v = (0.5 * torch.randn(2, 2, 8, 4, generator=torch.Generator().manual_seed(s)) for s in (1, 2, 3))
+    outcomes = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dynamo's graph-break notes
         compiled = torch.compile(attention)
@@ -295,8 +299,16 @@ def test_an_inductor_compiled_call_refuses_a_retained_backward_under_cpu_autocas
             query = q.clone().requires_grad_()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 loss = compiled(query, k, v)[0].float().square().sum()
-            with pytest.raises(RuntimeError, match="donated buffers"):
+            outcome = "refused at the first backward"
+            try:
                 loss.backward(retain_graph=True)
+                outcome = "refused at the second backward"
+                loss.backward()
+                outcome = "both went through"
+            except RuntimeError as exc:
+                outcome += f": {str(exc).splitlines()[0][:60]}"
+            outcomes.append(outcome)
+    assert outcomes[1] == outcomes[0]
 
 
 class _ScaleOffsetSpareLazyPhi(_ScaleOffsetPhi):
