@@ -114,9 +114,10 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
             number > 0, ``generator`` not a torch.Generator, ``random_non_queries`` not a bool (checked
             first: torch raised its own errors on them, and ``"no"`` filled randomly).
     """
-    check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
-    for name, size in (("vocab_size", vocab_size), ("seq_len", seq_len), ("num_kv_pairs", num_kv_pairs)):
-        check_int(name, size)
+    # the checked ints from here on: a narrow NumPy int (np.uint8) overflowed in the arithmetic below (4 · 64 = 0)
+    batch = check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
+    vocab_size, seq_len, num_kv_pairs = (check_int(name, size) for name, size in (
+        ("vocab_size", vocab_size), ("seq_len", seq_len), ("num_kv_pairs", num_kv_pairs)))
     # power_a <= 0 drew from a distribution that looked valid; a string raised a TypeError deep in the power law
     try:
         valid = not isinstance(power_a, bool) and isinstance(power_a, numbers.Real) and 0 < float(power_a) < math.inf
@@ -192,9 +193,8 @@ class MQARModel(nn.Module):
         super().__init__()
         # before any module is made: vocab_size -1 raised torch's RuntimeError, n_layers 0 (or -1) built a
         # model without attention silently
-        for name, size in (("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads),
-                           ("n_layers", n_layers)):
-            check_int(name, size)
+        vocab_size, d_model, n_heads, n_layers = (check_int(name, size) for name, size in (
+            ("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads), ("n_layers", n_layers)))
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))

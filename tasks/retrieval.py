@@ -89,7 +89,7 @@ def generate_sequences(setting: int, S: int, batch: int, generator: torch.Genera
         ValueError: ``setting`` not 1 or 2 (an int), ``S`` not a positive integer, ``batch`` not an
             integer >= 0 (0: an empty batch); checked before anything is drawn.
     """
-    check_sizes(setting, S, batch)
+    setting, S, batch = check_sizes(setting, S, batch)
     if setting == 1:
         keys = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
         values = torch.argsort(torch.rand(batch, S, generator=generator), dim=-1)
@@ -99,9 +99,10 @@ def generate_sequences(setting: int, S: int, batch: int, generator: torch.Genera
     return keys, values
 
 
-def check_sizes(setting: int, S: int, batch: int) -> None:
-    """Refuse a retrieval setting other than the int 1 or 2 (``3`` or ``"1"`` drew Setting 2 silently) and sizes
-    that are not integers (``S`` >= 1, ``batch`` >= 0), before torch raises its own error on them.
+def check_sizes(setting: int, S: int, batch: int) -> tuple[int, int, int]:
+    """(setting, S, batch) as Python ints, or refuse a retrieval setting other than the int 1 or 2 (``3`` or
+    ``"1"`` drew Setting 2 silently) and sizes that are not integers (``S`` >= 1, ``batch`` >= 0), before torch
+    raises its own error on them.
 
     Raises:
         ValueError: naming ``setting``, ``S`` or ``batch``.
@@ -112,8 +113,7 @@ def check_sizes(setting: int, S: int, batch: int) -> None:
         number = None
     if number not in (1, 2):
         raise ValueError(f"setting: got {setting!r}; expected 1 (capacity) or 2 (overwriting)")
-    check_int("S", S)
-    check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
+    return number, check_int("S", S), check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
 
 
 def last_occurrence_values(keys: Tensor, values: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
@@ -136,6 +136,7 @@ def sample_batch(setting: int, S: int, batch: int, generator: torch.Generator) -
     Raises:
         ValueError: as :func:`generate_sequences` (a bad ``setting``, ``S`` or ``batch``).
     """
+    setting, S, batch = check_sizes(setting, S, batch)
     keys, values = generate_sequences(setting, S, batch, generator)
     position = torch.randint(0, keys.shape[1], (batch, 1), generator=generator)
     queries = torch.gather(keys, 1, position)
@@ -174,9 +175,9 @@ def official_initial_weights(family: str, S: int, embedding_size: int, d_key: in
     """
     if family not in ("softmax", "linear"):
         raise ValueError(f"family: got {family!r}; expected 'softmax' or 'linear'")
-    check_int("S", S)
-    check_int("embedding_size", embedding_size)
-    check_int("d_key", d_key)
+    # the checked ints from here on: a narrow NumPy int (np.uint8(200)) overflowed in 2.2·S and S + embedding_size
+    S, embedding_size, d_key = (check_int(name, size) for name, size in (
+        ("S", S), ("embedding_size", embedding_size), ("d_key", d_key)))
     token_size = S + embedding_size
     with torch.no_grad():
         nn.Embedding(S, S)  # the value codes: their draw moves the RNG, the identity replaces them
@@ -221,10 +222,9 @@ class RetrievalModel(nn.Module):
     def __init__(self, variant: str, S: int, d_key: int = 64, embedding_size: int | None = None,
                  form: str = "auto", chunk_size: int | None = None):
         super().__init__()
-        check_int("S", S)
-        check_int("d_key", d_key)
+        S, d_key = check_int("S", S), check_int("d_key", d_key)
         if embedding_size is not None:
-            check_int("embedding_size", embedding_size)
+            embedding_size = check_int("embedding_size", embedding_size)
         self.S = S
         self.embedding_size = int(2.2 * S) if embedding_size is None else embedding_size
         family = model_family(variant)

@@ -3028,6 +3028,26 @@ def _(ctx):
     return raised(ValueError, generate_mqar, 2, 16, 8, 2, 0, generator)
 
 
+@row("H87")
+def _(ctx):
+    """Break-it pass AK: check_int accepted a narrow NumPy int but its callers kept it, and it overflowed in their
+    arithmetic: RetrievalModel(S=np.uint8(200)) raised OverflowError (2.2 · 200), official_initial_weights built a
+    144-row key embedding for S = 200 (200 + 200 wrapped), and generate_mqar's 4 · 64 wrapped to 0, so too many pairs
+    passed as a bad power_a. The callers now use the ints check_int returns."""
+    import numpy as np
+
+    from fwbench.tasks.mqar import MQARModel, generate_mqar
+    from fwbench.tasks.retrieval import RetrievalModel, official_initial_weights, sample_batch
+
+    model = RetrievalModel("linear", S=np.uint8(200), d_key=8)
+    assert (type(model.S), model.S, model.embedding_size) == (int, 200, 440)
+    weights = official_initial_weights("linear", np.uint8(200), np.uint8(100), 8)
+    assert tuple(weights["key_embedding"].shape) == (200, 100) and tuple(weights["W_k"].shape) == (8, 300)
+    assert sample_batch(np.int8(1), np.uint8(4), np.int16(3), torch.Generator())["keys"].shape == (3, 4)
+    assert MQARModel("linear", np.uint8(20), np.uint8(16)).embedding.weight.shape == (20, 16)
+    return raised(ValueError, generate_mqar, 2, 300, np.uint8(200), np.uint8(64), 0.01, torch.Generator())
+
+
 @row("C115")
 def _(ctx):
     ctx.monkeypatch.setenv("RAY_ADDRESS", "")

@@ -97,11 +97,7 @@ class RunSpec:
         """The hash of the config as given (only the task's ``acting_config`` applied): two cells of one grid
         whose ids are equal but given ids differ hold values that act alike (:func:`_refuse_equal_computations`
         names them); equal given ids, keys with no effect (:func:`_same_run`)."""
-        task = TASKS.get(self.task)
-        config = self.config
-        if hasattr(task, "acting_config"):
-            config = task.acting_config(self.task_config(), self.variant)
-        return self._hash(config)
+        return self._hash(_given_config(self))
 
     def _hash(self, config: dict[str, Any]) -> str:
         import_modules_of(self)
@@ -483,40 +479,40 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
 
 
+def _given_config(spec: RunSpec) -> dict[str, Any]:
+    """The config as given, less the keys that do not act for the variant (the task's ``acting_config``)."""
+    task = TASKS.get(spec.task)
+    return task.acting_config(spec.task_config(), spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+
+
 def _hashed_config(spec: RunSpec) -> dict[str, Any]:
     """The config :attr:`RunSpec.run_id` hashes: the task's ``acting_config`` as given, except each key whose value
     :func:`_acting_config` normalises: its default where the default acts the same (so the id of a run stored
     with the default is kept, and every value that acts as the default shares it), else the value it acts as
     (two values that act alike, neither as the default, share that)."""
     acting, normalised = _acting_config(spec)
-    task = TASKS[spec.task]
-    hashed = task.acting_config(spec.task_config(), spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+    hashed = _given_config(spec)
     defaults, given = config_defaults(spec.task), asdict(spec.task_config())  # a spec may name only some keys
     for key in normalised:
         if key not in hashed or key not in defaults or given[key] == defaults[key]:
             continue
         default = replace(spec, config={**given, key: defaults[key]})
         try:
-            as_default = _acting_config(default)[0].get(key)
+            alike = _acting_config(default)[0].get(key) == acting[key]
         except ValueError:  # a default the other keys do not allow: no default to share
-            continue_with_acting = True
-        else:
-            continue_with_acting = as_default != acting[key]
-        if continue_with_acting:
-            hashed[key] = acting[key]
-        else:  # as the default's run hashes it (acting_config may write an unset chunk size as the rule's default)
-            as_given = task.acting_config(default.task_config(), spec.variant) if hasattr(task, "acting_config") else {}
-            hashed[key] = as_given.get(key, defaults[key])
+            alike = False
+        # alike: as the default's run hashes it (acting_config may write an unset chunk size as the rule's default)
+        hashed[key] = _given_config(default).get(key, defaults[key]) if alike else acting[key]
     return hashed
 
 
 def _acting_config(spec: RunSpec) -> tuple[dict[str, Any], dict[str, tuple[Any, str]]]:
-    """The config as the run acts with it, which :attr:`RunSpec.run_id` hashes, and for each key normalised in
-    it the value as given and why (see :func:`_as_it_computes`)."""
+    """The config as the run acts with it (:func:`_hashed_config` hashes it where no default acts alike), and for
+    each key normalised in it the value as given and why (see :func:`_as_it_computes`)."""
     import_modules_of(spec)
     task, config = TASKS[spec.task], spec.task_config()
     given = asdict(config)  # a spec may name only some keys (the rest: the task's defaults)
-    acting = task.acting_config(config, spec.variant) if hasattr(task, "acting_config") else dict(spec.config)
+    acting = _given_config(spec)
     normalised: dict[str, tuple[Any, str]] = {}
     chunks = None if "chunk_size" not in acting else _chunks_as_they_act(task, config, acting["chunk_size"])
     if chunks is not None:
