@@ -16,7 +16,13 @@ import torch
 from torch import Tensor, nn
 
 from fwbench.variants import FORMS, chunk_size_in_use, parse_spec
+from fwbench.variants.errors import MAX_SIZE, too_large
 from fwbench.variants.registry import form_in_use
+
+#: The most layers a task model builds. Each layer is a Python module made one by one, so a count no
+#: memory holds (``n_layers = 10**30``) built layers until memory ran out, for hours, instead of failing.
+MAX_LAYERS = 4096
+LAYERS_WHY = "a model's layers are built one by one"
 
 
 class TaskConfig(Protocol):
@@ -86,6 +92,11 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
         value = getattr(config, name)
         if value < 0:
             raise ValueError(f"{name}: got {value!r}; expected an integer >= 0")
+    for name in (*positive, *non_negative):
+        value = getattr(config, name)
+        maximum, why = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
+        if isinstance(value, numbers.Integral) and value > maximum:
+            raise ValueError(too_large(name, value, maximum, why))
     target_loss = getattr(config, "target_loss", None)
     if target_loss is not None and not target_loss >= 0:  # `not >=` also refuses NaN
         raise ValueError(f"target_loss: got {target_loss!r}; expected a loss >= 0 (training stops once the "
@@ -94,20 +105,26 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
         raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
 
 
-def check_int(name: str, value: Any, minimum: int = 1, note: str = "") -> int:
+def check_int(name: str, value: Any, minimum: int = 1, note: str = "", maximum: int = MAX_SIZE,
+              why: str = "") -> int:
     """``value`` as an ``int`` if it is an integer (Python's or NumPy's; not a bool, not a float such as 2.0, not
-    a torch tensor, which the callers would pass on to torch as it is) of at least ``minimum``, else a
+    a torch tensor, which the callers would pass on to torch as it is) in [``minimum``, ``maximum``], else a
     ``ValueError`` naming ``name`` in :func:`check_fields`'s words (with ``note`` after them). For the size arguments of the
     task generators and models, checked before any torch work: a size of 0 or below raised torch's
     RuntimeError (``random_ expects 'from' to be less than 'to'``, ``Trying to create tensor with negative
-    dimension``), a float or a string a TypeError.
+    dimension``), a float or a string a TypeError, and one above torch's largest size (2**63 − 1) a TypeError
+    or an OverflowError. A size within that range but too large for memory still ends in torch's
+    allocator error, which names the bytes asked for.
 
     Raises:
-        ValueError: ``NAME: got VALUE; expected a positive integer (>= 1)`` (``an integer >= MINIMUM``).
+        ValueError: ``NAME: got VALUE; expected a positive integer (>= 1)`` (``an integer >= MINIMUM``), or
+            ``NAME: got VALUE; expected at most MAXIMUM (WHY)`` (see :func:`~fwbench.variants.errors.too_large`).
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         expected = "a positive integer (>= 1)" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name}: got {value!r}; expected {expected}{note}")
+    if value > maximum:
+        raise ValueError(too_large(name, value, maximum, why))
     return int(value)
 
 

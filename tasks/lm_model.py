@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import check_ids
+from fwbench.tasks.base import LAYERS_WHY, MAX_LAYERS, check_ids
 from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
 from fwbench.variants.checks import check_state_position
-from fwbench.variants.errors import VariantError, bad_value
+from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, too_large
 
 POSITIONAL = ("none", "learned")
 
@@ -60,7 +60,8 @@ class DecoderConfig:
             :func:`variants.build_attention`. Generation switches to the recurrent form itself.
 
     Raises:
-        VariantError: a size that is not a positive integer, ``d_model`` not a multiple of
+        VariantError: a size that is not a positive integer or is above 2**63 − 1 (``n_layers`` above
+            :data:`~fwbench.tasks.base.MAX_LAYERS`), ``d_model`` not a multiple of
             ``n_heads``, ``dropout`` not a number in [0, 1), ``tied_output`` not a bool, an unknown
             ``positional``.
     """
@@ -82,6 +83,9 @@ class DecoderConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad_value(name, value, "a positive integer (>= 1)")
+            maximum, why = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
+            if value > maximum:
+                raise VariantError(too_large(name, value, maximum, why))
         if self.d_model % self.n_heads:
             raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
         # the types too: a string dropout raised a bare TypeError ('<='), and a truthy non-bool

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fwbench.tasks.base import check_fields, check_ids, check_int, forward_acting_config, variant_over
+from fwbench.tasks.base import LAYERS_WHY, MAX_LAYERS, check_fields, check_ids, check_int, forward_acting_config, variant_over
 from fwbench.variants import AttentionLayer, parse_spec
 from fwbench.variants.kernels.precision import compute_dtype
 
@@ -110,9 +110,10 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
         ValueError: seq_len odd, vocabulary too small for distinct keys and values, more pairs
             than fit (Zoology's constraint 4·num_kv_pairs ≤ seq_len), or a ``power_a`` so large that
             fewer than num_kv_pairs gaps keep a non-zero probability; ``batch`` not an integer >= 0,
-            ``vocab_size``, ``seq_len`` or ``num_kv_pairs`` not a positive integer, ``power_a`` not a finite
-            number > 0, ``generator`` not a torch.Generator, ``random_non_queries`` not a bool (checked
-            first: torch raised its own errors on them, and ``"no"`` filled randomly).
+            ``vocab_size``, ``seq_len`` or ``num_kv_pairs`` not a positive integer (sizes at most
+            2**63 − 1), ``power_a`` not a finite number > 0, ``generator`` not a torch.Generator,
+            ``random_non_queries`` not a bool (checked first: torch raised its own errors on them, and
+            ``"no"`` filled randomly).
     """
     # the checked ints from here on: a narrow NumPy int (np.uint8) overflowed in the arithmetic below (4 · 64 = 0)
     batch = check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
@@ -124,7 +125,11 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     except OverflowError:  # an int such as 10**400
         valid = False
     if not valid:
-        raise ValueError(f"power_a: got {power_a!r}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1))")
+        # a Fraction(1, 10**400) or an int 10**400 is > 0 and finite, but not as the float the power law takes
+        exact_but_not_float = (not isinstance(power_a, bool) and isinstance(power_a, numbers.Rational)
+                               and power_a > 0)
+        rounds = "; it is not one as a float (0.0 or inf)" if exact_but_not_float else ""
+        raise ValueError(f"power_a: got {power_a!r}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1)){rounds}")
     power_a = float(power_a)  # a Fraction passed the check and raised a TypeError against a tensor
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: got {generator!r}; expected a torch.Generator")
@@ -183,7 +188,8 @@ class MQARModel(nn.Module):
     """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out.
 
     Raises:
-        ValueError: ``vocab_size``, ``d_model``, ``n_heads`` or ``n_layers`` not a positive integer.
+        ValueError: ``vocab_size``, ``d_model``, ``n_heads`` or ``n_layers`` not a positive integer, a size
+            above 2**63 − 1, or ``n_layers`` above :data:`~fwbench.tasks.base.MAX_LAYERS`.
         VariantError: a bad variant spec, form or chunk size, or d_model not a multiple of n_heads
             (:class:`variants.AttentionLayer`).
     """
@@ -193,8 +199,9 @@ class MQARModel(nn.Module):
         super().__init__()
         # before any module is made: vocab_size -1 raised torch's RuntimeError, n_layers 0 (or -1) built a
         # model without attention silently
-        vocab_size, d_model, n_heads, n_layers = (check_int(name, size) for name, size in (
-            ("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads), ("n_layers", n_layers)))
+        vocab_size, d_model, n_heads = (check_int(name, size) for name, size in (
+            ("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads)))
+        n_layers = check_int("n_layers", n_layers, maximum=MAX_LAYERS, why=LAYERS_WHY)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))

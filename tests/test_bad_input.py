@@ -3018,6 +3018,10 @@ def _(ctx):
     for power_a in (10**400, torch.tensor(0.1)):
         assert raised(ValueError, generate_mqar, 2, 16, 8, 2, power_a, generator).startswith("ValueError: power_a: got ")
     assert generate_mqar(2, 16, 8, 2, fractions.Fraction(1, 10), generator)[0].shape == (2, 8)
+    # > 0 exactly but 0.0 as a float: refused as "> 0" with no word on why (break-it pass AK)
+    for power_a in (fractions.Fraction(1, 10**400), 10**400):
+        assert raised(ValueError, generate_mqar, 2, 16, 8, 2, power_a, generator).endswith(
+            "expected a finite number > 0 (p(gap = i) ∝ i^(a−1)); it is not one as a float (0.0 or inf)")
     # sizes given as torch tensors are refused in one line: the callers pass them on to torch as they are (break-it
     # pass AJ: accepted, MQARModel's d_model tensor(16) raised "iteration over a 0-d tensor" from nn.LayerNorm)
     assert raised(ValueError, generate_mqar, torch.tensor(2), 16, 8, 2, 0.5, generator).startswith(
@@ -3347,6 +3351,75 @@ def _(ctx):
     return grid_error(ctx, text + "sample_tokens = 0\n")
 
 
+@row("H88")
+def _(ctx):
+    """Break-it pass AK: sizes above torch's largest (2**63 − 1) passed check_int and raised torch's TypeError
+    ("Overflow when unpacking long long") or an OverflowError from the generators and task models."""
+    from fwbench.tasks.mqar import MQARModel, generate_mqar
+    from fwbench.tasks.retrieval import RetrievalModel, sample_batch
+
+    huge = 10**20
+    for call, name in ((lambda: generate_mqar(huge, 16, 8, 2, 0.01, torch.Generator()), "batch"),
+                       (lambda: generate_mqar(2, 16, huge, 2, 0.01, torch.Generator()), "seq_len"),
+                       (lambda: MQARModel("linear", huge, 8), "vocab_size"),
+                       (lambda: RetrievalModel("linear", S=4, d_key=huge), "d_key"),
+                       (lambda: sample_batch(1, huge, 2, torch.Generator()), "S")):
+        assert raised(ValueError, call) == (f"ValueError: {name}: got {huge}; expected at most 9223372036854775807 "
+                                            "(2**63 - 1, the largest size a torch tensor has)")
+    return raised(ValueError, generate_mqar, 2, huge, 8, 2, 0.01, torch.Generator())
+
+
+@row("L125")
+def _(ctx):
+    """Layer and attention sizes above 2**63 − 1 passed positive_int and raised torch's TypeError from
+    nn.Linear; one of over 4300 digits is named by its length (its repr raises a ValueError of its own)."""
+    expected = "expected at most 9223372036854775807 (2**63 - 1, the largest size a torch tensor has)"
+    for call, name in ((lambda: variants.AttentionLayer("linear", 10**20, 1), "d_model"),
+                       (lambda: variants.AttentionLayer("linear", 16, 10**20), "n_heads"),
+                       (lambda: variants.AttentionLayer("linear", 16, 1, d_key=10**20), "d_key"),
+                       (lambda: variants.build_attention("linear", d_key=16, chunk_size=2**63), "chunk_size")):
+        message = raised(VariantError, call)
+        assert message.startswith(f"VariantError: {name}: got ") and message.endswith(expected), message
+    assert raised(VariantError, variants.AttentionLayer, "linear", 10**5000, 1) == (
+        f"VariantError: d_model: got an integer of about 5001 digits; {expected}")
+    return raised(VariantError, variants.AttentionLayer, "linear", 10**20, 1)
+
+
+@row("H89")
+def _(ctx):
+    """MQARModel(n_layers=10**30) (and a DecoderConfig's) built layers one by one until memory ran out, for hours."""
+    from fwbench.tasks.lm_model import DecoderConfig
+    from fwbench.tasks.mqar import MQARModel
+
+    assert raised(VariantError, DecoderConfig, vocab_size=5, n_layers=10**30) == (
+        "VariantError: n_layers: got 1000000000000000000000000000000; expected at most 4096 "
+        "(a model's layers are built one by one)")
+    assert raised(VariantError, DecoderConfig, vocab_size=5, n_layers=4097).endswith("expected at most 4096 "
+                                                                                       "(a model's layers are built one by one)")
+    assert DecoderConfig(vocab_size=5, n_layers=4096).n_layers == 4096
+    return raised(ValueError, MQARModel, "linear", 16, 8, n_layers=10**30)
+
+
+@row("G133")
+def _(ctx):
+    """A grid's n_layers above the models' limit passed the loader and failed (or ran for hours) in every worker."""
+    assert grid_error(ctx, LM_GRID + "n_layers = 5000\n").endswith(
+        "n_layers: got 5000; expected at most 4096 (a model's layers are built one by one)")
+    return grid_error(ctx, MQAR_GRID + "n_layers = 100000\n")
+
+
+@row("H90")
+def _(ctx):
+    """A RunSpec built in Python with a config key its task does not have: run_grid raised the dataclass's bare
+    TypeError ("RetrievalConfig.__init__() got an unexpected keyword argument 'nokey'") while hashing the run id."""
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "nokey": 1})
+    store = ResultsStore(ctx.tmp_path / "r")
+    answer = raised(FwbenchError, run_grid, [spec], store, quiet=True)
+    runs = ctx.tmp_path / "r" / "runs.jsonl"
+    assert not runs.exists() or not runs.read_text().strip()  # refused before any record
+    return answer
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
@@ -3385,3 +3458,4 @@ def test_bad_input(row_id, tmp_path, capsys, monkeypatch):
     promised = table_rows()[row_id]
     answer = ROWS[row_id](Context(tmp_path, capsys, monkeypatch))
     assert answer_pattern(promised).fullmatch(answer), f"\nthe table says: {promised}\nthe code says:  {answer}"
+

@@ -6,7 +6,14 @@ the mistake in one line instead of a stack trace deep inside torch.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+#: The largest size a torch tensor dimension holds (int64). A larger int passed the size checks and raised
+#: torch's ``TypeError`` ("Overflow when unpacking long long") or an ``OverflowError`` deep in the constructor
+#: or generator that passed it on.
+MAX_SIZE = 2**63 - 1
 
 
 class VariantError(ValueError):
@@ -20,6 +27,20 @@ class VariantError(ValueError):
 def bad_value(argument: str, received: object, allowed: str) -> VariantError:
     """Build the one-line error for ``argument``: what was received and what is allowed."""
     return VariantError(f"{argument}: got {received!r}; expected {allowed}")
+
+
+def too_large(argument: str, value: int, maximum: int = MAX_SIZE, why: str = "") -> str:
+    """The one-line message for an integer ``value`` of ``argument`` above ``maximum``: ``ARGUMENT: got
+    VALUE; expected at most MAXIMUM (WHY)``; ``why`` defaults to the reason for :data:`MAX_SIZE`. An
+    integer of more than 40 digits is shown by its length: ``repr`` of one over 4300 digits raised a
+    ``ValueError`` of its own (Python's ``int_max_str_digits``)."""
+    value = int(value)
+    if value.bit_length() > 133:  # 2**133 ≈ 1.1e40
+        shown = f"an integer of about {math.floor(value.bit_length() * math.log10(2)) + 1} digits"
+    else:
+        shown = repr(value)
+    why = why or ("2**63 - 1, the largest size a torch tensor has" if maximum == MAX_SIZE else "")
+    return f"{argument}: got {shown}; expected at most {maximum}" + (f" ({why})" if why else "")
 
 
 def true_or_false(argument: str, value: object) -> bool:

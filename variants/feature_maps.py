@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checks import check_dense
-from .errors import bad_value
+from .errors import MAX_SIZE, VariantError, bad_value, too_large
 from .kernels.dpfp import dpfp
 from .kernels.limits import FP32_LIMITS, floor_for, numeric_limits
 from .kernels.precision import compute_dtype
@@ -68,11 +68,14 @@ def _check_input_hook(module: FeatureMap, args: tuple) -> None:
         module.check_input(args[0])
 
 
-def positive_int(argument: str, value: object) -> int:
-    """Return ``value`` as an int if it is an integer ≥ 1 (Python or NumPy), else raise
-    :class:`VariantError` naming ``argument``. Floats (even 2.0) and bools are refused."""
+def positive_int(argument: str, value: object, maximum: int = MAX_SIZE) -> int:
+    """Return ``value`` as an int if it is an integer in [1, ``maximum``] (Python or NumPy), else raise
+    :class:`VariantError` naming ``argument``. Floats (even 2.0) and bools are refused; so is a size above
+    torch's largest (:data:`~.errors.MAX_SIZE`), which raised torch's TypeError or an OverflowError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise bad_value(argument, value, "a positive integer (>= 1)")
+    if value > maximum:
+        raise VariantError(too_large(argument, value, maximum))
     return int(value)
 
 

@@ -120,8 +120,19 @@ class RunSpec:
         return self.variant
 
     def task_config(self):
-        """The task's typed config dataclass for this run."""
-        return TASKS[self.task].config_class(**self.config)
+        """The task's typed config dataclass for this run.
+
+        Raises:
+            FwbenchError: a config key the task does not have (a spec built in Python, not by the grid
+                loader, which refuses it first: the dataclass raised a bare ``TypeError``).
+        """
+        config_class = TASKS[self.task].config_class
+        unknown = sorted(set(self.config) - {field.name for field in fields(config_class)})
+        if unknown:
+            raise FwbenchError(f"config: got the key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}, "
+                               f"which task {self.task!r} does not have; expected keys of "
+                               f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
+        return config_class(**self.config)
 
     @property
     def label(self) -> str:
