@@ -78,12 +78,17 @@ def config_field_types(config_class: type) -> dict[str, type]:
 
 
 def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = ()) -> None:
-    """The range checks every task's ``validate`` shares: integer fields that must be ≥ 1 (``None``
-    allowed: unset), fields that must be ≥ 0, ``target_loss`` (a loss: ≥ 0) and the attention ``form``.
+    """The range checks every task's ``validate`` shares: integer fields (not bools) that must be ≥ 1 (``None``
+    allowed: unset), integer fields that must be ≥ 0, ``target_loss`` (a loss: ≥ 0) and the attention ``form``.
 
     Raises:
         ValueError: naming the first field out of range, its value and what is allowed.
     """
+    for name in (*positive, *non_negative):
+        value = getattr(config, name)
+        # a spec built in Python skips the grid loader's type check: True passed as 1, 64.0 as 64
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
+            raise ValueError(f"{name}: got {value!r}; expected an integer")
     for name in positive:
         value = getattr(config, name)
         if value is not None and value < 1:

@@ -3420,6 +3420,21 @@ def _(ctx):
     return answer
 
 
+@row("H91")
+def _(ctx):
+    """A RunSpec built in Python skips the grid loader's type check, and validate compared only ranges: S=True
+    trained as S = 1 would not (True >= 1), max_steps=2.0 trained, and LM eval_segments=True or 64.0 passed."""
+    store = ResultsStore(ctx.tmp_path / "r")
+    for task, config, name in (("shakespeare", {"eval_segments": True}, "eval_segments"),
+                               ("shakespeare", {"eval_segments": 64.0}, "eval_segments"),
+                               ("mqar", {"n_layers": 2.0}, "n_layers"), ("retrieval", {"S": True}, "S")):
+        spec = RunSpec(grid="g", task=task, variant="linear", seed=1, config=config)
+        assert f": {name}: got {config[name]!r}; expected an integer" in raised(FwbenchError, run_grid, [spec], store,
+                                                                                  quiet=True), (task, config)
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "max_steps": 2.0})
+    return raised(FwbenchError, run_grid, [spec], store, quiet=True)
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------
