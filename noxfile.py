@@ -63,7 +63,7 @@ def torch_requirement() -> tuple[str, list[str]]:
 def ensure_torch(session: nox.Session) -> None:
     has_torch = session.run(
         "python", "-c", "import importlib.util; print(importlib.util.find_spec('torch') is not None)",
-        silent=True,
+        silent=True, log=False,  # a probe: its command line is noise in the session's log
     )
     if "True" in (has_torch or ""):
         return
@@ -88,7 +88,8 @@ print(sys.executable, url)
 def install_stamp(session: nox.Session) -> str:
     """The interpreter, fwbench's install location and pyproject.toml's hash: equal stamps mean the
     last install still holds, so the ~10 s of a no-op pip run are skipped (the fast test loop)."""
-    where = (session.run("python", "-I", "-c", _PROBE, silent=True) or "").strip()  # -I: not the checkout's egg-info
+    # -I: not the checkout's egg-info; log=False: the probe's seven lines were echoed twice per session
+    where = (session.run("python", "-I", "-c", _PROBE, silent=True, log=False) or "").strip()
     return f"{where}\n{hashlib.sha256(Path('pyproject.toml').read_bytes()).hexdigest()}"
 
 
