@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from fwbench.variants import FORMS, chunk_size_in_use, parse_spec
-from fwbench.variants.errors import MAX_SIZE, too_large
+from fwbench.variants.errors import MAX_SIZE, shown, too_large
 from fwbench.variants.registry import form_in_use
 
 #: The most layers a task model builds. Each layer is a Python module made one by one, so a count no
@@ -88,15 +88,15 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
         value = getattr(config, name)
         # a spec built in Python skips the grid loader's type check: True passed as 1, 64.0 as 64
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):
-            raise ValueError(f"{name}: got {value!r}; expected an integer")
+            raise ValueError(f"{name}: got {shown(value)}; expected an integer")
     for name in positive:
         value = getattr(config, name)
         if value is not None and value < 1:
-            raise ValueError(f"{name}: got {value!r}; expected a positive integer (>= 1)")
+            raise ValueError(f"{name}: got {shown(value)}; expected a positive integer (>= 1)")
     for name in non_negative:
         value = getattr(config, name)
         if value < 0:
-            raise ValueError(f"{name}: got {value!r}; expected an integer >= 0")
+            raise ValueError(f"{name}: got {shown(value)}; expected an integer >= 0")
     for name in (*positive, *non_negative):
         value = getattr(config, name)
         maximum, why = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
@@ -104,7 +104,7 @@ def check_fields(config: Any, positive: tuple[str, ...] = (), non_negative: tupl
             raise ValueError(too_large(name, value, maximum, why))
     target_loss = getattr(config, "target_loss", None)
     if target_loss is not None and not target_loss >= 0:  # `not >=` also refuses NaN
-        raise ValueError(f"target_loss: got {target_loss!r}; expected a loss >= 0 (training stops once the "
+        raise ValueError(f"target_loss: got {shown(target_loss)}; expected a loss >= 0 (training stops once the "
                          "evaluation loss is at most it; losses are never negative, so below 0 it never would)")
     if getattr(config, "form", "auto") not in FORMS:
         raise ValueError(f"form: got {config.form!r}; expected one of {', '.join(FORMS)}")
@@ -127,7 +127,7 @@ def check_int(name: str, value: Any, minimum: int = 1, note: str = "", maximum: 
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         expected = "a positive integer (>= 1)" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name}: got {value!r}; expected {expected}{note}")
+        raise ValueError(f"{name}: got {shown(value)}; expected {expected}{note}")
     if value > maximum:
         raise ValueError(too_large(name, value, maximum, why))
     return int(value)

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from fwbench.variants.errors import shown
 from fwbench.variants.kernels import compiled_scores
 from fwbench.variants.kernels.double_backward import apply_unrecorded_in_inference_mode, grad_by_recomputation
 from fwbench.variants.kernels.dpfp import dpfp_composed
@@ -118,7 +119,7 @@ def table_scores(keys: KeyRows, query: Tensor, kind: str, nu: int = 0) -> Tensor
     # an integer as the feature maps take one (Python or NumPy, not a bool): isinstance(nu, int)
     # refused np.int64(2) as "not an integer" and took True as ν = 1
     if kind == "dpfp" and (isinstance(nu, bool) or not isinstance(nu, numbers.Integral) or not 1 <= nu <= d):
-        raise ValueError(f"nu: got {nu!r}; expected an integer in [1, d_key={d}] for kind='dpfp'")
+        raise ValueError(f"nu: got {shown(nu)}; expected an integer in [1, d_key={d}] for kind='dpfp'")
     nu = int(nu) if kind == "dpfp" else 0
     width = d if kind == "dot" else 2 * d * nu
     if query.shape != (keys.ids_a.shape[0], width):

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from fwbench.tasks.base import LAYERS_WHY, MAX_LAYERS, check_ids
 from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
 from fwbench.variants.checks import check_state_position
-from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, too_large
+from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, check_storage, too_large
 
 POSITIONAL = ("none", "learned")
 
@@ -81,11 +81,17 @@ class DecoderConfig:
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            # a NumPy int (np.int64(2)) is an integer too: it was refused as "expected a positive integer"
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
                 raise bad_value(name, value, "a positive integer (>= 1)")
             maximum, why = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
             if value > maximum:
                 raise VariantError(too_large(name, value, maximum, why))
+            object.__setattr__(self, name, int(value))
+        d_model = self.d_model
+        for name, rows in (("vocab_size", self.vocab_size), ("context", self.context), ("d_ff", self.d_ff)):
+            check_storage({name: rows, "d_model": d_model}, (rows, d_model), f"({name}, d_model) weight")
+        check_storage({"d_model": d_model}, (d_model, d_model), "(d_model, d_model) attention projection")
         if self.d_model % self.n_heads:
             raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
         # the types too: a string dropout raised a bare TypeError ('<='), and a truthy non-bool
@@ -288,8 +294,8 @@ class DecoderLM(nn.Module):
             (B, n_tokens) sampled ids and the per-layer states after the last one.
 
         Raises:
-            VariantError: empty prompt, negative ``n_tokens`` or ``temperature``, bad ``top_k``, a
-                ``generator`` that is not a ``torch.Generator``.
+            VariantError: empty prompt, negative ``n_tokens`` (or one whose (B, n_tokens) ids no tensor holds) or
+                ``temperature``, bad ``top_k``, a ``generator`` that is not a ``torch.Generator``.
         """
         # the types first: a list prompt raised AttributeError ('dim'), a string or None count, temperature or
         # top_k a bare TypeError ('<'), a float count or top_k one from range() or topk() after the prompt's
@@ -299,6 +305,9 @@ class DecoderLM(nn.Module):
             raise bad_value("prompt", got, "ids of shape (B, P) with P >= 1")
         if isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Integral) or n_tokens < 0:
             raise bad_value("n_tokens", n_tokens, "an integer >= 0")
+        n_tokens = int(n_tokens)
+        # 2**62 tokens generated until killed, and no tensor could have held them
+        check_storage({"n_tokens": n_tokens}, (prompt.shape[0], n_tokens), "(B, n_tokens) sampled ids")
         try:  # as a float: a Fraction passed the check and raised TypeError dividing the logits, an int
             # past float's range (10**400) raised OverflowError from math.isfinite
             value = math.nan if isinstance(temperature, bool) or not isinstance(temperature, numbers.Real) \

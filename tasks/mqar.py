@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from fwbench.tasks.base import LAYERS_WHY, MAX_LAYERS, check_fields, check_ids, check_int, forward_acting_config, variant_over
 from fwbench.variants import AttentionLayer, parse_spec
+from fwbench.variants.errors import check_storage, shown
 from fwbench.variants.kernels.precision import compute_dtype
 
 #: Label of a position that is not scored (as in Zoology and torch's cross_entropy default).
@@ -125,16 +126,18 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     except OverflowError:  # an int such as 10**400
         valid = False
     if not valid:
-        # a Fraction(1, 10**400) or an int 10**400 is > 0 and finite, but not as the float the power law takes
-        exact_but_not_float = (not isinstance(power_a, bool) and isinstance(power_a, numbers.Rational)
-                               and power_a > 0)
+        # a Fraction(1, 10**400), an int 10**400 or a long double 1e-4000 is > 0 and finite, but not as the
+        # float the power law takes
+        exact_but_not_float = (not isinstance(power_a, bool) and isinstance(power_a, numbers.Real)
+                               and math.inf > power_a > 0)
         rounds = "; it is not one as a float (0.0 or inf)" if exact_but_not_float else ""
-        raise ValueError(f"power_a: got {power_a!r}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1)){rounds}")
+        raise ValueError(f"power_a: got {shown(power_a)}; expected a finite number > 0 (p(gap = i) ∝ i^(a−1)){rounds}")
     power_a = float(power_a)  # a Fraction passed the check and raised a TypeError against a tensor
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: got {generator!r}; expected a torch.Generator")
     if not isinstance(random_non_queries, (bool, np.bool_)):
         raise ValueError(f"random_non_queries: got {random_non_queries!r}; expected True or False")
+    check_storage({"batch": batch, "seq_len": seq_len}, (batch, seq_len), "(batch, seq_len) inputs", ValueError)
     if seq_len % 2:
         raise ValueError(f"seq_len: got {seq_len}; expected an even number")
     if 4 * num_kv_pairs > seq_len:
@@ -150,7 +153,7 @@ def generate_mqar(batch: int, vocab_size: int, seq_len: int, num_kv_pairs: int, 
     space = (seq_len - context) // 2
     p = power_law_probabilities(space, power_a).float()
     if int((p > 0).sum()) < num_kv_pairs:  # multinomial without replacement would fail with a bare RuntimeError
-        raise ValueError(f"power_a: got {power_a!r}; with {space} possible query gaps, p(gap = i) ∝ i^(a−1) leaves "
+        raise ValueError(f"power_a: got {shown(power_a)}; with {space} possible query gaps, p(gap = i) ∝ i^(a−1) leaves "
                          f"{int((p > 0).sum())} gap(s) a non-zero probability in fp32, fewer than num_kv_pairs = "
                          f"{num_kv_pairs}; expected a smaller power_a")
     p = p.expand(batch, space)
@@ -202,6 +205,8 @@ class MQARModel(nn.Module):
         vocab_size, d_model, n_heads = (check_int(name, size) for name, size in (
             ("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads)))
         n_layers = check_int("n_layers", n_layers, maximum=MAX_LAYERS, why=LAYERS_WHY)
+        check_storage({"vocab_size": vocab_size, "d_model": d_model}, (vocab_size, d_model),
+                      "(vocab_size, d_model) embedding", ValueError)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))

@@ -30,6 +30,7 @@ from torch.nn.utils import skip_init
 
 from fwbench.tasks.base import acting_config, check_fields, check_ids, check_int, variant_over
 from fwbench.variants import build_attention, parse_spec, write_read_path
+from fwbench.variants.errors import check_storage, shown
 from fwbench.variants.kernels.precision import compute_dtype
 from fwbench.variants.rules.fwm import FWM
 from fwbench.variants.rules.sum import SUM
@@ -112,8 +113,10 @@ def check_sizes(setting: int, S: int, batch: int) -> tuple[int, int, int]:
     except ValueError:
         number = None
     if number not in (1, 2):
-        raise ValueError(f"setting: got {setting!r}; expected 1 (capacity) or 2 (overwriting)")
-    return number, check_int("S", S), check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
+        raise ValueError(f"setting: got {shown(setting)}; expected 1 (capacity) or 2 (overwriting)")
+    S, batch = check_int("S", S), check_int("batch", batch, 0, " (sequences; 0 draws an empty batch)")
+    check_storage({"batch": batch, "S": S}, (batch, 2 * S), "drawn (batch, 2·S) keys", ValueError)
+    return number, S, batch
 
 
 def last_occurrence_values(keys: Tensor, values: Tensor, queries: Tensor) -> tuple[Tensor, Tensor]:
@@ -179,6 +182,10 @@ def official_initial_weights(family: str, S: int, embedding_size: int, d_key: in
     S, embedding_size, d_key = (check_int(name, size) for name, size in (
         ("S", S), ("embedding_size", embedding_size), ("d_key", d_key)))
     token_size = S + embedding_size
+    check_storage({"S": S, "embedding_size": embedding_size}, (2 * S, embedding_size),
+                  "(2·S, embedding_size) key embedding", ValueError)
+    check_storage({"S": S, "embedding_size": embedding_size, "d_key": d_key}, (d_key, token_size),
+                  "(d_key, S + embedding_size) key projection", ValueError)
     with torch.no_grad():
         nn.Embedding(S, S)  # the value codes: their draw moves the RNG, the identity replaces them
         key_embedding = nn.Embedding(2 * S, embedding_size)
@@ -225,8 +232,13 @@ class RetrievalModel(nn.Module):
         S, d_key = check_int("S", S), check_int("d_key", d_key)
         if embedding_size is not None:
             embedding_size = check_int("embedding_size", embedding_size)
+        if embedding_size is None:  # derived from S: its tensors' sizes are S's (an error named embedding_size)
+            embedding_size = int(2.2 * S)
+            check_storage({"S": S}, (2 * S, embedding_size), "(2·S, 2.2·S) key embedding", ValueError)
+            check_storage({"S": S, "d_key": d_key}, (d_key, S + embedding_size), "(d_key, 3.2·S) key projection",
+                          ValueError)
         self.S = S
-        self.embedding_size = int(2.2 * S) if embedding_size is None else embedding_size
+        self.embedding_size = embedding_size
         family = model_family(variant)
         official = official_initial_weights(family, S, self.embedding_size, d_key)
         if official["W_beta"] is None:  # the softmax model has no W_β; drawn after the official weights
@@ -375,7 +387,7 @@ class RetrievalTask:
     def validate(self, config: RetrievalConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
         if config.setting not in (1, 2):
-            raise ValueError(f"setting: got {config.setting!r}; expected 1 (capacity) or 2 (overwriting)")
+            raise ValueError(f"setting: got {shown(config.setting)}; expected 1 (capacity) or 2 (overwriting)")
         check_fields(config, positive=("S", "d_key", "batch_size", "eval_every", "eval_sequences", "patience",
                                        "max_steps", "chunk_size"))
         if config.S < 2:

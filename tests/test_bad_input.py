@@ -475,13 +475,13 @@ def _(ctx):
     variant's own spec 'pm:a=b=1' (the one in its run records) read as the unknown parameter 'a'; a default
     of 0 gave 'pm:nu=0', which parse_spec refuses; a default '2' (str) gave 'pm:nu=2', parsed as 2."""
     for params in ({"a=b": 1}, {"a,b": 1}, {"n u": 1}, {"nu\n": 1}, {"": 1}, {3: 1}, {"nu": 0}, {"nu": -1},
-                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)], {"nu": 10 ** 5000}):
+                   {"nu": "2"}, {"nu": 1.5}, {"nu": True}, [("nu", 1)], {"nu": 10 ** 5000}, {"nu": 2**63}):
         assert raised(VariantError, variants.register_feature_map, "pm", variants.Tanh, params).startswith(
             "VariantError: params"), params
         assert "pm" not in variants.REGISTRY
     registry, maps = dict(variants.REGISTRY), dict(variants.FEATURE_MAPS)
     try:
-        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}), ("pm3", {"nu": 10 ** 4299}):  # accepted:
+        for name, params in ("pm1", {"nu": 2}), ("pm2", {"window": None}), ("pm3", {"nu": 2**63 - 1}):  # accepted:
             # their specs parse back
             variants.register_feature_map(name, variants.Tanh, params, non_negative=False)
             spec = variants.parse_spec(f"{name}-fwm")  # a map that may be negative: the FWM rule only
@@ -3381,7 +3381,7 @@ def _(ctx):
         message = raised(VariantError, call)
         assert message.startswith(f"VariantError: {name}: got ") and message.endswith(expected), message
     assert raised(VariantError, variants.AttentionLayer, "linear", 10**5000, 1) == (
-        f"VariantError: d_model: got an integer of about 5001 digits; {expected}")
+        f"VariantError: d_model: got an integer of 5001 digits; {expected}")
     return raised(VariantError, variants.AttentionLayer, "linear", 10**20, 1)
 
 
@@ -3397,6 +3397,9 @@ def _(ctx):
     assert raised(VariantError, DecoderConfig, vocab_size=5, n_layers=4097).endswith("expected at most 4096 "
                                                                                        "(a model's layers are built one by one)")
     assert DecoderConfig(vocab_size=5, n_layers=4096).n_layers == 4096
+    import numpy as np  # a NumPy int is an integer too: it was refused as "expected a positive integer (>= 1)"
+    config = DecoderConfig(vocab_size=np.int64(5), n_layers=np.int64(2))
+    assert (type(config.n_layers), config.n_layers, type(config.vocab_size)) == (int, 2, int)
     return raised(ValueError, MQARModel, "linear", 16, 8, n_layers=10**30)
 
 
@@ -3417,6 +3420,9 @@ def _(ctx):
     answer = raised(FwbenchError, run_grid, [spec], store, quiet=True)
     runs = ctx.tmp_path / "r" / "runs.jsonl"
     assert not runs.exists() or not runs.read_text().strip()  # refused before any record
+    unknown_task = RunSpec(grid="g", task="nosuchtask", variant="linear", seed=1, config={})
+    assert raised(FwbenchError, unknown_task.task_config) == (  # a bare KeyError before
+        "FwbenchError: task: got 'nosuchtask'; expected one of mqar, retrieval, shakespeare")
     return answer
 
 
@@ -3433,6 +3439,123 @@ def _(ctx):
                                                                                   quiet=True), (task, config)
     spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "max_steps": 2.0})
     return raised(FwbenchError, run_grid, [spec], store, quiet=True)
+
+
+@row("L126")
+def _(ctx):
+    """Break-it pass AL: a message about an integer of over 4300 digits raised Python's own ValueError ('Exceeds the
+    limit (4300 digits) for integer string conversion') while it was built, naming no argument: a negative size of
+    any such length (only too large ones were shown by their length). Integers of over 40 digits are now named by
+    their digit count (exact: 10**41 - 1 has 41)."""
+    for call, name in ((lambda: variants.AttentionLayer("linear", 8, 2, chunk_size=-10**5000), "chunk_size"),
+                       (lambda: DecoderConfig(vocab_size=-10**5000), "vocab_size")):
+        assert raised(VariantError, call) == (f"VariantError: {name}: got a negative integer of 5001 digits; "
+                                              "expected a positive integer (>= 1)")
+    assert raised(VariantError, variants.AttentionLayer, "linear", 10**41 - 1, 1).startswith(
+        "VariantError: d_model: got an integer of 41 digits; expected at most")
+    return raised(VariantError, variants.AttentionLayer, "linear", -10**5000, 2)
+
+
+@row("H92")
+def _(ctx):
+    """Break-it pass AL: task messages about integers of over 4300 digits raised Python's own ValueError while they
+    were built (check_int, sample_batch's setting, generate_mqar's power_a), and power_a of 400 digits filled the line."""
+    from fwbench.tasks.base import check_int
+    from fwbench.tasks.mqar import generate_mqar
+    from fwbench.tasks.retrieval import sample_batch
+
+    generator = torch.Generator()
+    assert raised(ValueError, sample_batch, 10**5000, 4, 2, generator) == (
+        "ValueError: setting: got an integer of 5001 digits; expected 1 (capacity) or 2 (overwriting)")
+    for power_a, shown in ((10**5000, "an integer of 5001 digits"), (-10**5000, "a negative integer of 5001 digits"),
+                           (fractions.Fraction(1, 10**5000), "Fraction(1, an integer of 5001 digits)")):
+        assert raised(ValueError, generate_mqar, 2, 64, 16, 2, power_a, generator).startswith(
+            f"ValueError: power_a: got {shown}; expected a finite number > 0"), power_a
+    return raised(ValueError, check_int, "S", -10**5000)
+
+
+@row("G134")
+def _(ctx):
+    """Break-it pass AL: a grid holding an integer of over 4300 digits (tomllib's int() refuses it) ended in a
+    traceback; so did one inside a variant spec (parse_spec's int()), and a softmax window above 2**63 - 1 passed the
+    loader and failed every run."""
+    digits = "9" * 5000
+    assert grid_error(ctx, TINY_GRID.replace('variant = "linear"', f'variant = "softmax:window={digits}"')).endswith(
+        "softmax:window: got an integer of 5000 digits; expected at most 9223372036854775807 (2**63 - 1, the largest "
+        "size a torch tensor has)")
+    assert grid_error(ctx, TINY_GRID.replace('variant = "linear"', 'variant = "softmax:window=9223372036854775808"')
+                      ).endswith("softmax:window: got 9223372036854775808; expected at most 9223372036854775807 "
+                                 "(2**63 - 1, the largest size a torch tensor has)")
+    return grid_error(ctx, TINY_GRID.replace("S = 3", f"S = {digits}"))
+
+
+@row("L127")
+def _(ctx):
+    """Break-it pass AL: each size in range, but n_heads · d_key (or d_value) above 2**63 - 1 raised torch's TypeError
+    ('Overflow when unpacking long long') from nn.Linear, and a product in range but past 2**63 - 1 bytes its
+    'Storage size calculation overflowed with sizes=[…]', naming no argument."""
+    assert raised(VariantError, variants.AttentionLayer, "linear", 8, 2, d_value=2**63 - 1).startswith(
+        "VariantError: d_model, n_heads, d_value: got 8, 2, 9223372036854775807; expected sizes whose")
+    assert raised(VariantError, variants.AttentionLayer, "linear", 2**40, 2**20).startswith(
+        "VariantError: d_model, n_heads, d_key: got 1099511627776, 1048576, 1048576; expected sizes whose")
+    assert variants.AttentionLayer("linear", 16, 2, d_key=2**20).q_proj.weight.shape == (2**21, 16)  # 256 MiB: built
+    return raised(VariantError, variants.AttentionLayer, "linear", 8, 2**62, d_key=4)
+
+
+@row("H93")
+def _(ctx):
+    """Break-it pass AL: task sizes each in range whose tensors no storage holds raised torch's 'Storage size
+    calculation overflowed with sizes=[…]' (a RuntimeError naming no argument); RetrievalModel(S=2**62) named an
+    embedding_size the user never gave (2.2 · S)."""
+    from fwbench.tasks.mqar import MQARModel, generate_mqar
+    from fwbench.tasks.retrieval import RetrievalModel, sample_batch
+
+    generator = torch.Generator()
+    for call, names in ((lambda: MQARModel("linear", 2**62, 8, n_heads=2, n_layers=1), "vocab_size, d_model"),
+                        (lambda: RetrievalModel("linear", 2**62, d_key=4), "S"),
+                        (lambda: RetrievalModel("linear", 4, d_key=4, embedding_size=2**62), "S, embedding_size"),
+                        (lambda: sample_batch(1, 4, 2**62, generator), "batch, S"),
+                        (lambda: generate_mqar(2, 64, 2**63 - 2, 4, 0.01, generator), "batch, seq_len")):
+        assert raised(ValueError, call).startswith(f"ValueError: {names}: got "), names
+    assert raised(VariantError, DecoderConfig, vocab_size=65, d_model=2**62, n_heads=2**62).startswith(
+        "VariantError: vocab_size, d_model: got 65, 4611686018427387904; expected sizes whose (vocab_size, d_model) "
+        "weight (65 × 4611686018427387904 elements) fits in 2**63 - 1 bytes")
+    return raised(ValueError, sample_batch, 1, 2**62, 2, generator)
+
+
+@row("H94")
+def _(ctx):
+    """Break-it pass AL: generate(n_tokens=2**62) (and `fwbench sample --tokens 2**62`) sampled until killed: no
+    tensor could hold the (B, n_tokens) ids it returns."""
+    import fwbench.tasks.lm_model as lm_model
+
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=1, d_ff=8))
+    assert model.generate(torch.tensor([[1]]), 3, 0)[0].shape == (1, 3)
+
+    def no_sampling(*args, **kwargs):  # the old code sampled for ever: fail at its first token instead of hanging
+        raise AssertionError("generate sampled a token of a length no tensor holds")
+
+    ctx.monkeypatch.setattr(lm_model, "sample_next", no_sampling)
+    return raised(VariantError, model.generate, torch.tensor([[1]]), 2**62)
+
+
+@row("C282")
+def _(ctx):
+    """Break-it pass AL: an in-range --steps of 2**63 - 2 was refused as 'retrieval config: max_steps: got 2**63',
+    naming a setting the user never gave (max_steps is --steps + 2)."""
+    return cli(ctx, "estimate", "capacity", "--profile", "quick", "--steps", str(2**63 - 2))
+
+
+@row("C283")
+def _(ctx):
+    """Break-it pass AL: a checkpoint whose config holds a key this version's config lacks raised the dataclass's
+    TypeError ('ShakespeareConfig.__init__() got an unexpected keyword argument') from `fwbench sample`."""
+    from fwbench.run.checkpoint import save_checkpoint
+
+    config = {**asdict(ShakespeareConfig()), "old_key": 1}
+    save_checkpoint(ctx.tmp_path / "run.pt", {"task": "shakespeare", "variant": "linear", "seed": 1, "config": config,
+                                              "model": {}, "loop": {"step": 1, "finished": True}})
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--tokens", "2")
 
 
 # ------------------------------------------------------------------------------------------------

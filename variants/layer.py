@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .attention import Attention
 from .checks import check_dense, check_finite
-from .errors import VariantError, bad_value, true_or_false
+from .errors import VariantError, bad_value, check_storage, true_or_false
 from .feature_maps import positive_int
 from .kernels.precision import autocast_on
 from .registry import VariantSpec, build_attention, parse_spec
@@ -70,6 +70,9 @@ class AttentionLayer(nn.Module):
             d_key = d_model // n_heads
         self.d_key = positive_int("d_key", d_key)
         self.d_value = positive_int("d_value", d_value if d_value is not None else self.d_key)
+        for size, name in ((self.d_key, "d_key"), (self.d_value, "d_value")):
+            check_storage({"d_model": self.d_model, "n_heads": self.n_heads, name: size},
+                          (self.n_heads * size, self.d_model), f"(n_heads · {name}, d_model) projection weight")
         self.attention: Attention = build_attention(self.spec, self.d_key, check_finite=check_finite, form=form,
                                                      chunk_size=chunk_size)
         H = self.n_heads

@@ -17,14 +17,13 @@ user's own module (see :mod:`variants.plugins`).
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from .attention import FORMS, Attention, FastWeightAttention, SoftmaxAttention
-from .errors import VariantError, bad_value, check_name, true_or_false
+from .errors import MAX_SIZE, VariantError, bad_value, check_name, too_large, true_or_false
 from .feature_maps import DPFP, EluPlusOne, Favor, FeatureMap, Tanh, positive_int
 from .rules import RULES, UpdateRule, add_rule
 
@@ -106,16 +105,10 @@ def _check_params(params: object) -> None:
         check_name(f"params key {key!r}", key)
         if default is not None and (type(default) is not int or default < 1):
             raise bad_value(f"params[{key!r}]", default, "a positive integer or None (the default a spec omits)")
-        # an int too long for str() (Python's int_max_str_digits, 4300 by default) was registered, and every
-        # str(spec) of it raised ValueError: `fwbench variants` and each run record, for every variant
-        limit = sys.get_int_max_str_digits()
-        if default is not None and limit and default.bit_length() > limit * 3:  # 3 bits ≤ 1 digit: str() may fail
-            try:
-                str(default)
-            except ValueError:
-                raise VariantError(f"params[{key!r}]: got an integer of {default.bit_length()} bits; expected a "
-                                   f"positive integer of at most {limit} digits or None (Python writes no longer "
-                                   "one in a spec, nor reads one back)") from None
+        # parse_spec reads no parameter above 2**63 - 1 (an int too long for str(), over 4300 digits, was
+        # registered too, and every str(spec) of it raised ValueError: `fwbench variants` and each run record)
+        if default is not None and default > MAX_SIZE:
+            raise VariantError(too_large(f"params[{key!r}]", default))
 
 
 def register_feature_map(name: str, factory: Callable[..., FeatureMap], params: dict[str, int | None] | None = None,
@@ -255,9 +248,17 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
             # int() also reads '3_0' (30) and other scripts' digits ('٣', '３': 3), which no spec should hold
             raise bad_value(f"{name}:{key}", value.strip(), "a positive integer" if not _int_reads(value.strip())
                             else "a positive integer in ASCII digits 0-9 (no '_' separators or other scripts' digits)")
+        digits = value.strip().lstrip("+-").lstrip("0")
+        if len(digits) > 19:  # beyond ±(2**63 - 1), and int() of over 4300 digits raised a ValueError of its own
+            negative = value.strip().startswith("-")
+            raise VariantError(f"{name}:{key}: got {'a negative' if negative else 'an'} integer of {len(digits)} digits; "
+                               "expected " + ("a positive integer (>= 1)" if negative else
+                                              f"at most {MAX_SIZE} (2**63 - 1, the largest size a torch tensor has)"))
         number = int(value.strip())
         if number < 1:
             raise bad_value(f"{name}:{key}", number, "a positive integer (>= 1)")
+        if number > MAX_SIZE:  # a softmax window of 2**63 passed the grid loader and failed every run
+            raise VariantError(too_large(f"{name}:{key}", number))
         params[key] = number
     return VariantSpec(name, params)
 

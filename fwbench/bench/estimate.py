@@ -58,6 +58,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
 from fwbench.variants import parse_spec
+from fwbench.variants.errors import MAX_SIZE
 
 #: Config keys that change how many steps a run takes or when it evaluates, not what one step costs.
 STEP_COST_FREE_KEYS = frozenset({"lr", "max_steps", "target_loss", "patience", "eval_every", "eval_sequences",
@@ -173,12 +174,16 @@ def measure_step_seconds(spec: RunSpec, steps: int = 3, device: torch.device | N
     no evaluation). With one torch thread (the runs' default) the step's work runs on this thread.
 
     Raises:
-        FwbenchError: ``steps`` < 1.
+        FwbenchError: ``steps`` < 1, or above 2**63 − 3 (the run's ``max_steps`` is ``steps + 2``: the error
+            named max_steps and a value the user never gave).
     """
     from fwbench.run.training import fit
 
     if steps < 1:
         raise FwbenchError(f"--steps: got {steps}; expected a positive integer")
+    if steps > MAX_SIZE - 2:
+        raise FwbenchError(f"--steps: got {steps}; expected at most {MAX_SIZE - 2} (2**63 - 3: two warm-up steps "
+                           "run first and a run's max_steps is at most 2**63 - 1)")
     config = replace(spec.task_config(), max_steps=steps + 2, eval_every=10**9)
     ends: list[float] = []
     fit(spec.task, spec.variant, config, spec.seed, device or torch.device("cpu"),

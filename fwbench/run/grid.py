@@ -120,19 +120,13 @@ class RunSpec:
         return self.variant
 
     def task_config(self):
-        """The task's typed config dataclass for this run.
+        """The task's typed config dataclass for this run (:func:`task_config_of`).
 
         Raises:
-            FwbenchError: a config key the task does not have (a spec built in Python, not by the grid
-                loader, which refuses it first: the dataclass raised a bare ``TypeError``).
+            FwbenchError: an unknown task, or a config key the task does not have (a spec built in Python,
+                not by the grid loader, which refuses both first).
         """
-        config_class = TASKS[self.task].config_class
-        unknown = sorted(set(self.config) - {field.name for field in fields(config_class)})
-        if unknown:
-            raise FwbenchError(f"config: got the key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}, "
-                               f"which task {self.task!r} does not have; expected keys of "
-                               f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
-        return config_class(**self.config)
+        return task_config_of(self.task, self.config)
 
     @property
     def label(self) -> str:
@@ -241,6 +235,9 @@ def load_grid(name_or_path: str | Path) -> Grid:
         raise FwbenchError(f"grid {shown}: malformed TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FwbenchError(f"grid {shown}: cannot read: {exc}") from None
+    except ValueError:  # tomllib's int() of over 4300 digits (int_max_str_digits) raised a bare traceback
+        raise FwbenchError(f"grid {shown}: an integer of over {sys.get_int_max_str_digits()} digits, which Python "
+                           "does not read; expected sizes of at most 2**63 - 1") from None
     unknown = set(data) - TOP_LEVEL_KEYS
     if unknown:
         raise FwbenchError(
@@ -488,6 +485,25 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     100) are caught as well as cells differing in one."""
     acting, normalised = _acting_config(spec)
     return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
+
+
+def task_config_of(task: str, config: dict[str, Any]):
+    """``config`` as the typed config dataclass of ``task`` (for a spec built in Python, a checkpoint's
+    config, a record's).
+
+    Raises:
+        FwbenchError: ``task`` unknown (a bare ``KeyError`` before), or a key of ``config`` the task's config
+            does not have (the dataclass raised a bare ``TypeError``: ``got an unexpected keyword argument``).
+    """
+    if task not in TASKS:
+        raise FwbenchError(f"task: got {task!r}; expected one of {', '.join(sorted(TASKS))}")
+    config_class = TASKS[task].config_class
+    unknown = sorted(set(config) - {field.name for field in fields(config_class)})
+    if unknown:
+        raise FwbenchError(f"config: got the key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}, "
+                           f"which task {task!r} does not have; expected keys of "
+                           f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
+    return config_class(**config)
 
 
 def _given_config(spec: RunSpec) -> dict[str, Any]:

@@ -14,8 +14,9 @@ import torch
 
 from fwbench.errors import FwbenchError
 from fwbench.run.checkpoint import load_checkpoint
+from fwbench.run.grid import task_config_of
 from fwbench.tasks.lm_model import DecoderLM
-from fwbench.tasks.shakespeare import ShakespeareConfig, ShakespeareTask, sample_text
+from fwbench.tasks.shakespeare import ShakespeareTask, sample_text
 
 
 def load_language_model(path: str | Path, device: torch.device) -> tuple[DecoderLM, dict]:
@@ -33,7 +34,10 @@ def load_language_model(path: str | Path, device: torch.device) -> tuple[Decoder
                            "<results-dir>/checkpoints/RUN_ID.pt")
     if saved.get("task") != ShakespeareTask.name:
         raise FwbenchError(f"--checkpoint: {str(path)!r} is from task {saved.get('task')!r}; expected shakespeare")
-    config = ShakespeareConfig(**saved["config"])
+    try:  # a key this version's config lacks raised the dataclass's bare TypeError
+        config = task_config_of(ShakespeareTask.name, saved["config"])
+    except FwbenchError as exc:
+        raise FwbenchError(f"--checkpoint: {str(path)!r} holds a config this version of fwbench cannot read: {exc}") from None
     vocabulary = "".join(chr(c) for c in saved["model"]["vocabulary_codes"].tolist())
     model = DecoderLM(saved["variant"], config.decoder_config(len(vocabulary)), vocabulary).to(device)
     model.load_state_dict(saved["model"])
