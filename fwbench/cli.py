@@ -39,6 +39,7 @@ from fwbench.run.grid import paper_grids_with
 from fwbench.run.launchers import LAUNCHERS, LaunchOptions, check_ray_resources
 from fwbench.tasks.corpus import DATA_DIR_ENV, CorpusError
 from fwbench.variants import VariantError, d_dot_of, import_variant_modules, list_variants, parse_spec
+from fwbench.variants.errors import MAX_SIZE
 from fwbench.variants.kernels.fla_dispatch import fla_enabled
 
 #: The grid ``fwbench capacity`` runs.
@@ -55,6 +56,8 @@ VARIANT_MODULE_COMMANDS = ("variants", "report", "bench", "probe")
 def _cmd_variants(args: argparse.Namespace) -> int:
     if args.d_key < 1:
         raise FwbenchError(f"--d-key: got {args.d_key}; expected a positive integer")
+    if args.d_key > MAX_SIZE:  # the table's header was printed, then refused as d_key (not --d-key)
+        raise FwbenchError(f"--d-key: got {args.d_key}; expected at most {MAX_SIZE} (2**63 - 1)")
     d_dot_header = f"d_dot (d_key={args.d_key})"
     print(f"{'variant':<20} {'rule':<8} {d_dot_header:<18} parameters (defaults)  description")
     for info in list_variants():

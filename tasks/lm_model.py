@@ -42,6 +42,18 @@ from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, check_sto
 POSITIONAL = ("none", "learned")
 
 
+def check_decoder_storage(vocab_size: int, d_model: int, d_ff: int, context: int, positional: str,
+                          error: type[ValueError] = VariantError) -> None:
+    """Refuse sizes whose decoder weights no tensor holds (:func:`~fwbench.variants.errors.check_storage`): the
+    (vocab_size, d_model) embedding, the (d_ff, d_model) feed-forward, the (d_model, d_model) attention
+    projections, and the (context, d_model) position embedding where ``positional`` is ``"learned"`` (only then
+    does it exist: a context of 10**17 without it was refused once, naming a tensor that was never built)."""
+    sizes = [("vocab_size", vocab_size), ("d_ff", d_ff)] + ([("context", context)] if positional == "learned" else [])
+    for name, rows in sizes:
+        check_storage({name: rows, "d_model": d_model}, (rows, d_model), f"({name}, d_model) weight", error)
+    check_storage({"d_model": d_model}, (d_model, d_model), "(d_model, d_model) attention projection", error)
+
+
 @dataclass(frozen=True)
 class DecoderConfig:
     """Shape of a :class:`DecoderLM`.
@@ -88,10 +100,7 @@ class DecoderConfig:
             if value > maximum:
                 raise VariantError(too_large(name, value, maximum, why))
             object.__setattr__(self, name, int(value))
-        d_model = self.d_model
-        for name, rows in (("vocab_size", self.vocab_size), ("context", self.context), ("d_ff", self.d_ff)):
-            check_storage({name: rows, "d_model": d_model}, (rows, d_model), f"({name}, d_model) weight")
-        check_storage({"d_model": d_model}, (d_model, d_model), "(d_model, d_model) attention projection")
+        check_decoder_storage(self.vocab_size, self.d_model, self.d_ff, self.context, self.positional)
         if self.d_model % self.n_heads:
             raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")
         # the types too: a string dropout raised a bare TypeError ('<='), and a truthy non-bool

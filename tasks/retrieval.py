@@ -21,6 +21,7 @@ S=600, which would saturate a softmax: it then stayed at loss 0.83 at S=500).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -182,6 +183,7 @@ def official_initial_weights(family: str, S: int, embedding_size: int, d_key: in
     S, embedding_size, d_key = (check_int(name, size) for name, size in (
         ("S", S), ("embedding_size", embedding_size), ("d_key", d_key)))
     token_size = S + embedding_size
+    check_storage({"S": S}, (S, S), "(S, S) value codes", ValueError)
     check_storage({"S": S, "embedding_size": embedding_size}, (2 * S, embedding_size),
                   "(2·S, embedding_size) key embedding", ValueError)
     check_storage({"S": S, "embedding_size": embedding_size, "d_key": d_key}, (d_key, token_size),
@@ -234,6 +236,7 @@ class RetrievalModel(nn.Module):
             embedding_size = check_int("embedding_size", embedding_size)
         if embedding_size is None:  # derived from S: its tensors' sizes are S's (an error named embedding_size)
             embedding_size = int(2.2 * S)
+            check_storage({"S": S}, (S, S), "(S, S) value codes", ValueError)
             check_storage({"S": S}, (2 * S, embedding_size), "(2·S, 2.2·S) key embedding", ValueError)
             check_storage({"S": S, "d_key": d_key}, (d_key, S + embedding_size), "(d_key, 3.2·S) key projection",
                           ValueError)
@@ -394,6 +397,18 @@ class RetrievalTask:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
         if config.lr <= 0 or config.embedding_factor <= 0:
             raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
+        if not math.isfinite(config.embedding_factor * config.S):  # int() of it raised OverflowError / ValueError
+            raise ValueError(f"embedding_factor: got {config.embedding_factor} with S={config.S}; expected a finite "
+                             "key embedding size embedding_factor × S")
+        # build_model passes int(embedding_factor · S) on: its errors named an embedding_size no grid sets
+        embedding_size = int(config.embedding_factor * config.S)
+        sizes = {"S": config.S, "embedding_factor": config.embedding_factor}
+        check_storage({"S": config.S}, (config.S, config.S), "(S, S) value codes", ValueError)
+        check_storage(sizes, (2 * config.S, embedding_size), "(2·S, embedding_factor·S) key embedding", ValueError)
+        check_storage({**sizes, "d_key": config.d_key}, (config.d_key, config.S + embedding_size),
+                      "(d_key, S + embedding_factor·S) key projection", ValueError)
+        check_storage({"batch_size": config.batch_size, "S": config.S}, (config.batch_size, 2 * config.S),
+                      "(batch_size, 2·S) key sequences", ValueError)
         if int(config.embedding_factor * config.S) < 1:
             raise ValueError(f"embedding_factor: got {config.embedding_factor} with S={config.S}, a key embedding of "
                              f"int({config.embedding_factor} × {config.S}) = 0 features; expected embedding_factor × S >= 1")

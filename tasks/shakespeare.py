@@ -29,6 +29,7 @@ from torch import Tensor
 
 from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
 from fwbench.variants import parse_spec
+from fwbench.variants.errors import check_storage
 from fwbench.variants.kernels.precision import compute_dtype
 
 from .corpus import CACHE_DIR_ENV, CORPUS_CHARACTERS, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
@@ -44,7 +45,7 @@ from .lm_evaluation import (
     token_losses,
     unigram_loss,
 )
-from .lm_model import POSITIONAL, DecoderConfig, DecoderLM
+from .lm_model import POSITIONAL, DecoderConfig, DecoderLM, check_decoder_storage
 
 SCHEDULES = ("constant", "noam")
 #: Validation segments per forward pass (at least; the training batch size if larger): evaluation
@@ -246,6 +247,11 @@ class ShakespeareTask:
                                    "stream_characters", "sliding_stride"))
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
+        # sizes no tensor holds passed the grid loader and failed every run (the vocabulary is the corpus's: 1 here)
+        check_decoder_storage(1, config.d_model, config.d_ff, config.context, config.positional, ValueError)
+        check_storage({"batch_size": config.batch_size, "context": config.context, "train_segments": config.train_segments},
+                      (config.batch_size, config.context * config.train_segments + 1),
+                      "(batch_size, context · train_segments + 1) training windows", ValueError)
         if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
             raise ValueError(f"lr, grad_clip, temperature: got {config.lr}, {config.grad_clip}, {config.temperature}; "
                              "expected lr > 0, grad_clip >= 0, temperature >= 0")

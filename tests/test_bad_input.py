@@ -3435,8 +3435,8 @@ def _(ctx):
                                ("shakespeare", {"eval_segments": 64.0}, "eval_segments"),
                                ("mqar", {"n_layers": 2.0}, "n_layers"), ("retrieval", {"S": True}, "S")):
         spec = RunSpec(grid="g", task=task, variant="linear", seed=1, config=config)
-        assert f": {name}: got {config[name]!r}; expected an integer" in raised(FwbenchError, run_grid, [spec], store,
-                                                                                  quiet=True), (task, config)
+        assert f"{task} config: {name}: got {config[name]!r} ({type(config[name]).__name__}); expected int" == raised(
+            FwbenchError, run_grid, [spec], store, quiet=True).removeprefix("FwbenchError: "), (task, config)
     spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "max_steps": 2.0})
     return raised(FwbenchError, run_grid, [spec], store, quiet=True)
 
@@ -3556,6 +3556,94 @@ def _(ctx):
     save_checkpoint(ctx.tmp_path / "run.pt", {"task": "shakespeare", "variant": "linear", "seed": 1, "config": config,
                                               "model": {}, "loop": {"step": 1, "finished": True}})
     return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--tokens", "2")
+
+
+@row("H95")
+def _(ctx):
+    """Break-it pass AM: a (context, d_model) position embedding is only built with positional = "learned"; the
+    storage check of 0ba325c refused a context of 10**17 without it, naming a tensor that was never built."""
+    assert DecoderConfig(vocab_size=65, d_model=128, n_heads=4, context=10**17).context == 10**17
+    return raised(VariantError, DecoderConfig, vocab_size=65, d_model=128, n_heads=4, context=10**17,
+                  positional="learned")
+
+
+@row("H96")
+def _(ctx):
+    """Break-it pass AM: with an empty batch the storage check counted 0 bytes, so sample_batch(1, 2**62, 0) raised
+    torch's 'Storage size calculation overflowed', generate_mqar(0, …, 2**62, …) likewise, and generate() of 2**62
+    tokens for B = 0 sampled until killed; RetrievalModel(2**31, embedding_size=1) overflowed in its (S, S) codes."""
+    import fwbench.tasks.lm_model as lm_model
+    from fwbench.tasks.mqar import generate_mqar
+    from fwbench.tasks.retrieval import RetrievalModel, sample_batch
+
+    generator = torch.Generator()
+    assert raised(ValueError, generate_mqar, 0, 512, 2**62, 1, 0.01, generator).startswith(
+        "ValueError: batch, seq_len: got 0, 4611686018427387904; expected sizes whose")
+    assert raised(ValueError, RetrievalModel, "linear", 2**31, embedding_size=1).startswith(
+        "ValueError: S: got 2147483648; expected sizes whose (S, S) value codes")
+    assert sample_batch(1, 4, 0, generator)["keys"].shape == (0, 4)  # an empty batch of sane sizes is drawn
+
+    def no_sampling(*args, **kwargs):
+        raise AssertionError("generate sampled a token of a length no tensor holds")
+
+    ctx.monkeypatch.setattr(lm_model, "sample_next", no_sampling)
+    model = DecoderLM("linear", DecoderConfig(vocab_size=5, d_model=4, n_heads=1, n_layers=1, d_ff=8))
+    assert raised(VariantError, model.generate, torch.zeros(0, 3, dtype=torch.long), 2**62).startswith(
+        "VariantError: n_tokens: got 4611686018427387904; expected sizes whose")
+    return raised(ValueError, sample_batch, 1, 2**62, 0, generator)
+
+
+@row("H97")
+def _(ctx):
+    """Break-it pass AM: a RunSpec built in Python with a value of the wrong type crashed in the run id before
+    validate's one-line check (S='4': "can't multiply sequence by non-int"; MQAR seq_len='64'; LM context=16.0;
+    a NumPy int, which json.dumps refuses; LM eval_segments=None; retrieval setting=1.0 and patience=None ran and
+    failed), and an MQAR seq_len of 2**62 raised torch's RuntimeError from the run id's gap distribution. The
+    grid loader's type check and validate now run first."""
+    import numpy as np
+
+    store = ResultsStore(ctx.tmp_path / "r")
+    for task, config, answer in (
+            ("mqar", {"seq_len": "64"}, "seq_len: got '64' (str); expected int"),
+            ("shakespeare", {"context": 16.0}, "context: got 16.0 (float); expected int"),
+            ("retrieval", {"S": np.int64(4)}, "S: got np.int64(4) (int64); expected int"),
+            ("shakespeare", {"eval_segments": None}, "eval_segments: got None (NoneType); expected int"),
+            ("retrieval", {"setting": 1.0}, "setting: got 1.0 (float); expected int"),
+            ("retrieval", {"patience": None}, "patience: got None (NoneType); expected int"),
+            ("mqar", {"seq_len": 2**62}, "batch_size, seq_len: got 64, 4611686018427387904; expected sizes whose")):
+        spec = RunSpec(grid="g", task=task, variant="linear", seed=1, config=config)
+        assert raised(FwbenchError, run_grid, [spec], store, quiet=True).startswith(
+            f"FwbenchError: {task} config: {answer}"), (task, config)
+    assert RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "chunk_size": None}).run_id
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": "4"})
+    return raised(FwbenchError, run_grid, [spec], store, quiet=True)
+
+
+@row("G135")
+def _(ctx):
+    """Break-it pass AM: grid sizes whose tensors no storage holds passed the loader and failed every run, and
+    the messages named what the user never set: retrieval S = 2**62 as 'embedding_size: got 10145709240540254208'
+    (build_model's int(embedding_factor · S)), an MQAR seq_len as 'batch, seq_len: got 1, …' (validate's trial
+    draw of one sequence); a Shakespeare d_ff = 2**62 passed the loader."""
+    assert grid_error(ctx, MQAR_GRID.replace("seq_len = 8", f"seq_len = {2**62}")).startswith(
+        "FwbenchError: grid m profile quick: batch_size, seq_len: got 64, 4611686018427387904; expected sizes whose")
+    assert "d_ff, d_model: got 4611686018427387904, " in grid_error(ctx, LM_GRID + f"d_ff = {2**62}\n")
+    return grid_error(ctx, TINY_GRID.replace("S = 3", f"S = {2**40}"))
+
+
+@row("C284")
+def _(ctx):
+    """Break-it pass AM: `fwbench sample --tokens 2**62` was refused as 'n_tokens: got …', an argument the command
+    does not have (only negative counts were named --tokens)."""
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--tokens", str(2**62))
+
+
+@row("C285")
+def _(ctx):
+    """Break-it pass AM: `fwbench variants --d-key 2**63` printed the table's header, then refused 'd_key'."""
+    answer = cli(ctx, "variants", "--d-key", str(2**63))
+    assert "d_dot" not in ctx.capsys.readouterr().out
+    return answer
 
 
 # ------------------------------------------------------------------------------------------------

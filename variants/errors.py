@@ -66,18 +66,22 @@ STORAGE_ITEMSIZE = 8
 def check_storage(sizes: dict[str, int], shape: tuple[int, ...], tensor: str, error: type[ValueError] = VariantError
                   ) -> None:
     """Refuse ``sizes`` (argument → value, each already checked) whose ``tensor`` of ``shape`` torch cannot hold:
-    more than 2**63 − 1 bytes at :data:`STORAGE_ITEMSIZE` bytes per element. Each size was in range, but torch
-    raised ``RuntimeError: Storage size calculation overflowed with sizes=[…]``, naming no argument, or (for a
-    product above 2**63 − 1, as ``n_heads · d_key``) its ``TypeError``. Sizes torch can index but no memory
-    holds still end in the allocator's error, which names the bytes asked for.
+    more than 2**63 − 1 bytes at :data:`STORAGE_ITEMSIZE` bytes per element, an empty dimension counted as one.
+    Each size was in range, but torch raised ``RuntimeError: Storage size calculation overflowed with
+    sizes=[…]``, naming no argument, or (for a product above 2**63 − 1, as ``n_heads · d_key``) its
+    ``TypeError``. Sizes torch can index but no memory holds still end in the allocator's error, which names
+    the bytes asked for.
 
     Raises:
         ``error``: ``NAMES: got VALUES; expected sizes whose TENSOR (SHAPE elements) fits in 2**63 - 1 bytes``.
     """
-    if math.prod(shape) * STORAGE_ITEMSIZE > MAX_SIZE:
-        written = " × ".join(shown(n) for n in shape)
+    # an empty dimension (batch 0) counts as one: torch still sizes the other dimensions (a (0, 2**62) draw and
+    # generate() of 2**62 tokens for B = 0 passed the check as 0 bytes and overflowed or sampled until killed)
+    if math.prod(max(n, 1) for n in shape) * STORAGE_ITEMSIZE > MAX_SIZE:
+        written = " × ".join(shown(n) for n in shape) + " elements" + ("; an empty dimension counts as one" if 0 in shape
+                                                                     else "")
         raise error(f"{', '.join(sizes)}: got {', '.join(shown(v) for v in sizes.values())}; expected sizes whose "
-                    f"{tensor} ({written} elements) fits in 2**63 - 1 bytes (torch's largest tensor, at "
+                    f"{tensor} ({written}) fits in 2**63 - 1 bytes (torch's largest tensor, at "
                     f"{STORAGE_ITEMSIZE} bytes per element)")
 
 

@@ -249,7 +249,7 @@ def parse_spec(spec: str | VariantSpec) -> VariantSpec:
             raise bad_value(f"{name}:{key}", value.strip(), "a positive integer" if not _int_reads(value.strip())
                             else "a positive integer in ASCII digits 0-9 (no '_' separators or other scripts' digits)")
         digits = value.strip().lstrip("+-").lstrip("0")
-        if len(digits) > 19:  # beyond ±(2**63 - 1), and int() of over 4300 digits raised a ValueError of its own
+        if len(digits) > 40:  # int() of over 4300 digits raised a ValueError of its own; shown() names these by length
             negative = value.strip().startswith("-")
             raise VariantError(f"{name}:{key}: got {'a negative' if negative else 'an'} integer of {len(digits)} digits; "
                                "expected " + ("a positive integer (>= 1)" if negative else

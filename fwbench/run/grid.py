@@ -48,6 +48,7 @@ from fwbench.errors import FwbenchError, one_line
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
+from fwbench.variants.errors import shown
 from fwbench.variants.kernels.chunking import chunk_length
 from fwbench.variants.registry import check_spec
 
@@ -303,7 +304,7 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not ok:
-        raise FwbenchError(f"{where}: {key}: got {value!r} ({type(value).__name__}); expected {expected.__name__}")
+        raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
     if expected is float and value == 0:
@@ -503,7 +504,13 @@ def task_config_of(task: str, config: dict[str, Any]):
         raise FwbenchError(f"config: got the key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}, "
                            f"which task {task!r} does not have; expected keys of "
                            f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
-    return config_class(**config)
+    # the grid loader's type check, for a spec built in Python: S='4', context=16.0, a NumPy int (which json.dumps
+    # of the run id refuses) or None where no default is None crashed in the run id or the run with a bare TypeError
+    types = config_field_types(config_class)
+    nullable = {field.name for field in fields(config_class) if field.default is None}
+    typed = {key: value if value is None and key in nullable else _check_value(f"{task} config", key, value, types[key])
+             for key, value in config.items()}
+    return config_class(**typed)
 
 
 def _given_config(spec: RunSpec) -> dict[str, Any]:
@@ -516,7 +523,19 @@ def _hashed_config(spec: RunSpec) -> dict[str, Any]:
     """The config :attr:`RunSpec.run_id` hashes: the task's ``acting_config`` as given, except each key whose value
     :func:`_acting_config` normalises: its default where the default acts the same (so the id of a run stored
     with the default is kept, and every value that acts as the default shares it), else the value it acts as
-    (two values that act alike, neither as the default, share that)."""
+    (two values that act alike, neither as the default, share that).
+
+    Raises:
+        FwbenchError: a config the task's ``validate`` refuses (a spec built in Python: the grid loader validates
+            first), before any value is normalised: MQAR's seq_len = 2**62 raised torch's RuntimeError from the
+            gap distribution ``values_as_they_act`` computes.
+    """
+    try:
+        TASKS[spec.task].validate(spec.task_config())
+    except FwbenchError:
+        raise
+    except ValueError as exc:  # VariantError is one
+        raise FwbenchError(f"{spec.task} config: {exc}") from None
     acting, normalised = _acting_config(spec)
     hashed = _given_config(spec)
     defaults, given = config_defaults(spec.task), asdict(spec.task_config())  # a spec may name only some keys

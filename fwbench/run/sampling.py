@@ -17,6 +17,7 @@ from fwbench.run.checkpoint import load_checkpoint
 from fwbench.run.grid import task_config_of
 from fwbench.tasks.lm_model import DecoderLM
 from fwbench.tasks.shakespeare import ShakespeareTask, sample_text
+from fwbench.variants.errors import MAX_SIZE, STORAGE_ITEMSIZE
 
 
 def load_language_model(path: str | Path, device: torch.device) -> tuple[DecoderLM, dict]:
@@ -57,6 +58,9 @@ def sample_from_checkpoint(path: str | Path, prompt: str, tokens: int, temperatu
     """
     if tokens < 0:
         raise FwbenchError(f"--tokens: got {tokens}; expected an integer >= 0")
+    if tokens > MAX_SIZE // STORAGE_ITEMSIZE:  # generate() refused it as n_tokens, an argument this command has not
+        raise FwbenchError(f"--tokens: got {tokens}; expected at most {MAX_SIZE // STORAGE_ITEMSIZE} (the sampled ids' "
+                           "tensor holds at most 2**63 - 1 bytes)")
     if not math.isfinite(temperature) or temperature < 0:
         raise FwbenchError(f"--temperature: got {temperature}; expected a finite number >= 0 (0 = greedy)")
     if not 0 <= seed < 2**63:
