@@ -278,8 +278,9 @@ class MQARTask:
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
         # named as the config names them: the trial draw below is of one sequence ("batch, seq_len: got 1, …")
-        check_storage({"batch_size": config.batch_size, "seq_len": config.seq_len}, (config.batch_size, config.seq_len),
-                      "(batch_size, seq_len) inputs", ValueError)
+        for name in ("batch_size", "eval_sequences"):  # eval_sequences = 2**62 trained, then failed naming 'batch'
+            check_storage({name: getattr(config, name), "seq_len": config.seq_len},
+                          (getattr(config, name), config.seq_len), f"({name}, seq_len) inputs", ValueError)
         try:  # one sequence drawn: the generator's own constraints between the sizes
             generate_mqar(1, config.vocab_size, config.seq_len, config.num_kv_pairs, config.power_a,
                           torch.Generator().manual_seed(0), config.random_non_queries)

@@ -407,8 +407,9 @@ class RetrievalTask:
         check_storage(sizes, (2 * config.S, embedding_size), "(2·S, embedding_factor·S) key embedding", ValueError)
         check_storage({**sizes, "d_key": config.d_key}, (config.d_key, config.S + embedding_size),
                       "(d_key, S + embedding_factor·S) key projection", ValueError)
-        check_storage({"batch_size": config.batch_size, "S": config.S}, (config.batch_size, 2 * config.S),
-                      "(batch_size, 2·S) key sequences", ValueError)
+        for name in ("batch_size", "eval_sequences"):  # eval_sequences = 2**62 trained, then failed naming 'batch'
+            check_storage({name: getattr(config, name), "S": config.S}, (getattr(config, name), 2 * config.S),
+                          f"({name}, 2·S) key sequences", ValueError)
         if int(config.embedding_factor * config.S) < 1:
             raise ValueError(f"embedding_factor: got {config.embedding_factor} with S={config.S}, a key embedding of "
                              f"int({config.embedding_factor} × {config.S}) = 0 features; expected embedding_factor × S >= 1")

@@ -252,6 +252,9 @@ class ShakespeareTask:
         check_storage({"batch_size": config.batch_size, "context": config.context, "train_segments": config.train_segments},
                       (config.batch_size, config.context * config.train_segments + 1),
                       "(batch_size, context · train_segments + 1) training windows", ValueError)
+        # sample_tokens = 2**62 passed, and the run failed at its end, after training, in generate()
+        check_storage({"sample_tokens": config.sample_tokens}, (1, config.sample_tokens), "(1, sample_tokens) sampled ids",
+                      ValueError)
         if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
             raise ValueError(f"lr, grad_clip, temperature: got {config.lr}, {config.grad_clip}, {config.temperature}; "
                              "expected lr > 0, grad_clip >= 0, temperature >= 0")

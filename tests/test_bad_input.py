@@ -3646,6 +3646,24 @@ def _(ctx):
     return answer
 
 
+@row("G136")
+def _(ctx):
+    """Break-it pass AN: eval_sequences = 2**62 passed the loader, trained, then failed naming 'batch' (a key no grid
+    sets); a Shakespeare sample_tokens = 2**62 failed at the run's end, after training."""
+    assert "sample_tokens: got 4611686018427387904; expected sizes whose (1, sample_tokens) sampled ids" in grid_error(
+        ctx, LM_GRID + f"sample_tokens = {2**62}\n")
+    assert "eval_sequences, seq_len: got 4611686018427387904, 8; expected sizes whose" in grid_error(
+        ctx, MQAR_GRID + f"eval_sequences = {2**62}\n")
+    return grid_error(ctx, TINY_GRID.replace("eval_sequences = 2", f"eval_sequences = {2**62}"))
+
+
+@row("G137")
+def _(ctx):
+    """Break-it pass AN: an integer past float's range in a float key (lr = 1 and 400 zeros) raised a bare
+    OverflowError from the grid loader's int-to-float conversion."""
+    return grid_error(ctx, TINY_GRID.replace("max_steps = 2", f"max_steps = 2\nlr = {10**400}"))
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -302,7 +302,10 @@ def _schedule_warnings(grid_name: str, profile: str, specs: list[RunSpec]) -> li
 def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     ok = isinstance(value, expected) and not (expected is not bool and isinstance(value, bool))
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # lr = 1 followed by 400 zeros: a bare traceback
+            raise FwbenchError(f"{where}: {key}: got {shown(value)}; expected a finite number") from None
     if not ok:
         raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
@@ -505,12 +508,26 @@ def task_config_of(task: str, config: dict[str, Any]):
                            f"which task {task!r} does not have; expected keys of "
                            f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
     # the grid loader's type check, for a spec built in Python: S='4', context=16.0, a NumPy int (which json.dumps
-    # of the run id refuses) or None where no default is None crashed in the run id or the run with a bare TypeError
-    types = config_field_types(config_class)
-    nullable = {field.name for field in fields(config_class) if field.default is None}
-    typed = {key: value if value is None and key in nullable else _check_value(f"{task} config", key, value, types[key])
-             for key, value in config.items()}
-    return config_class(**typed)
+    # of the run id refuses) or None where no default is None crashed in the run id or the run with a bare TypeError.
+    # Checked, not converted: an int lr stays an int, so the run ids of such specs are the ones they always had.
+    for field in fields(config_class):
+        if field.name not in config:
+            continue
+        value, expected = config[field.name], _plain_type(field)
+        nullable = field.default is None or "None" in str(field.type)
+        if expected is not None and not (value is None and nullable):
+            _check_value(f"{task} config", field.name, value, expected)
+    return config_class(**config)
+
+
+def _plain_type(field: Any) -> type | None:
+    """The type a config field's annotation names where it is int, float, str or bool (``| None`` allowed), else
+    ``None``: a field a task annotates otherwise (``tuple[int, ...]``) is not checked (config_field_types read it as
+    str, and a registered task's own default was refused)."""
+    plain = {"int": int, "float": float, "str": str, "bool": bool}
+    if isinstance(field.type, type):
+        return field.type if field.type in plain.values() else None
+    return plain.get(str(field.type).replace(" ", "").removesuffix("|None"))
 
 
 def _given_config(spec: RunSpec) -> dict[str, Any]:

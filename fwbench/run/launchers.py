@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import math
 import multiprocessing
 import os
@@ -82,8 +83,14 @@ def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
     which every rewrite of the line (jq -c, sed, an editor) keeps as it is; see :func:`fwbench.run.store._failure_key`.
     """
     message = error if isinstance(error, str) else "".join(traceback.format_exception_only(error)).strip()
+    try:
+        run_id = spec.run_id
+    except Exception:  # noqa: BLE001 -- a spec its task refuses (S=1, lr='x'), launched without run_grid's checks:
+        # the run id validates it and raised again here, so the good runs launched with it lost their records
+        run_id = hashlib.sha256(repr((spec.task, spec.variant, spec.seed, sorted(spec.config.items(), key=str)))
+                                .encode()).hexdigest()[:16]
     return {
-        "run_id": spec.run_id, "grid": spec.grid, "task": spec.task,
+        "run_id": run_id, "grid": spec.grid, "task": spec.task,
         "variant": {"spec": spec.variant}, "seed": spec.seed, "config": spec.config,
         "status": "failed", "error": message, "attempt": uuid.uuid4().hex,
         "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,

@@ -58,6 +58,21 @@ def test_a_run_that_raises_in_a_worker_is_a_failed_record_and_the_others_finish(
 
 
 @pytest.mark.slow
+def test_a_spec_its_task_refuses_is_a_failed_record_and_the_others_finish():
+    """Break-it pass AN: the run id validates its config since 055c9e7, so failed_record's own spec.run_id raised
+    again for a spec its task refuses (S=1, lr='x'), and the good run launched with it lost its record."""
+    config = {"setting": 1, "S": 4, "batch_size": 8, "d_key": 8, "max_steps": 3, "eval_every": 3, "eval_sequences": 4}
+    good = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config=config)
+    bad = [RunSpec(grid="g", task="retrieval", variant="linear", seed=2, config={**config, "S": 1}),
+           RunSpec(grid="g", task="retrieval", variant="linear", seed=3, config={**config, "lr": "x"})]
+    records = list(launch_local_jobs([*bad, good], LaunchOptions(jobs=2, device="cpu")))
+    failed = sorted(r["error"] for r in records if r["status"] == "failed")
+    assert len(records) == 3 and len(failed) == 2
+    assert "S: got 1; expected at least 2 keys" in failed[0] and "lr: got 'x' (str); expected float" in failed[1]
+    assert [r["steps"] for r in records if r["run_id"] == good.run_id] == [3]
+
+
+@pytest.mark.slow
 def test_killed_parent_of_two_jobs_resumes_with_no_lost_or_duplicated_record(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(GRID)

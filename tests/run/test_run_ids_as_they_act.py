@@ -58,3 +58,24 @@ def test_a_run_whose_values_are_the_defaults_keeps_the_id_it_had(task, config):
     assert spec.run_id == spec.given_id
     moved = RunSpec("g", task, "linear", 1, {**asdict(config), "patience": 10**6 + 7, "max_steps": 4, "eval_every": 2})
     assert moved.run_id != moved.given_id  # a patience no run can exhaust acts as the 2 evaluations scheduled
+
+
+def test_a_python_spec_is_type_checked_but_hashed_as_given():
+    """Break-it pass AN: task_config_of converted the values it checked (an int lr to 1.0), so the run id of a
+    spec built in Python with lr=1 changed (b880be672634027d at 361cd0b) and its stored runs would retrain; a
+    field annotated other than int/float/str/bool (a registered task's tuple) was checked as a str and its own
+    default refused."""
+    from dataclasses import dataclass, fields
+
+    from fwbench.run.grid import _plain_type
+
+    assert RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "lr": 1}).run_id == \
+        "b880be672634027d"
+
+    @dataclass
+    class Annotated:
+        lengths: tuple[int, ...] = (1, 2)
+        extra: int | None = 3
+        rate: float = 0.5
+
+    assert [_plain_type(field) for field in fields(Annotated)] == [None, int, float]
