@@ -397,9 +397,13 @@ class RetrievalTask:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
         if config.lr <= 0 or config.embedding_factor <= 0:
             raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
-        if not math.isfinite(config.embedding_factor * config.S):  # int() of it raised OverflowError / ValueError
-            raise ValueError(f"embedding_factor: got {config.embedding_factor} with S={config.S}; expected a finite "
-                             "key embedding size embedding_factor × S")
+        try:  # an int factor (a spec built in Python) times S: float() of it overflows past 1.8e308
+            size = float(config.embedding_factor) * config.S
+        except OverflowError:
+            size = math.inf
+        if not math.isfinite(size):  # int() of it raised OverflowError / ValueError
+            raise ValueError(f"embedding_factor: got {shown(config.embedding_factor)} with S={config.S}; expected a "
+                             "finite key embedding size embedding_factor × S")
         # build_model passes int(embedding_factor · S) on: its errors named an embedding_size no grid sets
         embedding_size = int(config.embedding_factor * config.S)
         sizes = {"S": config.S, "embedding_factor": config.embedding_factor}

@@ -3610,7 +3610,10 @@ def _(ctx):
             ("shakespeare", {"eval_segments": None}, "eval_segments: got None (NoneType); expected int"),
             ("retrieval", {"setting": 1.0}, "setting: got 1.0 (float); expected int"),
             ("retrieval", {"patience": None}, "patience: got None (NoneType); expected int"),
-            ("mqar", {"seq_len": 2**62}, "batch_size, seq_len: got 64, 4611686018427387904; expected sizes whose")):
+            ("mqar", {"seq_len": 2**62}, "batch_size, seq_len: got 64, 4611686018427387904; expected sizes whose"),
+            # break-it pass AO: an int factor, checked and no longer converted, overflowed float() (OverflowError)
+            ("retrieval", {"S": 4, "embedding_factor": 10**308},
+             "embedding_factor: got an integer of 309 digits with S=4; expected a finite key embedding size")):
         spec = RunSpec(grid="g", task=task, variant="linear", seed=1, config=config)
         assert raised(FwbenchError, run_grid, [spec], store, quiet=True).startswith(
             f"FwbenchError: {task} config: {answer}"), (task, config)

@@ -87,14 +87,23 @@ def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
         run_id = spec.run_id
     except Exception:  # noqa: BLE001 -- a spec its task refuses (S=1, lr='x'), launched without run_grid's checks:
         # the run id validates it and raised again here, so the good runs launched with it lost their records
-        run_id = hashlib.sha256(repr((spec.task, spec.variant, spec.seed, sorted(spec.config.items(), key=str)))
-                                .encode()).hexdigest()[:16]
+        run_id = _id_as_given(spec)
     return {
         "run_id": run_id, "grid": spec.grid, "task": spec.task,
         "variant": {"spec": spec.variant}, "seed": spec.seed, "config": spec.config,
         "status": "failed", "error": message, "attempt": uuid.uuid4().hex,
         "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,
     }
+
+
+def _id_as_given(spec: RunSpec) -> str:
+    """A key for the failed record of a spec that has no run id (16 hex digits): a hash of the spec as given, or,
+    where even its repr fails (an int of over 4300 digits, a config that is no dict), of this one try."""
+    try:
+        text = repr((spec.task, spec.variant, spec.seed, sorted(dict(spec.config).items(), key=str)))
+    except Exception:  # noqa: BLE001 -- the fallback of a fallback: the failed record must be made
+        text = f"unreadable spec {uuid.uuid4().hex}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path | None = None,

@@ -147,3 +147,16 @@ def test_a_store_refusal_under_jobs_stops_the_workers_and_names_every_run_not_st
     while any(alive(worker) for worker in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [worker for worker in workers if alive(worker)]
+
+
+@pytest.mark.parametrize("config, seed", [({"S": 10**5000}, 1), (None, 1), ([("S", 4)], 1), ({"S": 4}, 10**5000)],
+                         ids=["5001-digit S", "config None", "config a list", "5001-digit seed"])
+def test_a_spec_without_a_run_id_or_a_repr_still_gets_a_failed_record(config, seed):
+    """Break-it pass AO: failed_record's fallback key (a hash of the spec's repr) raised ValueError for an int of over
+    4300 digits and AttributeError for a config that is no dict, so launch_local_jobs lost the good runs' records."""
+    from fwbench.run.launchers import failed_record
+
+    record = failed_record(RunSpec(grid="g", task="retrieval", variant="linear", seed=seed, config=config),
+                           ValueError("refused"))
+    assert record["status"] == "failed" and record["error"] == "ValueError: refused"
+    assert len(record["run_id"]) == 16 and int(record["run_id"], 16) >= 0
