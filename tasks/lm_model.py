@@ -37,7 +37,8 @@ from torch import Tensor, nn
 from fwbench.tasks.base import LAYERS_WHY, MAX_LAYERS, check_ids
 from fwbench.variants import AttentionLayer, VariantSpec, parse_spec, using_form
 from fwbench.variants.checks import check_state_position
-from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, check_storage, too_large
+from fwbench.variants.errors import MAX_SIZE, VariantError, bad_value, check_storage
+from fwbench.variants.feature_maps import positive_int
 
 POSITIONAL = ("none", "learned")
 
@@ -92,14 +93,9 @@ class DecoderConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_heads", "n_layers", "d_ff", "context"):
-            value = getattr(self, name)
-            # a NumPy int (np.int64(2)) is an integer too: it was refused as "expected a positive integer"
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-                raise bad_value(name, value, "a positive integer (>= 1)")
-            maximum, why = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
-            if value > maximum:
-                raise VariantError(too_large(name, value, maximum, why))
-            object.__setattr__(self, name, int(value))
+            # positive_int takes NumPy ints too (np.int64(2) was refused as "expected a positive integer")
+            limit = (MAX_LAYERS, LAYERS_WHY) if name == "n_layers" else (MAX_SIZE, "")
+            object.__setattr__(self, name, positive_int(name, getattr(self, name), *limit))
         check_decoder_storage(self.vocab_size, self.d_model, self.d_ff, self.context, self.positional)
         if self.d_model % self.n_heads:
             raise bad_value("d_model", self.d_model, f"a multiple of n_heads={self.n_heads}")

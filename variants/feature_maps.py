@@ -68,14 +68,14 @@ def _check_input_hook(module: FeatureMap, args: tuple) -> None:
         module.check_input(args[0])
 
 
-def positive_int(argument: str, value: object, maximum: int = MAX_SIZE) -> int:
+def positive_int(argument: str, value: object, maximum: int = MAX_SIZE, why: str = "") -> int:
     """Return ``value`` as an int if it is an integer in [1, ``maximum``] (Python or NumPy), else raise
     :class:`VariantError` naming ``argument``. Floats (even 2.0) and bools are refused; so is a size above
     torch's largest (:data:`~.errors.MAX_SIZE`), which raised torch's TypeError or an OverflowError."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise bad_value(argument, value, "a positive integer (>= 1)")
     if value > maximum:
-        raise VariantError(too_large(argument, value, maximum))
+        raise VariantError(too_large(argument, value, maximum, why))
     return int(value)
 
 
