@@ -53,7 +53,9 @@ LOGGED_REFRESH_S = 30.0
 
 
 def _progress_bar(total: int, quiet: bool):
-    """A tqdm bar over runs and the per-step callback that shows a run's step and loss on it.
+    """A tqdm bar over runs, the per-step callback that shows a run's step and loss on it, and ``begin(label)``,
+    which names the run now training and clears the step and loss of the run before it: a run that diverged at
+    step 1 was shown with the previous run's ``loss=2.1739, step=250`` (new-user run of b1a4373).
 
     On a terminal the step and loss are redrawn every 50 steps; into a log (stderr redirected) at most once
     every :data:`LOGGED_REFRESH_S` seconds, since each redraw is appended there: a quick-profile log was
@@ -71,7 +73,11 @@ def _progress_bar(total: int, quiet: bool):
             if due:
                 last_redraw[0] = time.monotonic()
 
-    return bar, progress
+    def begin(label: str) -> None:
+        bar.set_description(label, refresh=False)
+        bar.set_postfix()
+
+    return bar, progress, begin
 
 
 def check_checkpoint_dir(store: ResultsStore, specs: list[RunSpec]) -> None:
@@ -252,7 +258,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
                "failed": 0}
     if not todo:
         return summary
-    bar, progress = _progress_bar(len(todo), quiet)
+    bar, progress, begin = _progress_bar(len(todo), quiet)
 
     def not_settled(claimed: list[RunSpec]) -> list[RunSpec]:
         """``claimed`` but for the runs another process stored since the to-do list was read (counted skipped)."""
@@ -265,7 +271,7 @@ def run_grid(specs: list[RunSpec], store: ResultsStore, options: LaunchOptions |
     def progress_for(spec: RunSpec):
         if quiet:
             return None
-        bar.set_description(labels[spec.run_id])
+        begin(labels[spec.run_id])
         return progress
 
     def store_record(record: dict) -> None:
@@ -374,7 +380,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
     summary = {"total": len(specs), "skipped": len(specs) - len(todo), "ran": 0, "discarded": 0, "diverged": 0,
                "failed": 0}
     show = context.is_main and not quiet
-    bar, progress = _progress_bar(len(todo), quiet=not show)
+    bar, progress, begin = _progress_bar(len(todo), quiet=not show)
 
     def decide(spec: RunSpec, claims: ExitStack) -> str:
         """Rank 0's word for ``spec``, on every rank: ``train`` (claimed here, not stored), ``stored`` (by another
@@ -394,7 +400,7 @@ def run_grid_distributed(specs: list[RunSpec], store: ResultsStore, context: Dis
             summary["skipped"] += 1
             bar.update(1)
             return
-        bar.set_description(labels[spec.run_id])
+        begin(labels[spec.run_id])
         record = execute(spec, device, progress if show else None, checkpoint_path(store, spec), distributed=context)
         # only rank 0 writes, and only its summary is told: the other ranks count the run as stored
         stored = True
