@@ -31,9 +31,18 @@ def failed_cases(extra: list[str]) -> tuple[dict[str, str], float, str, int]:
                            "--benchmark-disable-gc", *extra], capture_output=True, text=True,
                           env={**os.environ, "COLUMNS": "400"})  # whole failure messages in -rf
     lines = done.stdout.strip().splitlines()
-    failed = dict(re.findall(r"^FAILED benchmarks/test_perf\.py::test_perf\[(\w+)\] - (.*)$", done.stdout, re.MULTILINE))
+    failed = {case_name(node): message for node, message in
+              re.findall(r"^FAILED (benchmarks/\S+::\S+) - (.*)$", done.stdout, re.MULTILINE)}
     last = lines[-1] if lines else done.stderr.strip()[-200:]
     return failed, time.perf_counter() - start, last, done.returncode
+
+
+def case_name(node: str) -> str:
+    """The name a run reports for pytest's node id: a perf case's own name (``test_perf[NAME]``), else the test's
+    (the timed checks beside the gate, e.g. test_gate_sensitivity.py's). Counting only the perf cases, a run
+    that judged every test read "pytest judged 21 of the 20 selected cases" and stopped, judging nothing."""
+    perf = re.fullmatch(r"benchmarks/test_perf\.py::test_perf\[(\w+)\]", node)
+    return perf.group(1) if perf else node.split("::", 1)[1]
 
 
 #: How a case's timing verdict begins in pytest's -rf line (``Regression.message`` through ``pytest.fail``);
@@ -49,7 +58,8 @@ def unjudged(failed: dict[str, str], last: str, selected: set[str]) -> str | Non
     counts = {}
     for number, word in re.findall(r"(\d+) (\w+)", last):  # "1 failed, 12 passed, 1 error in 9.1s"
         counts[word.rstrip("s") if word in ("errors", "warnings") else word] = int(number)
-    crashed = sorted(name for name, message in failed.items() if not message.startswith(VERDICT.format(name=name)))
+    crashed = sorted(name for name, message in failed.items()
+                     if not name.startswith("test_") and not message.startswith(VERDICT.format(name=name)))
     if crashed:
         return f"{', '.join(crashed)} failed without a timing verdict ({failed[crashed[0]]})"
     judged = counts.get("passed", 0) + counts.get("failed", 0)
@@ -64,7 +74,7 @@ def selected_cases(extra: list[str]) -> tuple[set[str], str]:
     done = subprocess.run([sys.executable, "-m", "pytest", "benchmarks", "-q", "--collect-only", "-p", "no:cacheprovider",
                            *extra], capture_output=True, text=True)
     lines = (done.stdout.strip() or done.stderr.strip()).splitlines()
-    names = set(re.findall(r"^benchmarks/test_perf\.py::test_perf\[(\w+)\]$", done.stdout, re.MULTILINE))
+    names = {case_name(node) for node in re.findall(r"^(benchmarks/\S+::\S+)$", done.stdout, re.MULTILINE)}
     return names, lines[-1] if lines else ""
 
 

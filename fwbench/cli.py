@@ -32,7 +32,7 @@ from pathlib import Path
 
 from fwbench.bench.command import add_bench_parser
 from fwbench.bench.estimate_command import add_estimate_parser
-from fwbench.errors import FwbenchError, refuse_empty_path
+from fwbench.errors import FwbenchError, check_seed, refuse_empty_path
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import DEVICE_CHOICES, check_device_name, resolve_device, set_torch_threads, use_data_dir
 from fwbench.run.grid import paper_grids_with
@@ -342,8 +342,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
 
     if args.d_key < 1 or args.trials < 1:
         raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
-    if not 0 <= args.seed < 2**63:  # the range of torch's seeds, as fwbench run and sample accept
-        raise FwbenchError(f"--seed: got {args.seed}; expected an integer in [0, 2**63)")
+    check_seed(args.seed, "--seed")  # as fwbench run and sample check it
     _check_probe_variants(args.d_key)
     _check_probe_fits(args.d_key, args.trials)
     torch.set_num_threads(1)
@@ -495,7 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sample", help="generate text from a trained language-model checkpoint")
     p.add_argument("--checkpoint", required=True, help="a run checkpoint, e.g. results/checkpoints/RUN_ID.pt")
     p.add_argument("--prompt", default="It is", help='text to continue (default "It is")')
-    p.add_argument("--tokens", type=int, default=500, help="characters to generate (default 500)")
+    p.add_argument("--tokens", type=int, default=500, help="characters to generate (default 500, at most 1000000)")
     p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (default 0.8)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
     p.add_argument("--seed", type=int, default=1, help="sampling seed (default 1)")

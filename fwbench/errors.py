@@ -26,3 +26,27 @@ def refuse_empty_path(option: str, value: object, expected: str) -> None:
     """
     if not str(value):
         raise FwbenchError(f"{option}: got ''; expected {expected} (the empty string would be the working directory)")
+
+
+#: Seeds are below 2**31. torch's CPU generator reads only a seed's low 32 bits (``manual_seed(1)`` and
+#: ``manual_seed(2**32 + 1)`` draw alike), so seeds 1 and 2**32 + 1 were two run ids for one computation, and the
+#: statistics counted them as two independent seeds. A run draws its streams from ``seed`` + up to 2_000_003
+#: (:mod:`fwbench.run.training`), which stays below 2**32 from any seed below 2**31.
+SEED_LIMIT = 2**31
+
+
+def check_seed(value: object, option: str) -> int:
+    """``value`` as a seed, named ``option`` in the message (``--seed``, ``grid … profile …: seed``).
+
+    Raises:
+        FwbenchError: ``value`` is not an integer in [0, 2**31) (:data:`SEED_LIMIT`).
+    """
+    from fwbench.variants.errors import shown  # here, not at the top: importing fwbench.variants loads torch
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FwbenchError(f"{option}: got {shown(value)} ({type(value).__name__}); expected a non-negative integer "
+                           "below 2**31")
+    if not 0 <= value < SEED_LIMIT:
+        why = f" (torch reads only a seed's low 32 bits: it draws as seed {value % 2**32})" if value >= 2**32 else ""
+        raise FwbenchError(f"{option}: got {shown(value)}; expected a non-negative integer below 2**31{why}")
+    return value

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +115,25 @@ class DecoderConfig:
             raise bad_value("positional", self.positional, f"one of {', '.join(POSITIONAL)}")
 
 
+def check_vocabulary(vocabulary: object, vocab_size: int) -> None:
+    """Refuse a ``vocabulary`` that cannot name the ``vocab_size`` ids: not ``None`` or a string (an int raised a
+    bare ``TypeError: object of type 'int' has no len()``), of another length, or repeating a symbol (``"aab"``
+    was accepted, and two ids then decoded as one character).
+
+    Raises:
+        VariantError: naming ``vocabulary``.
+    """
+    if vocabulary is None:
+        return
+    if not isinstance(vocabulary, str):
+        raise bad_value("vocabulary", vocabulary, f"None or a string of the {vocab_size} symbols (vocab_size), in id order")
+    if len(vocabulary) != vocab_size:
+        raise bad_value("vocabulary", f"{len(vocabulary)} symbols", f"{vocab_size} (vocab_size)")
+    repeated = sorted(symbol for symbol, count in Counter(vocabulary).items() if count > 1)
+    if repeated:
+        raise bad_value("vocabulary", vocabulary, f"distinct symbols (repeated: {repeated!r}; two ids would decode alike)")
+
+
 class FeedForward(nn.Module):
     """Position-wise FFN: Linear(d_model → d_ff), GELU, Linear(d_ff → d_model)."""
 
@@ -160,6 +180,7 @@ class DecoderLM(nn.Module):
 
     def __init__(self, variant: str | VariantSpec, config: DecoderConfig, vocabulary: str | None = None):
         super().__init__()
+        check_vocabulary(vocabulary, config.vocab_size)
         self.config = config
         self.spec = parse_spec(variant)
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
@@ -170,8 +191,6 @@ class DecoderLM(nn.Module):
         self.blocks = nn.ModuleList(DecoderBlock(self.spec, config) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model)
         self.output = nn.Linear(config.d_model, config.vocab_size, bias=False)
-        if vocabulary is not None and len(vocabulary) != config.vocab_size:
-            raise bad_value("vocabulary", f"{len(vocabulary)} symbols", f"{config.vocab_size} (vocab_size)")
         codes = [ord(c) for c in vocabulary] if vocabulary is not None else [-1] * config.vocab_size
         self.register_buffer("vocabulary_codes", torch.tensor(codes, dtype=torch.int64))
         self._init_weights()

@@ -187,6 +187,18 @@ class TokenShift(nn.Module):
         return self.mix(torch.cat([x, previous], dim=-1))
 
 
+def check_mqar_storage(vocab_size: int, d_model: int) -> None:
+    """Refuse sizes whose :class:`MQARModel` weights no tensor holds (:func:`~fwbench.variants.errors.check_storage`):
+    the (vocab_size, d_model) embedding and output head, and the (d_model, d_model) attention projections.
+
+    Raises:
+        ValueError: naming ``vocab_size`` and ``d_model``, or ``d_model``.
+    """
+    check_storage({"vocab_size": vocab_size, "d_model": d_model}, (vocab_size, d_model),
+                  "(vocab_size, d_model) embedding", ValueError)
+    check_storage({"d_model": d_model}, (d_model, d_model), "(d_model, d_model) attention projection", ValueError)
+
+
 class MQARModel(nn.Module):
     """Embedding → n_layers × (token shift, attention variant), pre-norm residual → read-out.
 
@@ -205,8 +217,7 @@ class MQARModel(nn.Module):
         vocab_size, d_model, n_heads = (check_int(name, size) for name, size in (
             ("vocab_size", vocab_size), ("d_model", d_model), ("n_heads", n_heads)))
         n_layers = check_int("n_layers", n_layers, maximum=MAX_LAYERS, why=LAYERS_WHY)
-        check_storage({"vocab_size": vocab_size, "d_model": d_model}, (vocab_size, d_model),
-                      "(vocab_size, d_model) embedding", ValueError)
+        check_mqar_storage(vocab_size, d_model)
         self.embedding = nn.Embedding(vocab_size, d_model)
         self.shift_norms = nn.ModuleList(nn.LayerNorm(d_model) for _ in range(n_layers))
         self.shifts = nn.ModuleList(TokenShift(d_model) for _ in range(n_layers))
@@ -277,6 +288,7 @@ class MQARTask:
             raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
+        check_mqar_storage(config.vocab_size, config.d_model)  # d_model = 2**63 - 1 passed and failed every run
         # named as the config names them: the trial draw below is of one sequence ("batch, seq_len: got 1, …")
         for name in ("batch_size", "eval_sequences"):  # eval_sequences = 2**62 trained, then failed naming 'batch'
             check_storage({name: getattr(config, name), "seq_len": config.seq_len},

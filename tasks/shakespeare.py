@@ -29,7 +29,7 @@ from torch import Tensor
 
 from fwbench.tasks.base import check_fields, forward_acting_config, variant_over
 from fwbench.variants import parse_spec
-from fwbench.variants.errors import check_storage
+from fwbench.variants.errors import check_storage, shown
 from fwbench.variants.kernels.precision import compute_dtype
 
 from .corpus import CACHE_DIR_ENV, CORPUS_CHARACTERS, CORPUS_SHA256, CORPUS_URL, DATA_DIR_ENV, CorpusError, locate_corpus
@@ -51,6 +51,13 @@ SCHEDULES = ("constant", "noam")
 #: Validation segments per forward pass (at least; the training batch size if larger): evaluation
 #: needs no gradients, and small batches would make a pass over the split needlessly slow.
 EVAL_BATCH_SEGMENTS = 64
+
+
+#: The longest sample a run or ``fwbench sample`` draws: one model step per character, so a million characters
+#: take minutes to hours on a CPU (``sample_tokens`` of 2**60 - 1 passed the loader, trained, then sampled until
+#: killed, with no record written).
+MAX_SAMPLE_TOKENS = 1_000_000
+SAMPLE_TOKENS_WHY = "one model step per sampled character"
 
 
 @dataclass(frozen=True)
@@ -194,6 +201,36 @@ def _corpus_at(path: str, train_fraction: float) -> CharCorpus:
     return CharCorpus.from_text(Path(path).read_text(encoding="utf-8"), train_fraction)
 
 
+def check_fits_corpus(config: ShakespeareConfig, corpus: CharCorpus, error: type[ValueError]) -> None:
+    """Check that ``config`` fits ``corpus``: its prompt in the vocabulary, one training window in the training
+    split, one evaluation window in the validation split, and the long-context evaluation's stream there.
+
+    Raises:
+        error: naming ``prompt`` or ``train_fraction`` (:class:`~tasks.corpus.CorpusError` where a run builds its
+            model, ``ValueError`` where the grid loader validates).
+    """
+    missing = sorted(set(config.prompt) - set(corpus.vocabulary))
+    if missing:
+        raise error(f"prompt: got {config.prompt!r}; characters {missing!r} are not in the corpus's "
+                    f"{len(corpus.vocabulary)}-symbol vocabulary")
+    if corpus.train.numel() < config.sequence_length + 1:
+        raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.train.numel()} training "
+                    f"characters; expected at least context × train_segments + 1 = {config.sequence_length + 1}")
+    if corpus.valid.numel() < config.context + 1:
+        raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
+                    f"validation characters; expected at least context + 1 = {config.context + 1}")
+    longest = max(CARRIED_MULTIPLES) * config.sequence_length
+    stream = min(config.stream_characters or corpus.valid.numel(), corpus.valid.numel())
+    if config.stream_eval and stream < longest + 1:
+        # validate() checks a stream_characters it is given; the split itself may be shorter: the carried
+        # evaluation then read the whole stream at every length and recorded carried_ppl_16x for a length
+        # it never carried
+        raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
+                    f"validation characters (stream_characters={config.stream_characters}); the long-context "
+                    f"evaluation needs at least {max(CARRIED_MULTIPLES)} × context × train_segments + 1 = "
+                    f"{longest + 1} (or stream_eval = false)")
+
+
 class ShakespeareTask:
     """Character-level LM on Tiny Shakespeare, driven by ``fwbench.run.training.fit``.
 
@@ -213,8 +250,8 @@ class ShakespeareTask:
         #: where the corpus was found and verified, per search setting: (path, size, mtime) of the file
         self._verified: dict[tuple, tuple[Path, int, int]] = {}
 
-    def corpus(self, train_fraction: float = 0.9) -> CharCorpus:
-        """The located, verified corpus as ids (cached per file).
+    def corpus(self, train_fraction: float = 0.9, download: bool = True) -> CharCorpus:
+        """The located, verified corpus as ids (cached per file); ``download=False`` never touches the network.
 
         The checksum is computed once per file and search setting, not on every batch (hashing
         1.1 MB costs a few ms, a tenth of a small model's training step); it is computed again if
@@ -233,7 +270,7 @@ class ShakespeareTask:
                 stat = None
             if stat is not None and (stat.st_size, stat.st_mtime_ns) == (size, mtime):
                 return _corpus_at(str(path), train_fraction)
-        path = Path(locate_corpus(self.data_dir, sha256=self.sha256, url=self.url, fetch=self.fetch))
+        path = Path(locate_corpus(self.data_dir, sha256=self.sha256, url=self.url, fetch=self.fetch, download=download))
         stat = path.stat()
         self._verified[key] = (path, stat.st_size, stat.st_mtime_ns)
         return _corpus_at(str(path), train_fraction)
@@ -252,9 +289,11 @@ class ShakespeareTask:
         check_storage({"batch_size": config.batch_size, "context": config.context, "train_segments": config.train_segments},
                       (config.batch_size, config.context * config.train_segments + 1),
                       "(batch_size, context · train_segments + 1) training windows", ValueError)
-        # sample_tokens = 2**62 passed, and the run failed at its end, after training, in generate()
-        check_storage({"sample_tokens": config.sample_tokens}, (1, config.sample_tokens), "(1, sample_tokens) sampled ids",
-                      ValueError)
+        # sample_tokens = 2**62 passed and the run failed at its end, after training, in generate(); 2**60 - 1 trained,
+        # then sampled until killed, with no record written
+        if config.sample_tokens > MAX_SAMPLE_TOKENS:
+            raise ValueError(f"sample_tokens: got {shown(config.sample_tokens)}; expected at most {MAX_SAMPLE_TOKENS} "
+                             f"({SAMPLE_TOKENS_WHY})")
         if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
             raise ValueError(f"lr, grad_clip, temperature: got {config.lr}, {config.grad_clip}, {config.temperature}; "
                              "expected lr > 0, grad_clip >= 0, temperature >= 0")
@@ -279,24 +318,24 @@ class ShakespeareTask:
             raise ValueError(f"positional: got {config.positional!r}; expected one of {', '.join(POSITIONAL)}")
         if not config.prompt:
             raise ValueError("prompt: got ''; expected at least one character")
+        self._check_against_corpus(config)
+
+    def _check_against_corpus(self, config: ShakespeareConfig) -> None:
+        """:func:`check_fits_corpus` where a verified copy of the corpus is already here (no download): a prompt
+        character outside the vocabulary, or a ``train_fraction`` leaving no training window, passed the grid
+        loader and stopped the grid after its earlier runs had trained (the local launcher; ``--jobs 2``
+        recorded failed runs), naming ``text`` and ``context × train_segments``. Without a copy here the run
+        locates or downloads it and checks the same in :meth:`build_model`."""
+        try:
+            corpus = self.corpus(config.train_fraction, download=False)
+        except CorpusError:
+            return
+        check_fits_corpus(config, corpus, ValueError)
 
     def build_model(self, config: ShakespeareConfig, variant: str) -> DecoderLM:
         parse_spec(variant)
         corpus = self.corpus(config.train_fraction)
-        encode(config.prompt, corpus.vocabulary)  # fail before training, not after it
-        if corpus.valid.numel() < config.context + 1:  # every run of the grid would fail alike: a setup error
-            raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
-                              f"validation characters; expected at least context + 1 = {config.context + 1}")
-        longest = max(CARRIED_MULTIPLES) * config.sequence_length
-        stream = min(config.stream_characters or corpus.valid.numel(), corpus.valid.numel())
-        if config.stream_eval and stream < longest + 1:
-            # validate() checks a stream_characters it is given; the split itself may be shorter: the carried
-            # evaluation then read the whole stream at every length and recorded carried_ppl_16x for a length
-            # it never carried
-            raise CorpusError(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
-                              f"validation characters (stream_characters={config.stream_characters}); the long-context "
-                              f"evaluation needs at least {max(CARRIED_MULTIPLES)} × context × train_segments + 1 = "
-                              f"{longest + 1} (or stream_eval = false)")
+        check_fits_corpus(config, corpus, CorpusError)  # before training, not after it: every run would fail alike
         return DecoderLM(variant, config.decoder_config(len(corpus.vocabulary)), corpus.vocabulary)
 
     def inactive_keys(self, config: ShakespeareConfig, variant: str | None = None) -> dict[str, str]:

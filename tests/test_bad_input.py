@@ -3653,7 +3653,7 @@ def _(ctx):
 def _(ctx):
     """Break-it pass AN: eval_sequences = 2**62 passed the loader, trained, then failed naming 'batch' (a key no grid
     sets); a Shakespeare sample_tokens = 2**62 failed at the run's end, after training."""
-    assert "sample_tokens: got 4611686018427387904; expected sizes whose (1, sample_tokens) sampled ids" in grid_error(
+    assert "sample_tokens: got 4611686018427387904; expected at most 1000000 (one model step" in grid_error(
         ctx, LM_GRID + f"sample_tokens = {2**62}\n")
     assert "eval_sequences, seq_len: got 4611686018427387904, 8; expected sizes whose" in grid_error(
         ctx, MQAR_GRID + f"eval_sequences = {2**62}\n")
@@ -3665,6 +3665,118 @@ def _(ctx):
     """Break-it pass AN: an integer past float's range in a float key (lr = 1 and 400 zeros) raised a bare
     OverflowError from the grid loader's int-to-float conversion."""
     return grid_error(ctx, TINY_GRID.replace("max_steps = 2", f"max_steps = 2\nlr = {10**400}"))
+
+
+@row("G138")
+def _(ctx):
+    """Break-it pass AQ: seeds 1 and 2**32 + 1 were two run ids with bit-identical curves (torch's generator
+    reads only a seed's low 32 bits), counted by the statistics as two independent seeds; also by --seeds."""
+    assert cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--seeds", str(2**31), "--results-dir",
+               str(ctx.tmp_path)).endswith("seed: got 2147483648; expected a non-negative integer below 2**31")
+    return grid_error(ctx, GRID_HEAD + f'variant = "linear"\nseed = [1, {2**32 + 1}]\n')
+
+
+@row("C286")
+def _(ctx):
+    """Break-it pass AQ: `fwbench sample --seed 4294967297` sampled what --seed 1 samples."""
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--seed", str(2**32 + 1))
+
+
+@row("H98")
+def _(ctx):
+    """Break-it pass AQ: a RunSpec built in Python with seed 2**32 + 1 trained seed 1's run under another id."""
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=2**32 + 1, config={"S": 4})
+    return raised(FwbenchError, run_grid, [spec], ResultsStore(ctx.tmp_path / "r"), quiet=True)
+
+
+@row("G139")
+def _(ctx):
+    """Break-it pass AQ: sample_tokens = 2**60 - 1 (below the storage bound) passed the loader, trained, then
+    sampled until killed, with no record written."""
+    return grid_error(ctx, LM_GRID + f"sample_tokens = {2**60 - 1}\n")
+
+
+@row("C287")
+def _(ctx):
+    """Break-it pass AQ: `fwbench sample --tokens 2**60 - 1` printed nothing and sampled until killed."""
+    return cli(ctx, "sample", "--checkpoint", str(ctx.tmp_path / "run.pt"), "--tokens", str(2**60 - 1))
+
+
+def fake_corpus_task(ctx: Context) -> None:
+    """The grid loader's Shakespeare task reading a 4,700-character corpus in ``ctx.tmp_path`` (its own checksum)."""
+    from fwbench.tasks import TASKS
+
+    text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
+    (ctx.tmp_path / "input.txt").write_text(text)
+    task = ShakespeareTask(data_dir=ctx.tmp_path, sha256=hashlib.sha256(text.encode()).hexdigest())
+    ctx.monkeypatch.setitem(TASKS, "shakespeare", task)
+
+
+@row("G140")
+def _(ctx):
+    """Break-it pass AQ: a prompt character outside the corpus's vocabulary passed the grid loader; the local
+    launcher trained the grid's earlier runs, then stopped it naming `text` (no grid, profile or block), and
+    `--jobs 2` recorded a failed run and exited 0. Refused where the grid loads (the corpus being here)."""
+    fake_corpus_task(ctx)
+    return grid_error(ctx, LM_GRID + 'context = 8\nprompt = "Z€"\n')
+
+
+@row("G141")
+def _(ctx):
+    """Break-it pass AQ: a train_fraction leaving no training window (1e-300, 0.001) passed the grid loader and stopped
+    the grid mid-way naming `context × train_segments`; one leaving no validation window likewise."""
+    fake_corpus_task(ctx)
+    assert grid_error(ctx, LM_GRID + "context = 8\ntrain_fraction = 0.9999\n").endswith(
+        "which leaves 1 validation characters; expected at least context + 1 = 9")
+    return grid_error(ctx, LM_GRID + "context = 8\ntrain_fraction = 0.001\n")
+
+
+@row("G142")
+def _(ctx):
+    """Break-it pass AQ: float settings below float32's smallest normal number passed and acted as 0 (training runs
+    in float32 with denormals flushed): grad_clip = 1e-320 trained exactly as grad_clip = 0 (no clipping), lr =
+    1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'."""
+    assert grid_error(ctx, TINY_GRID.replace("max_steps = 2", "max_steps = 2\nlr = [1e-50, 1e-300]")).startswith(
+        "FwbenchError: grid one profile quick: lr: got 1e-50; expected 0 or a magnitude of at least")
+    assert "power_a: got 5e-324; expected 0 or a magnitude" in grid_error(ctx, MQAR_GRID + "power_a = 5e-324\n")
+    spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "lr": 1e-45})
+    assert "lr: got 1e-45; expected 0 or a magnitude" in raised(
+        FwbenchError, run_grid, [spec], ResultsStore(ctx.tmp_path / "r"), quiet=True)
+    return grid_error(ctx, LM_GRID + "grad_clip = [0.0, 1e-320]\n")
+
+
+@row("C288")
+def _(ctx):
+    """Break-it pass AQ: `fwbench bench --variants linear linear` (or `--lengths 8 16 16`) measured every case,
+    appended them, then failed on a pandas traceback in the summary; `--lengths 4 4` measured its cases twice."""
+    assert cli(ctx, "bench", "--no-extras", "--quiet", "--variants", "linear", "--lengths", "8", "16", "16",
+               "--results-dir", str(ctx.tmp_path / "b")).endswith("--lengths: lists 16 twice; list each value once")
+    assert not (ctx.tmp_path / "b").exists()
+    return cli(ctx, "bench", "--no-extras", "--quiet", "--variants", "linear", "dpfp", "dpfp:nu=1",
+               "--results-dir", str(ctx.tmp_path / "b"))
+
+
+@row("G143")
+def _(ctx):
+    """Break-it pass AQ: MQAR d_model = 2**63 - 1 passed the grid loader (validate had no storage check; the model's
+    constructor had), and every run failed; d_model = 2**32 failed every run on torch's allocator."""
+    assert grid_error(ctx, MQAR_GRID.replace("d_model = 8", f"d_model = {2**32}")).endswith(
+        "d_model: got 4294967296; expected sizes whose (d_model, d_model) attention projection (4294967296 × "
+        "4294967296 elements) fits in 2**63 - 1 bytes (torch's largest tensor, at 8 bytes per element)")
+    return grid_error(ctx, MQAR_GRID.replace("d_model = 8", f"d_model = {2**63 - 1}"))
+
+
+@row("L128")
+def _(ctx):
+    """Break-it pass AQ: DecoderLM's vocabulary = 3 (an int) raised a bare TypeError ('object of type 'int' has no
+    len()'), and "aab" (a repeated symbol: two ids decoding as one character) was accepted."""
+    from fwbench.tasks.lm_model import DecoderConfig, DecoderLM
+
+    config = DecoderConfig(vocab_size=3, d_model=8, n_heads=2)
+    assert raised(VariantError, DecoderLM, "linear", config, vocabulary=3) == (
+        "VariantError: vocabulary: got 3; expected None or a string of the 3 symbols (vocab_size), in id order")
+    assert DecoderLM("linear", config, vocabulary="abc").vocabulary_codes.tolist() == [97, 98, 99]
+    return raised(VariantError, DecoderLM, "linear", config, vocabulary="aab")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -502,7 +502,7 @@ class SoftmaxAttention(Attention):
         if state is not None:
             k, v = cat([state.k.to(k.dtype), k], dim=2), cat([state.v.to(v.dtype), v], dim=2)
         position = (0 if state is None else int(state.position)) + k.shape[2] - (0 if state is None else state.k.shape[2])
-        if self.window is not None:
+        if self.window is not None and k.shape[2] > self.window:  # a slice past 2**63: torch warned it truncated
             k, v = k[:, :, -self.window:], v[:, :, -self.window:]
         return KVCacheState(k, v, position)
 
@@ -524,8 +524,9 @@ class SoftmaxAttention(Attention):
         if self.check_finite:
             check_finite(q=q, state_k=state.k, state_v=state.v)
         keys, values = state.k, state.v
-        if self.window is not None:  # a longer cache (a module's of no or a longer window) read every key,
-            # where write (write_read), forward and the recurrent form keep the last `window`
+        # a longer cache (a module's of no or a longer window) read every key, where write (write_read), forward
+        # and the recurrent form keep the last `window`
+        if self.window is not None and keys.shape[2] > self.window:
             keys, values = keys[:, :, -self.window:], values[:, :, -self.window:]
         return softmax_kernels.softmax_read(q, keys, values)
 

@@ -304,18 +304,21 @@ def unit_scaled(x: Tensor) -> Tensor:
     return x * scale
 
 
-def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = None) -> Tensor:
-    """Random projection Ω of shape (d_key, m) with orthogonal columns in blocks of d_key.
+def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = None,
+                        dtype: torch.dtype = torch.float32) -> Tensor:
+    """Random projection Ω of shape (d_key, m) with orthogonal columns in blocks of d_key, in ``dtype``.
 
     Each block is the Q factor of a Gaussian matrix; column norms are redrawn from the norms of
     Gaussian vectors so that each column is marginally N(0, I) (Choromanski et al. 2021, Sec. 2.4).
+    The Gaussians are drawn in fp32 whatever ``dtype`` (one random stream for every dtype); the QR
+    factorisation and the norms are computed in ``dtype`` (float64 Ω was orthogonal only to fp32's 2e-7).
     """
     blocks = []
     for start in range(0, m, d_key):
         width = min(d_key, m - start)
-        gaussian = torch.randn(d_key, d_key, generator=generator)
+        gaussian = torch.randn(d_key, d_key, generator=generator).to(dtype)
         q, _ = torch.linalg.qr(gaussian)
-        norms = torch.randn(d_key, width, generator=generator).norm(dim=0)
+        norms = torch.randn(d_key, width, generator=generator).to(dtype).norm(dim=0)
         blocks.append(q[:, :width] * norms)
     return torch.cat(blocks, dim=1)
 
@@ -409,7 +412,9 @@ class Favor(FeatureMap):
     def redraw_features(self) -> None:
         """Replace Ω with a fresh draw from the global torch RNG (seeded by the harness), kept on
         Ω's device and in its dtype."""
-        self.omega = orthogonal_gaussian(self.d_key, self.m).to(device=self.omega.device, dtype=self.omega.dtype)
+        wide = torch.float64 if self.omega.dtype == torch.float64 else torch.float32  # QR needs fp32 at least
+        self.omega = orthogonal_gaussian(self.d_key, self.m, dtype=wide).to(device=self.omega.device,
+                                                                            dtype=self.omega.dtype)
 
     def exponents(self, x: Tensor) -> Tensor:
         """The estimator's exponents [Ωᵀx − ‖x‖²/2, −Ωᵀx − ‖x‖²/2] − ½ log 2m, (…, d_key) → (…, 2m),

@@ -43,6 +43,7 @@ from fwbench.bench.measure import (
 from fwbench.bench.regression import retrieval_step
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import describe_environment
+from fwbench.run.grid import refuse_repeated_value
 from fwbench.variants import DEFAULT_CHUNK_SIZE, VariantError, build_attention, parse_spec
 from fwbench.variants.kernels import delta_rule_chunk
 from fwbench.variants.registry import check_spec
@@ -597,6 +598,10 @@ def run_bench(profile: str | BenchProfile, device: torch.device, store=None, var
     chosen_lengths = tuple(lengths) if lengths else profile.lengths
     if any(not isinstance(T, int) or T < 1 for T in chosen_lengths):
         raise FwbenchError(f"--lengths: got {list(chosen_lengths)}; expected positive integers")
+    # a repeated value measured its cases twice, and the summary's memory growth then failed on a traceback
+    # (`--variants linear linear`: "The truth value of a Series is ambiguous")
+    refuse_repeated_value("--variants", list(chosen), [str(parse_spec(spec)) for spec in chosen], "")
+    refuse_repeated_value("--lengths", list(chosen_lengths), list(chosen_lengths), "")
     longest = max_length(device, B, H, d_head)
     if max(chosen_lengths) > longest:
         raise FwbenchError(f"--lengths: got {max(chosen_lengths)}; expected at most {longest} on {device} (its q, k, v "

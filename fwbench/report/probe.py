@@ -72,7 +72,7 @@ def probe_bytes(d_key: int, trials: int, variants: list[str] | None = None,
 @torch.no_grad()
 def probe_variant(spec: str, d_key: int = 64, ratios: tuple[float, ...] = PROBE_RATIOS, trials: int = 4,
                   seed: int = 0) -> list[dict]:
-    """Relative retrieval error of ``spec`` for S = ratio · d_dot pairs (one row per S).
+    """Relative retrieval error of ``spec`` for S = ratio · d_dot pairs (one row per distinct S).
 
     Raises:
         VariantError: bad spec; ValueError: a variant without a fast-weight memory (softmax).
@@ -83,8 +83,8 @@ def probe_variant(spec: str, d_key: int = 64, ratios: tuple[float, ...] = PROBE_
         raise ValueError(f"variant: got {spec!r}; the probe needs a fast-weight memory (not softmax)")
     rule = parse_spec(spec).info.rule
     rows = []
-    for ratio in ratios:
-        S = max(2, round(ratio * d_dot))
+    # ratios that round to one S at a small d_dot (S = max(2, ·) at --d-key 2) measure it once: one row per S
+    for S in dict.fromkeys(max(2, round(ratio * d_dot)) for ratio in ratios):
         # modulo torch's seed range (2**64): --seed 2**63 - 1, which the command accepts, overflowed
         # manual_seed ("Overflow when unpacking long long"); every seed that fitted keeps its stream
         generator = torch.Generator().manual_seed((seed * 1_000_003 + S) % 2**64)

@@ -44,7 +44,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from fwbench.errors import FwbenchError, one_line
+from fwbench.errors import FwbenchError, check_seed, one_line
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
@@ -57,6 +57,9 @@ GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 #: (shakespeare: the language-model claims C7–C10; it needs the corpus, see :mod:`fwbench.tasks.corpus`).
 PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar", "shakespeare"]
 TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
+#: float32's smallest normal number (``torch.finfo(torch.float32).tiny``): a float setting of a smaller magnitude,
+#: but not 0, is refused (:func:`_check_value`).
+FLOAT32_TINY = 1.1754943508222875e-38
 RUN_KEYS = {"variant", "seed"}
 #: The longest grid name, in UTF-8 bytes: ``fwbench capacity`` writes NAME.csv and NAME.png, and a file
 #: name may hold 255 bytes (NAME_MAX on ext4, XFS, APFS, NTFS), four of them the suffix.
@@ -310,12 +313,18 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
+    if expected is float and 0 < abs(value) < FLOAT32_TINY:
+        # training runs in float32 with denormals flushed (FTZ/DAZ, which also reads a float64 subnormal as 0 in
+        # Python's own comparisons): grad_clip = 1e-320 acted as 0 (no clipping: the strongest clip read as none),
+        # lr = 1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'
+        raise FwbenchError(f"{where}: {key}: got {value!r}; expected 0 or a magnitude of at least {FLOAT32_TINY!r} "
+                           "(float32's smallest normal number: training in float32 reads a smaller one as 0)")
     if expected is float and value == 0:
         # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
         # but json.dumps writes it "-0.0": it was a second run id for one computation
         return 0.0
-    if key == "seed" and not 0 <= value < 2**63:
-        raise FwbenchError(f"{where}: seed: got {value}; expected a non-negative integer below 2**63")
+    if key == "seed":
+        check_seed(value, f"{where}: seed")
     return value
 
 
@@ -327,7 +336,7 @@ def _canonical_spec(spec: str) -> str:
         return spec
 
 
-def _refuse_repeated_value(name: str, given: list, values: list, where: str) -> None:
+def refuse_repeated_value(name: str, given: list, values: list, where: str) -> None:
     """Refuse an axis listing one value twice (``seed = [1, 1]``, ``--seeds 1 1``, ``dropout = [0.0, -0.0]``,
     ``variant = ["dpfp", "dpfp:nu=1"]``, specs compared as they parse): each names the same runs twice.
     ``given``: the values as written; ``values``: as read.
@@ -341,9 +350,10 @@ def _refuse_repeated_value(name: str, given: list, values: list, where: str) -> 
         if value not in values[:index]:
             continue
         first = given[values.index(value)]
+        prefix = f"{where}: " if where else ""
         if repr(first) == repr(given[index]):
-            raise FwbenchError(f"{where}: {name}: lists {first!r} twice; list each value once")
-        raise FwbenchError(f"{where}: {name}: {first!r} and {given[index]!r} are one value ({value!r}); list each "
+            raise FwbenchError(f"{prefix}{name}: lists {first!r} twice; list each value once")
+        raise FwbenchError(f"{prefix}{name}: {first!r} and {given[index]!r} are one value ({value!r}); list each "
                            "value once")
 
 
@@ -397,7 +407,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
             raise FwbenchError(f"{where}: {key} is an empty list; the grid would have no runs")
         expected = {"variant": str, "seed": int}.get(key) or types[key]
         axes[key] = [_check_value(where, key, v, expected) for v in values]
-        _refuse_repeated_value("--seeds" if key == "seed" and seeds is not None else key, values, axes[key], where)
+        refuse_repeated_value("--seeds" if key == "seed" and seeds is not None else key, values, axes[key], where)
     specs = []
     keys = list(axes)
     for combination in itertools.product(*(axes[k] for k in keys)):
@@ -547,6 +557,7 @@ def _hashed_config(spec: RunSpec) -> dict[str, Any]:
             first), before any value is normalised: MQAR's seq_len = 2**62 raised torch's RuntimeError from the
             gap distribution ``values_as_they_act`` computes.
     """
+    check_seed(spec.seed, "seed")  # a spec built in Python: the grid loader checks its own
     try:
         TASKS[spec.task].validate(spec.task_config())
     except FwbenchError:
@@ -633,7 +644,7 @@ def _same_run(first: RunSpec, second: RunSpec) -> str:
     variants = (f"variants {first.variant} and {second.variant} compute alike (both as {first.acting_variant}: "
                 "softmax's window reaches every key of every attention call of the run)"
                 if first.variant != second.variant else "")
-    if not differing:  # (one value listed twice is refused before the cells are built: _refuse_repeated_value)
+    if not differing:  # (one value listed twice is refused before the cells are built: refuse_repeated_value)
         return f"the run {first.label} appears twice: {variants}; list one of them"
     task = TASKS[first.task]
     acting = task.acting_config(first.task_config(), first.variant) if hasattr(task, "acting_config") else {}

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from fwbench.errors import FwbenchError
+from fwbench.errors import FwbenchError, check_seed
 from fwbench.run.checkpoint import load_checkpoint
 from fwbench.run.grid import task_config_of
 from fwbench.tasks.lm_model import DecoderLM
-from fwbench.tasks.shakespeare import ShakespeareTask, sample_text
-from fwbench.variants.errors import MAX_SIZE, STORAGE_ITEMSIZE
+from fwbench.tasks.shakespeare import MAX_SAMPLE_TOKENS, SAMPLE_TOKENS_WHY, ShakespeareTask, sample_text
+from fwbench.variants.errors import shown
 
 
 def load_language_model(path: str | Path, device: torch.device) -> tuple[DecoderLM, dict]:
@@ -58,13 +58,11 @@ def sample_from_checkpoint(path: str | Path, prompt: str, tokens: int, temperatu
     """
     if tokens < 0:
         raise FwbenchError(f"--tokens: got {tokens}; expected an integer >= 0")
-    if tokens > MAX_SIZE // STORAGE_ITEMSIZE:  # generate() refused it as n_tokens, an argument this command has not
-        raise FwbenchError(f"--tokens: got {tokens}; expected at most {MAX_SIZE // STORAGE_ITEMSIZE} (the sampled ids' "
-                           "tensor holds at most 2**63 - 1 bytes)")
+    if tokens > MAX_SAMPLE_TOKENS:  # 2**60 - 1 sampled until killed, printing nothing; 2**62 was named n_tokens
+        raise FwbenchError(f"--tokens: got {shown(tokens)}; expected at most {MAX_SAMPLE_TOKENS} ({SAMPLE_TOKENS_WHY})")
     if not math.isfinite(temperature) or temperature < 0:
         raise FwbenchError(f"--temperature: got {temperature}; expected a finite number >= 0 (0 = greedy)")
-    if not 0 <= seed < 2**63:
-        raise FwbenchError(f"--seed: got {seed}; expected an integer in [0, 2**63)")
+    check_seed(seed, "--seed")
     model, info = load_language_model(path, device)
     if info["status"] == "diverged":
         raise FwbenchError(

@@ -242,3 +242,25 @@ def test_gate_reliability_gives_no_verdict_where_a_case_was_not_timed(monkeypatc
         assert captured.err.strip() == f"{phase} run  1: {reason}"
     else:
         assert captured.err == ""
+
+
+def test_gate_reliability_counts_every_test_pytest_benchmarks_judges():
+    """benchmarks/ holds the perf cases and a timed check beside them (test_gate_sensitivity.py): counting only the
+    perf cases, a run that judged every test read "pytest judged 21 of the 20 selected cases" and stopped, judging
+    nothing, on every machine with a baseline of its own (AMD EPYC family 26, 7 December)."""
+    import importlib.util
+    from pathlib import Path
+
+    from fwbench.bench.regression import PERF_CASES
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gate_reliability.py"
+    spec = importlib.util.spec_from_file_location("gate_reliability_counting", path)
+    gate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gate)
+    selected, _ = gate.selected_cases([])
+    sensitivity = "test_a_kernel_twice_as_slow_in_its_forward_alone_doubles_its_direction_case"
+    assert selected == {case.name for case in PERF_CASES} | {sensitivity}
+    assert gate.unjudged({}, f"{len(selected)} passed in 18.00s", selected) is None
+    # a failure of the timed check beside the gate is a failure (a false one in an unchanged run), not a crash
+    assert gate.unjudged({sensitivity: "AssertionError: (1.0, 1.2)"}, f"1 failed, {len(selected) - 1} passed",
+                         selected) is None

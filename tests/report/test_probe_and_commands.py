@@ -185,10 +185,10 @@ def test_probe_bytes_counts_the_largest_variant_by_hand():
 
 
 def test_probe_at_the_largest_accepted_seed_reads_its_keys_by_a_naive_sum_rule():
-    """``--seed`` accepts [0, 2**63); seed · 1_000_003 + S overflowed torch's seed range for seeds
-    ≳ 1.8e13 (a traceback). The keys of each S are drawn from that value modulo 2**64, and the error
+    """``--seed`` accepts [0, 2**31) (it accepted [0, 2**63), where seed · 1_000_003 + S overflowed torch's seed
+    range for seeds ≳ 1.8e13: a traceback). The keys of each S are drawn from that value modulo 2**64, and the error
     is 1 − cos² between the values and a naive sum-rule read, Σ_s φ(k_s)·φ(q) v_s / Σ_s φ(k_s)·φ(q)."""
-    seed, d_key, trials = 2**63 - 1, 4, 2
+    seed, d_key, trials = 2**31 - 1, 4, 2
     rows = probe_variant("linear", d_key=d_key, ratios=(0.5, 2.0), trials=trials, seed=seed)
     for row in rows:
         S = row["S"]
@@ -256,3 +256,10 @@ def test_the_environment_table_names_runs_without_an_environment_in_one_line_not
     _, _, ran, unknown = table.splitlines()
     assert ran.split(" | ")[4] == str(measured["environment"]["threads"])
     assert unknown == "| — | — | — | — | — | — | 1 | — | — | 0.0 |"
+
+
+def test_ratios_that_round_to_one_s_give_one_row():
+    """Break-it pass AQ: `fwbench probe --d-key 2` wrote the row of S = 2 three times (ratios 0.25, 0.5 and 1
+    of d_dot 2, clamped to S ≥ 2): duplicate CSV rows measuring one S."""
+    rows = probe_variant("linear", d_key=2, ratios=(0.25, 0.5, 1.0, 2.0), trials=1)
+    assert [row["S"] for row in rows] == [2, 4]

@@ -1499,3 +1499,26 @@ def test_a_buffer_made_by_a_graph_passes_its_gradient_under_cpu_autocast(made):
             assert got is None
         else:
             torch.testing.assert_close(got, wanted, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["parallel", "chunkwise", "recurrent"])
+def test_softmax_with_the_largest_window_is_softmax_without_a_warning(form):
+    """Break-it pass AQ: `softmax:window=9223372036854775807` printed torch's 'Truncating the start/stop/step of
+    slice' UserWarning (a slice from -window). A window no call reaches is plain softmax, cache included."""
+    from fwbench.variants import AttentionLayer
+
+    torch.manual_seed(0)
+    try:
+        plain = AttentionLayer("softmax", 8, 2, form=form)
+    except VariantError:
+        pytest.skip(f"softmax has no {form} form")
+    wide = AttentionLayer(f"softmax:window={2**63 - 1}", 8, 2, form=form)
+    wide.load_state_dict(plain.state_dict())
+    x, more = torch.randn(1, 5, 8), torch.randn(1, 3, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, state = wide(x)
+        later, _ = wide(more, state=state)
+    expected, expected_state = plain(x)
+    assert torch.equal(out, expected)
+    assert torch.equal(later, plain(more, state=expected_state)[0])

@@ -125,3 +125,20 @@ def test_orthogonal_gaussian_columns_have_their_own_norms():
     assert (norms.std(dim=1) > 0.05).all()
     # marginally N(0, I_8): E‖ω‖² = 8
     assert 6.0 < norms.pow(2).mean() < 10.0
+
+
+def test_a_float64_favor_redraws_omega_orthogonal_to_float64_precision_from_the_fp32_stream():
+    """Break-it pass AQ: a float64 FAVOR+ drew Ω's QR in fp32 and cast it, so its columns were orthogonal only to
+    2e-7. Redrawn in float64, each block's columns are orthogonal to 1e-12, from the very Gaussians fp32 draws."""
+    from fwbench.variants.feature_maps import Favor
+
+    wide, narrow = Favor(8, 16).double(), Favor(8, 16)
+    torch.manual_seed(5)
+    wide.redraw_features()
+    torch.manual_seed(5)
+    narrow.redraw_features()
+    assert wide.omega.dtype == torch.float64
+    for block in wide.omega.split(8, dim=1):
+        unit = block / block.norm(dim=0)
+        assert (unit.T @ unit - torch.eye(8, dtype=torch.float64)).abs().max() < 1e-12
+    assert torch.allclose(wide.omega, narrow.omega.double(), atol=1e-5)  # the same draw, factored more exactly

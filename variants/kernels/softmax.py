@@ -346,7 +346,7 @@ def softmax_recurrent(
     for t in range(T):
         keys = cat([keys, k[:, :, t : t + 1]], dim=2)
         values = cat([values, v[:, :, t : t + 1]], dim=2)
-        if window is not None:
+        if window is not None and keys.shape[2] > window:  # -window past 2**63: torch warned it truncated
             keys, values = keys[:, :, -window:], values[:, :, -window:]
         weights = torch.softmax((q[:, :, t : t + 1].to(wide) @ keys.to(wide).mT) * scale, dim=-1)
         outputs.append((weights @ values.to(wide)).to(v.dtype))
