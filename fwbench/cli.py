@@ -28,6 +28,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fwbench.bench.command import add_bench_parser
@@ -78,7 +79,9 @@ def _cmd_grids(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
+def _run_grids(args: argparse.Namespace, names: list[str], before_training: Callable[[], None] | None = None) -> list:
+    """Load, validate and expand every grid of ``names``, call ``before_training`` (a command's own setup: made
+    after every option and grid was checked, so that a refusal leaves nothing behind), then train them in turn."""
     from fwbench.run import distributed
     from fwbench.run.grid import expand, load_grid
     from fwbench.run.pack_plan import pack_policy
@@ -138,6 +141,8 @@ def _run_grids(args: argparse.Namespace, names: list[str]) -> list:
         for _, specs in plans:
             for spec in specs:
                 context.check_batch_size(spec.task_config().batch_size)
+    if before_training is not None:
+        before_training()
     for grid, specs in plans:
         started = time.perf_counter()
         if context is None:
@@ -279,10 +284,13 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fwbench.tasks.corpus import locate_corpus
 
     grids = paper_grids_with(args.profile)
-    _make_out_dir(args.out)
-    if "shakespeare" in grids:  # the LM grid runs last: find its corpus before the synthetic grids' minutes
-        locate_corpus(args.data_dir)
-    _run_grids(args, grids)
+
+    def prepare() -> None:  # after the seeds and grids are checked: --seeds 2**32 + 1 tried a download first
+        _make_out_dir(args.out)
+        if "shakespeare" in grids:  # the LM grid runs last: find its corpus before the synthetic grids' minutes
+            locate_corpus(args.data_dir)
+
+    _run_grids(args, grids, before_training=prepare)
     _write_probe(Path(args.out))
     path = render_report(args.results_dir, args.out, echo=print)
     print(f"report written to {path}")

@@ -32,7 +32,7 @@ from fwbench import tasks, variants
 from fwbench.cli import main
 from fwbench.errors import FwbenchError
 from fwbench.run.environment import check_device_name, resolve_device
-from fwbench.run.grid import RunSpec, load_grid
+from fwbench.run.grid import RunSpec, expand, load_grid
 from fwbench.run.launchers import LaunchOptions
 from fwbench.run.runner import run_grid
 from fwbench.run.store import TORN_FILE, ResultsStore
@@ -3742,6 +3742,9 @@ def _(ctx):
     spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "lr": 1e-45})
     assert "lr: got 1e-45; expected 0 or a magnitude" in raised(
         FwbenchError, run_grid, [spec], ResultsStore(ctx.tmp_path / "r"), quiet=True)
+    # break-it pass AR: a tiny temperature acts (sampling divides in float64: greedy), as the command's does
+    assert [spec.config["temperature"] for spec in expand(load_grid(grid_file(ctx, LM_GRID + "temperature = 1e-39\n")),
+                                                           "quick")] == [1e-39]
     return grid_error(ctx, LM_GRID + "grad_clip = [0.0, 1e-320]\n")
 
 
@@ -3777,6 +3780,37 @@ def _(ctx):
         "VariantError: vocabulary: got 3; expected None or a string of the 3 symbols (vocab_size), in id order")
     assert DecoderLM("linear", config, vocabulary="abc").vocabulary_codes.tolist() == [97, 98, 99]
     return raised(VariantError, DecoderLM, "linear", config, vocabulary="aab")
+
+
+@row("L129")
+def _(ctx):
+    """Break-it pass AR: orthogonal_gaussian's dtype (new in AQ) was not checked: float16 raised a bare
+    NotImplementedError ('geqrf_cpu'), int64 a RuntimeError from linalg.qr, 'float64' 'Invalid device string',
+    and complex64 returned a complex Ω."""
+    from fwbench.variants.feature_maps import orthogonal_gaussian
+
+    for dtype in (torch.int64, "float64", torch.complex64):
+        assert raised(VariantError, orthogonal_gaussian, 4, 4, dtype=dtype).startswith(f"VariantError: dtype: got {dtype!r}")
+    return raised(VariantError, orthogonal_gaussian, 4, 4, dtype=torch.float16)
+
+
+@row("C289")
+def _(ctx):
+    """Break-it pass AR: `fwbench reproduce --seeds 4294967297` made --out and located the corpus (a download where
+    none was here) before its seeds and grids were checked, so offline it answered with the corpus's error."""
+    from fwbench.tasks import corpus
+
+    ctx.monkeypatch.delenv(corpus.DATA_DIR_ENV, raising=False)
+    ctx.monkeypatch.setenv(corpus.CACHE_DIR_ENV, str(ctx.tmp_path / "empty-cache"))
+
+    def no_download(*args, **kwargs):
+        raise AssertionError("a download before the options were checked")
+
+    ctx.monkeypatch.setattr(corpus, "urllib_fetch", no_download)
+    answer = cli(ctx, "reproduce", "--seeds", str(2**32 + 1), "--results-dir", str(ctx.tmp_path / "r"),
+                 "--out", str(ctx.tmp_path / "out"))
+    assert not (ctx.tmp_path / "out").exists()
+    return answer
 
 
 # ------------------------------------------------------------------------------------------------

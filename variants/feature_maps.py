@@ -312,7 +312,12 @@ def orthogonal_gaussian(d_key: int, m: int, generator: torch.Generator | None = 
     Gaussian vectors so that each column is marginally N(0, I) (Choromanski et al. 2021, Sec. 2.4).
     The Gaussians are drawn in fp32 whatever ``dtype`` (one random stream for every dtype); the QR
     factorisation and the norms are computed in ``dtype`` (float64 Ω was orthogonal only to fp32's 2e-7).
+
+    Raises:
+        VariantError: ``dtype`` is not torch.float32 or torch.float64.
     """
+    if dtype not in (torch.float32, torch.float64):  # fp16/bf16 have no QR on the CPU; an int or complex Ω is none
+        raise bad_value("dtype", dtype, "torch.float32 or torch.float64 (the dtype Ω is factored in)")
     blocks = []
     for start in range(0, m, d_key):
         width = min(d_key, m - start)
@@ -383,6 +388,11 @@ class Favor(FeatureMap):
       d_key 1024 (none of 2000 tokens leaves at m = 16, 64, 256), at d_key 1536 96–99.7 % fall below
       it, at d_key 2048 all. Keys N(0, 1)·64^-1/4·6 at d_key 64 (exponents ≈ −90 … −145) read exactly
       the float64 estimator's rows (to 1e-10), where fp32's window moved them (rows off by 0.99).
+
+    Ω (the ``omega`` buffer) is drawn and factored in fp32 when the module is built, so after ``.double()``
+    its columns are orthogonal to fp32's precision (about 2e-7) until :meth:`redraw_features` (the training
+    loop's redraw, or a call) draws it again in float64; a cast never redraws it, so that a model keeps its
+    features whatever its dtype.
     """
 
     name = "favor"

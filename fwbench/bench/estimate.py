@@ -58,7 +58,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.grid import RunSpec
 from fwbench.tasks.corpus import CorpusError
 from fwbench.variants import parse_spec
-from fwbench.variants.errors import MAX_SIZE
+from fwbench.variants.errors import shown
 
 #: Config keys that change how many steps a run takes or when it evaluates, not what one step costs.
 STEP_COST_FREE_KEYS = frozenset({"lr", "max_steps", "target_loss", "patience", "eval_every", "eval_sequences",
@@ -168,22 +168,34 @@ def steps_needed(spec: RunSpec, official: dict[tuple[int, str, int], OfficialRun
     return cap, CAP
 
 
+#: The most steps ``fwbench estimate --steps`` times per cell: their median is as good an estimate as more would
+#: give, and each is a training step (``--steps 10**12`` printed nothing for minutes, timing a trillion steps of
+#: a grid whose runs take 6; 2**63 - 2 was refused as a ``max_steps`` the user never gave).
+MAX_ESTIMATE_STEPS = 1000
+
+
+def check_estimate_steps(steps: int) -> None:
+    """Refuse a ``--steps`` outside [1, :data:`MAX_ESTIMATE_STEPS`].
+
+    Raises:
+        FwbenchError: naming ``--steps``.
+    """
+    if not 1 <= steps <= MAX_ESTIMATE_STEPS:
+        raise FwbenchError(f"--steps: got {shown(steps)}; expected an integer in [1, {MAX_ESTIMATE_STEPS}] (the "
+                           "median of that many timed training steps per run)")
+
+
 def measure_step_seconds(spec: RunSpec, steps: int = 3, device: torch.device | None = None) -> float:
     """Median CPU seconds (this thread's) of ``steps`` training steps of ``spec`` after one warm-up
     step, timed between consecutive steps of the training loop (:func:`fwbench.run.training.fit`,
     no evaluation). With one torch thread (the runs' default) the step's work runs on this thread.
 
     Raises:
-        FwbenchError: ``steps`` < 1, or above 2**63 − 3 (the run's ``max_steps`` is ``steps + 2``: the error
-            named max_steps and a value the user never gave).
+        FwbenchError: ``steps`` outside [1, :data:`MAX_ESTIMATE_STEPS`] (:func:`check_estimate_steps`).
     """
     from fwbench.run.training import fit
 
-    if steps < 1:
-        raise FwbenchError(f"--steps: got {steps}; expected a positive integer")
-    if steps > MAX_SIZE - 2:
-        raise FwbenchError(f"--steps: got {steps}; expected at most {MAX_SIZE - 2} (2**63 - 3: two warm-up steps "
-                           "run first and a run's max_steps is at most 2**63 - 1)")
+    check_estimate_steps(steps)
     config = replace(spec.task_config(), max_steps=steps + 2, eval_every=10**9)
     ends: list[float] = []
     fit(spec.task, spec.variant, config, spec.seed, device or torch.device("cpu"),

@@ -15,7 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fwbench.bench.estimate import estimate, format_estimate, measure_eval_seconds, measure_step_seconds, run_seconds
+from fwbench.bench.estimate import (
+    check_estimate_steps,
+    estimate,
+    format_estimate,
+    measure_eval_seconds,
+    measure_step_seconds,
+    run_seconds,
+)
 from fwbench.bench.estimate_against import compare, format_cells, format_comparison, total
 from fwbench.bench.schedule import grids_wall_seconds
 from fwbench.errors import FwbenchError, one_line, refuse_empty_path
@@ -48,9 +55,9 @@ def add_estimate_parser(sub) -> None:
 def run_estimate_command(args: argparse.Namespace) -> int:
     from fwbench.run.grid import load_grid, paper_grids_with
 
-    for name in ("steps", "jobs"):
-        if getattr(args, name) < 1:
-            raise FwbenchError(f"--{name}: got {getattr(args, name)}; expected a positive integer")
+    check_estimate_steps(args.steps)  # before minutes of timing
+    if args.jobs < 1:
+        raise FwbenchError(f"--jobs: got {args.jobs}; expected a positive integer")
     set_torch_threads(args.threads)
     use_data_dir(args.data_dir)
     records = None if args.against is None else _finished_records(args.against)  # before minutes of timing

@@ -32,6 +32,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 
+from fwbench.errors import check_seed  # noqa: E402
 from fwbench.report.figure_style import legend_below, plain_ticks, save  # noqa: E402
 from fwbench.run.strict_json import write_csv  # noqa: E402
 from fwbench.variants import build_attention, d_dot_of, parse_spec  # noqa: E402
@@ -75,8 +76,10 @@ def probe_variant(spec: str, d_key: int = 64, ratios: tuple[float, ...] = PROBE_
     """Relative retrieval error of ``spec`` for S = ratio · d_dot pairs (one row per distinct S).
 
     Raises:
-        VariantError: bad spec; ValueError: a variant without a fast-weight memory (softmax).
+        VariantError: bad spec; ValueError: a variant without a fast-weight memory (softmax);
+        FwbenchError: a seed outside [0, 2**31).
     """
+    check_seed(seed, "seed")  # seed 2**32 drew as seed 0, and -5 was taken (the command refused both)
     attention = build_attention(spec, d_key).eval()
     d_dot = attention.d_dot
     if d_dot is None:
@@ -85,8 +88,9 @@ def probe_variant(spec: str, d_key: int = 64, ratios: tuple[float, ...] = PROBE_
     rows = []
     # ratios that round to one S at a small d_dot (S = max(2, ·) at --d-key 2) measure it once: one row per S
     for S in dict.fromkeys(max(2, round(ratio * d_dot)) for ratio in ratios):
-        # modulo torch's seed range (2**64): --seed 2**63 - 1, which the command accepts, overflowed
-        # manual_seed ("Overflow when unpacking long long"); every seed that fitted keeps its stream
+        # modulo torch's seed range (2**64): --seed 2**63 - 1, which the command accepted before seeds were
+        # bounded at 2**31, overflowed manual_seed ("Overflow when unpacking long long"); every seed that fitted
+        # keeps its stream
         generator = torch.Generator().manual_seed((seed * 1_000_003 + S) % 2**64)
         torch.manual_seed(seed)  # FAVOR+ draws its features from the global RNG
         attention.redraw_features()

@@ -60,6 +60,9 @@ TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "varian
 #: float32's smallest normal number (``torch.finfo(torch.float32).tiny``): a float setting of a smaller magnitude,
 #: but not 0, is refused (:func:`_check_value`).
 FLOAT32_TINY = 1.1754943508222875e-38
+#: Float keys whose tiny values act as given: the LM's sampling temperature divides the logits in float64, and a
+#: temperature of 1e-39 samples greedily, as ``fwbench sample --temperature 1e-39`` does.
+TINY_FLOATS_THAT_ACT = {"temperature"}
 RUN_KEYS = {"variant", "seed"}
 #: The longest grid name, in UTF-8 bytes: ``fwbench capacity`` writes NAME.csv and NAME.png, and a file
 #: name may hold 255 bytes (NAME_MAX on ext4, XFS, APFS, NTFS), four of them the suffix.
@@ -313,7 +316,7 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
-    if expected is float and 0 < abs(value) < FLOAT32_TINY:
+    if expected is float and 0 < abs(value) < FLOAT32_TINY and key not in TINY_FLOATS_THAT_ACT:
         # training runs in float32 with denormals flushed (FTZ/DAZ, which also reads a float64 subnormal as 0 in
         # Python's own comparisons): grad_clip = 1e-320 acted as 0 (no clipping: the strongest clip read as none),
         # lr = 1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'

@@ -263,3 +263,13 @@ def test_ratios_that_round_to_one_s_give_one_row():
     of d_dot 2, clamped to S ≥ 2): duplicate CSV rows measuring one S."""
     rows = probe_variant("linear", d_key=2, ratios=(0.25, 0.5, 1.0, 2.0), trials=1)
     assert [row["S"] for row in rows] == [2, 4]
+
+
+@pytest.mark.parametrize("seed", [2**32, -5])
+def test_probe_variant_refuses_a_seed_the_command_refuses(seed):
+    """Break-it pass AR: probe_variant(seed=2**32) returned seed 0's rows bit for bit, and seed=-5 was taken,
+    where `fwbench probe --seed` refused both."""
+    from fwbench.errors import FwbenchError
+
+    with pytest.raises(FwbenchError, match=r"^seed: got -?\d+; expected a non-negative integer below 2\*\*31"):
+        probe_variant("linear", d_key=4, trials=1, seed=seed)
