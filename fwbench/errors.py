@@ -47,6 +47,8 @@ def check_seed(value: object, option: str) -> int:
         raise FwbenchError(f"{option}: got {shown(value)} ({type(value).__name__}); expected a non-negative integer "
                            "below 2**31")
     if not 0 <= value < SEED_LIMIT:
-        why = f" (torch reads only a seed's low 32 bits: it draws as seed {value % 2**32})" if value >= 2**32 else ""
+        why = ""
+        if 2**32 <= value < 2**64:  # above, torch refuses the seed ('Overflow when unpacking long long')
+            why = f" (torch's CPU generator reads only a seed's low 32 bits: it draws as seed {value % 2**32})"
         raise FwbenchError(f"{option}: got {shown(value)}; expected a non-negative integer below 2**31{why}")
     return value

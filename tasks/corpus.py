@@ -134,6 +134,26 @@ def download_verified(url: str, destination: Path, sha256: str, fetch: Fetch | N
                     directory.rmdir()
 
 
+def _is_file(path: Path, setting: str) -> bool:
+    """``path.is_file()``, or a :class:`CorpusError` naming ``path`` and the ``setting`` that chose it: a folder name
+    of 300 characters raised a bare ``OSError: [Errno 36] File name too long`` traceback (from every grid load
+    that checks an LM grid against the corpus, and from ``fwbench run --data-dir``)."""
+    try:
+        return path.is_file()
+    except OSError as exc:
+        raise CorpusError(f"{setting}: cannot look for the corpus at {str(path)!r} ({exc.strerror or exc}); "
+                          "expected a readable folder") from None
+
+
+def _sha256(path: Path, setting: str) -> str:
+    """:func:`sha256_of` ``path``, or a :class:`CorpusError` naming it (a file that cannot be read)."""
+    try:
+        return sha256_of(path)
+    except OSError as exc:
+        raise CorpusError(f"{setting}: cannot read {str(path)!r} ({exc.strerror or exc}); expected a readable "
+                          "copy of the corpus") from None
+
+
 def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,
                   fetch: Fetch | None = None, download: bool = True) -> Path:
     """Path of a verified copy of the corpus, downloading it into the cache if needed.
@@ -152,8 +172,8 @@ def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SH
     """
     looked: list[str] = []
     for candidate in data_dir_candidates(data_dir):
-        if candidate.is_file():
-            got = sha256_of(candidate)
+        if _is_file(candidate, "--data-dir or $" + DATA_DIR_ENV):
+            got = _sha256(candidate, "--data-dir or $" + DATA_DIR_ENV)
             if got != sha256:
                 raise CorpusError(
                     f"{candidate} has sha256 {got}, expected {sha256}: not the Tiny Shakespeare corpus or an "
@@ -162,8 +182,8 @@ def locate_corpus(data_dir: str | Path | None = None, *, sha256: str = CORPUS_SH
             return candidate
         looked.append(f"{candidate} (absent)")
     cached = cache_dir() / CORPUS_DIR / CORPUS_FILE
-    if cached.is_file():
-        if sha256_of(cached) == sha256:
+    if _is_file(cached, "$" + CACHE_DIR_ENV):
+        if _sha256(cached, "$" + CACHE_DIR_ENV) == sha256:
             return cached
         looked.append(f"{cached} (checksum mismatch, ignored and replaced on download)")
     else:

@@ -213,6 +213,11 @@ def check_fits_corpus(config: ShakespeareConfig, corpus: CharCorpus, error: type
     if missing:
         raise error(f"prompt: got {config.prompt!r}; characters {missing!r} are not in the corpus's "
                     f"{len(corpus.vocabulary)}-symbol vocabulary")
+    whole = corpus.train.numel() + corpus.valid.numel()
+    if whole < config.sequence_length + config.context + 2:  # then no train_fraction could help: not its fault
+        raise error(f"context, train_segments: got {config.context}, {config.train_segments}; the corpus holds {whole} "
+                    f"characters, fewer than a training window (context × train_segments + 1 = "
+                    f"{config.sequence_length + 1}) and a validation window (context + 1) together")
     if corpus.train.numel() < config.sequence_length + 1:
         raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.train.numel()} training "
                     f"characters; expected at least context × train_segments + 1 = {config.sequence_length + 1}")

@@ -3703,7 +3703,7 @@ def _(ctx):
 
 
 def fake_corpus_task(ctx: Context) -> None:
-    """The grid loader's Shakespeare task reading a 4,700-character corpus in ``ctx.tmp_path`` (its own checksum)."""
+    """The grid loader's Shakespeare task reading a 4,100-character corpus in ``ctx.tmp_path`` (its own checksum)."""
     from fwbench.tasks import TASKS
 
     text = "".join(f"It is line {i % 7}: the quick brown fox jumps.\n" for i in range(100))
@@ -3737,14 +3737,29 @@ def _(ctx):
     in float32 with denormals flushed): grad_clip = 1e-320 trained exactly as grad_clip = 0 (no clipping), lr =
     1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'."""
     assert grid_error(ctx, TINY_GRID.replace("max_steps = 2", "max_steps = 2\nlr = [1e-50, 1e-300]")).startswith(
-        "FwbenchError: grid one profile quick: lr: got 1e-50; expected 0 or a magnitude of at least")
-    assert "power_a: got 5e-324; expected 0 or a magnitude" in grid_error(ctx, MQAR_GRID + "power_a = 5e-324\n")
+        "FwbenchError: grid one profile quick: lr: got 1e-50; expected a magnitude of at least 1.1754943508222875e-38")
+    # break-it pass AS: float64 keys (MQAR's power law) act down to float64's smallest normal; a subnormal is refused
+    assert "power_a: got 5e-324; expected a magnitude of at least 2.2250738585072014e-308" in grid_error(
+        ctx, MQAR_GRID + "power_a = 5e-324\n")
+    assert [spec.config["power_a"] for spec in expand(load_grid(grid_file(ctx, MQAR_GRID + "power_a = 1e-39\n")),
+                                                      "quick")] == [1e-39]
     spec = RunSpec(grid="g", task="retrieval", variant="linear", seed=1, config={"S": 4, "lr": 1e-45})
-    assert "lr: got 1e-45; expected 0 or a magnitude" in raised(
+    assert "lr: got 1e-45; expected a magnitude" in raised(
         FwbenchError, run_grid, [spec], ResultsStore(ctx.tmp_path / "r"), quiet=True)
     # break-it pass AR: a tiny temperature acts (sampling divides in float64: greedy), as the command's does
     assert [spec.config["temperature"] for spec in expand(load_grid(grid_file(ctx, LM_GRID + "temperature = 1e-39\n")),
                                                            "quick")] == [1e-39]
+    # break-it pass AS: in a process flushing denormals, Python's comparisons read 1e-320 as 0, and it passed
+    from fwbench.variants.kernels.precision import denormals_are_flushed
+
+    was_on = denormals_are_flushed()
+    if torch.set_flush_denormal(True):
+        try:
+            flushed = RunSpec(grid="g", task="shakespeare", variant="linear", seed=1, config={"grad_clip": 1e-320})
+            with pytest.raises(FwbenchError, match="grad_clip: got .*; expected a magnitude of at least"):
+                flushed.run_id  # noqa: B018
+        finally:
+            torch.set_flush_denormal(was_on)
     return grid_error(ctx, LM_GRID + "grad_clip = [0.0, 1e-320]\n")
 
 
@@ -3811,6 +3826,32 @@ def _(ctx):
                  "--out", str(ctx.tmp_path / "out"))
     assert not (ctx.tmp_path / "out").exists()
     return answer
+
+
+@row("C290")
+def _(ctx):
+    """Break-it pass AS: a data or cache folder whose name the OS refuses (300 characters: 'File name too long')
+    raised a bare OSError traceback from `fwbench grids` and every LM grid load (the load-time corpus check of
+    4b2fc73) and from `fwbench run --data-dir`."""
+    from fwbench.tasks import corpus
+
+    long_name = str(ctx.tmp_path / ("a" * 300))
+    ctx.monkeypatch.setenv(corpus.DATA_DIR_ENV, long_name)
+    assert cli(ctx, "grids") == "exit 0: "  # the grids are listed: the check is skipped, the run will say why
+    ctx.monkeypatch.delenv(corpus.DATA_DIR_ENV)
+    ctx.monkeypatch.setenv(corpus.CACHE_DIR_ENV, long_name)
+    assert raised(corpus.CorpusError, corpus.locate_corpus, download=False).startswith(
+        f"CorpusError: $FWBENCH_CACHE_DIR: cannot look for the corpus at '{long_name}/tinyshakespeare/input.txt' (")
+    return cli(ctx, "run", "shakespeare", "--profile", "smoke", "--data-dir", long_name,
+               "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("G144")
+def _(ctx):
+    """Break-it pass AS: a context no train_fraction could fit was blamed on train_fraction ('train_fraction: got
+    0.9, which leaves … training characters'), though the whole corpus is shorter than the window."""
+    fake_corpus_task(ctx)
+    return grid_error(ctx, LM_GRID + "context = 4000\nstream_eval = false\n")
 
 
 # ------------------------------------------------------------------------------------------------

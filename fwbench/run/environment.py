@@ -81,7 +81,11 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     if data_dir is None:
         return
     refuse_empty_path("--data-dir", data_dir, "a directory holding the data")
-    if not Path(data_dir).is_dir():
+    try:
+        is_dir = Path(data_dir).is_dir()
+    except OSError as exc:  # a name of 300 characters: a bare 'File name too long' traceback
+        raise FwbenchError(f"--data-dir: got {str(data_dir)!r}, which cannot be read ({exc.strerror or exc})") from None
+    if not is_dir:
         raise FwbenchError(f"--data-dir: got {str(data_dir)!r}, which is not a directory")
     os.environ[DATA_DIR_ENV] = str(Path(data_dir).resolve())
 

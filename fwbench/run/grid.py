@@ -34,6 +34,7 @@ import hashlib
 import itertools
 import json
 import math
+import struct
 import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -60,9 +61,19 @@ TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "varian
 #: float32's smallest normal number (``torch.finfo(torch.float32).tiny``): a float setting of a smaller magnitude,
 #: but not 0, is refused (:func:`_check_value`).
 FLOAT32_TINY = 1.1754943508222875e-38
-#: Float keys whose tiny values act as given: the LM's sampling temperature divides the logits in float64, and a
-#: temperature of 1e-39 samples greedily, as ``fwbench sample --temperature 1e-39`` does.
-TINY_FLOATS_THAT_ACT = {"temperature"}
+#: Float keys computed in float64, not float32, refused only below float64's smallest normal number: MQAR's power
+#: law (a power_a of 1e-39 draws as 1e-30 does), the LM's split of the corpus, and its sampling temperature, which
+#: divides the logits in float64 (1e-39 samples greedily, as ``fwbench sample --temperature 1e-39`` does). A
+#: subnormal one is refused too: the flushing reads it as 0, and the run id hashed it as "0.0" there.
+FLOAT64_KEYS = {key: (sys.float_info.min, "float64, as the task computes it")
+                for key in ("power_a", "train_fraction", "temperature")}
+
+
+def _nonzero(value: float) -> bool:
+    """Whether ``value`` is not ±0.0, read from its bits: in a process flushing denormals (FTZ/DAZ) Python's own
+    comparisons (and ``float.hex``) read a subnormal as 0, and ``grad_clip = 1e-320`` then passed as 0 under the
+    run id of 0."""
+    return struct.pack("<d", value).strip(b"\x00") not in (b"", b"\x80")  # a copy of the bits: no float operation
 RUN_KEYS = {"variant", "seed"}
 #: The longest grid name, in UTF-8 bytes: ``fwbench capacity`` writes NAME.csv and NAME.png, and a file
 #: name may hold 255 bytes (NAME_MAX on ext4, XFS, APFS, NTFS), four of them the suffix.
@@ -316,13 +327,17 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
-    if expected is float and 0 < abs(value) < FLOAT32_TINY and key not in TINY_FLOATS_THAT_ACT:
+    if expected is float and _nonzero(value):
         # training runs in float32 with denormals flushed (FTZ/DAZ, which also reads a float64 subnormal as 0 in
         # Python's own comparisons): grad_clip = 1e-320 acted as 0 (no clipping: the strongest clip read as none),
         # lr = 1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'
-        raise FwbenchError(f"{where}: {key}: got {value!r}; expected 0 or a magnitude of at least {FLOAT32_TINY!r} "
-                           "(float32's smallest normal number: training in float32 reads a smaller one as 0)")
-    if expected is float and value == 0:
+        smallest, which = FLOAT64_KEYS.get(key, (FLOAT32_TINY, "float32 training"))
+        if abs(value) < smallest:
+            raise FwbenchError(
+                f"{where}: {key}: got {value!r}; expected a magnitude of at least {smallest!r}, or 0 where {key} allows "
+                f"it (the smallest normal number of {which}, which runs with denormals flushed and reads a smaller "
+                "one as 0)")
+    if expected is float and not _nonzero(value):
         # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
         # but json.dumps writes it "-0.0": it was a second run id for one computation
         return 0.0
