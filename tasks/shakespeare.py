@@ -218,13 +218,18 @@ def check_fits_corpus(config: ShakespeareConfig, corpus: CharCorpus, error: type
         raise error(f"context, train_segments: got {config.context}, {config.train_segments}; the corpus holds {whole} "
                     f"characters, fewer than a training window (context × train_segments + 1 = "
                     f"{config.sequence_length + 1}) and a validation window (context + 1) together")
+    longest = max(CARRIED_MULTIPLES) * config.sequence_length
+    if config.stream_eval and whole < config.sequence_length + longest + 2:  # no train_fraction fits both either
+        raise error(f"context, train_segments: got {config.context}, {config.train_segments} with stream_eval = true; "
+                    f"the corpus holds {whole} characters, fewer than a training window (context × train_segments + 1 = "
+                    f"{config.sequence_length + 1}) and the long-context evaluation's stream ({max(CARRIED_MULTIPLES)} × "
+                    f"context × train_segments + 1 = {longest + 1}) together (or stream_eval = false)")
     if corpus.train.numel() < config.sequence_length + 1:
         raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.train.numel()} training "
                     f"characters; expected at least context × train_segments + 1 = {config.sequence_length + 1}")
     if corpus.valid.numel() < config.context + 1:
         raise error(f"train_fraction: got {config.train_fraction}, which leaves {corpus.valid.numel()} "
                     f"validation characters; expected at least context + 1 = {config.context + 1}")
-    longest = max(CARRIED_MULTIPLES) * config.sequence_length
     stream = min(config.stream_characters or corpus.valid.numel(), corpus.valid.numel())
     if config.stream_eval and stream < longest + 1:
         # validate() checks a stream_characters it is given; the split itself may be shorter: the carried

@@ -3749,6 +3749,12 @@ def _(ctx):
     # break-it pass AR: a tiny temperature acts (sampling divides in float64: greedy), as the command's does
     assert [spec.config["temperature"] for spec in expand(load_grid(grid_file(ctx, LM_GRID + "temperature = 1e-39\n")),
                                                            "quick")] == [1e-39]
+    # break-it pass AT: AS's zero test read 2.848094538889218e-306 (a normal float64) and six subnormals as 0
+    for value in (2.848094538889218e-306, 6.3e-322, 6.953355807835e-310):
+        assert f"grad_clip: got {value!r}; expected a magnitude of at least" in grid_error(
+            ctx, LM_GRID + f"grad_clip = {value!r}\n")
+    assert [spec.config["power_a"] for spec in expand(load_grid(grid_file(
+        ctx, MQAR_GRID + "power_a = 2.848094538889218e-306\n")), "quick")] == [2.848094538889218e-306]
     # break-it pass AS: in a process flushing denormals, Python's comparisons read 1e-320 as 0, and it passed
     from fwbench.variants.kernels.precision import denormals_are_flushed
 
@@ -3851,6 +3857,11 @@ def _(ctx):
     """Break-it pass AS: a context no train_fraction could fit was blamed on train_fraction ('train_fraction: got
     0.9, which leaves … training characters'), though the whole corpus is shorter than the window."""
     fake_corpus_task(ctx)
+    # break-it pass AT: the long-context stream too (16 × the window) was still blamed on train_fraction
+    assert grid_error(ctx, LM_GRID + "context = 250\n").endswith(
+        "the corpus holds 4100 characters, fewer than a training window (context × train_segments + 1 = 251) and "
+        "the long-context evaluation's stream (16 × context × train_segments + 1 = 4001) together (or stream_eval = "
+        "false)")
     return grid_error(ctx, LM_GRID + "context = 4000\nstream_eval = false\n")
 
 
