@@ -65,8 +65,7 @@ FLOAT32_TINY = 1.1754943508222875e-38
 #: law (a power_a of 1e-39 draws as 1e-30 does), the LM's split of the corpus, and its sampling temperature, which
 #: divides the logits in float64 (1e-39 samples greedily, as ``fwbench sample --temperature 1e-39`` does). A
 #: subnormal one is refused too: the flushing reads it as 0, and the run id hashed it as "0.0" there.
-FLOAT64_KEYS = {key: (sys.float_info.min, "float64, as the task computes it")
-                for key in ("power_a", "train_fraction", "temperature")}
+FLOAT64_KEYS = {"power_a", "train_fraction", "temperature"}
 
 
 def _nonzero(value: float) -> bool:
@@ -329,20 +328,21 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         raise FwbenchError(f"{where}: {key}: got {shown(value)} ({type(value).__name__}); expected {expected.__name__}")
     if expected is float and not math.isfinite(value):
         raise FwbenchError(f"{where}: {key}: got {value!r}; expected a finite number")
-    if expected is float and _nonzero(value):
+    if expected is float and not _nonzero(value):
+        # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
+        # but json.dumps writes it "-0.0": it was a second run id for one computation
+        return 0.0
+    if expected is float:
         # training runs in float32 with denormals flushed (FTZ/DAZ, which also reads a float64 subnormal as 0 in
         # Python's own comparisons): grad_clip = 1e-320 acted as 0 (no clipping: the strongest clip read as none),
         # lr = 1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'
-        smallest, which = FLOAT64_KEYS.get(key, (FLOAT32_TINY, "float32 training"))
+        smallest, which = ((sys.float_info.min, "float64, as the task computes it") if key in FLOAT64_KEYS
+                           else (FLOAT32_TINY, "float32 training"))
         if abs(value) < smallest:
             raise FwbenchError(
                 f"{where}: {key}: got {value!r}; expected a magnitude of at least {smallest!r}, or 0 where {key} allows "
                 f"it (the smallest normal number of {which}, which runs with denormals flushed and reads a smaller "
                 "one as 0)")
-    if expected is float and not _nonzero(value):
-        # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
-        # but json.dumps writes it "-0.0": it was a second run id for one computation
-        return 0.0
     if key == "seed":
         check_seed(value, f"{where}: seed")
     return value
