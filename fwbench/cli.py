@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -418,14 +419,26 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     set_torch_threads(args.threads)
     text, info = sample_from_checkpoint(args.checkpoint, args.prompt, args.tokens, args.temperature, args.seed,
                                         resolve_device(args.device), top_k=args.top_k)
-    print(f"# {info['variant']}, step {info['step']}, temperature {args.temperature}, seed {args.seed}",
+    temperature = args.temperature + 0.0  # -0.0 samples as 0.0 and is shown so
+    print(f"# {info['variant']}, step {info['step']}, temperature {temperature}, seed {args.seed}",
           file=sys.stderr)
     print(text)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, reading every negative number as a value: before Python 3.13 it read only ``-1`` and
+    ``-0.5`` so, and ``--temperature -1e-5`` (or ``-inf``) was answered "expected one argument" instead of the
+    option's own range (break-it pass AU). The subcommands' parsers are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(
+            r"^-(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:e[-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fwbench", description="Benchmark and reproduce fast-weight attention (Schlag et al. 2021)."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -57,6 +57,9 @@ class Task(Protocol):
                  device: torch.device) -> dict[str, float]:
         """Evaluation metrics; must contain ``loss``, the quantity early stopping watches."""
 
+    # Optional: ``float64_keys: ClassVar[frozenset[str]]``, the float config keys the task computes in float64,
+    # not in float32 training: the grid refuses them only below float64's smallest normal number, not float32's
+    # (see :func:`fwbench.run.grid.refuse_tiny_floats`; default: none).
     # Optional: ``acting_config(config, variant) -> dict``, the config keys that act for this variant
     # (the run id hashes only these; default: every key). See :func:`acting_config`.
     # Optional: ``acting_variant(config, variant) -> str``, the variant spec as it computes here (the run id

@@ -87,12 +87,21 @@ def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:
     """Files that may hold the corpus under ``data_dir`` (or ``FWBENCH_DATA_DIR``), in order.
 
     Raises:
-        CorpusError: a ``~user`` naming no user (:func:`expanded_path`).
+        CorpusError: a ``~user`` naming no user (:func:`expanded_path`), or a path to something that is not a
+            directory.
     """
     root = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV)
     if not root:
         return []
-    root = expanded_path(root, "--data-dir" if data_dir is not None else f"${DATA_DIR_ENV}")
+    source = "--data-dir" if data_dir is not None else f"${DATA_DIR_ENV}"
+    root = expanded_path(root, source)
+    try:
+        not_a_folder = root.exists() and not root.is_dir()
+    except OSError:  # a name the OS refuses: _is_file names it, with the reason
+        not_a_folder = False
+    if not_a_folder:  # FWBENCH_DATA_DIR=/etc/passwd was searched as a folder, "(absent)", then a download tried
+        raise CorpusError(f"{source}: got {str(root)!r}, which is not a directory; expected a directory holding "
+                          f"{CORPUS_DIR}/{CORPUS_FILE} or {CORPUS_FILE}")
     return [root / CORPUS_DIR / CORPUS_FILE, root / CORPUS_FILE]
 
 

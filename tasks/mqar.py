@@ -279,13 +279,16 @@ class MQARTask:
 
     name: ClassVar[str] = "mqar"
     config_class: ClassVar[type] = MQARConfig
+    #: the power law of the query gaps is computed in float64 (a power_a of 1e-39 draws as 1e-30 does)
+    float64_keys: ClassVar[frozenset[str]] = frozenset({"power_a"})
 
     def validate(self, config: MQARConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
         check_fields(config, positive=("vocab_size", "seq_len", "num_kv_pairs", "d_model", "n_heads", "n_layers",
                                        "batch_size", "eval_every", "eval_sequences", "patience", "max_steps", "chunk_size"))
-        if config.lr <= 0 or config.power_a <= 0:
-            raise ValueError(f"lr, power_a: got {config.lr}, {config.power_a}; expected > 0")
+        for name in ("lr", "power_a"):
+            if getattr(config, name) <= 0:
+                raise ValueError(f"{name}: got {getattr(config, name)}; expected > 0")
         if config.d_model % config.n_heads:
             raise ValueError(f"d_model: got {config.d_model}; expected a multiple of n_heads={config.n_heads}")
         check_mqar_storage(config.vocab_size, config.d_model)  # d_model = 2**63 - 1 passed and failed every run

@@ -386,6 +386,8 @@ class RetrievalTask:
     #: 2: ``chunk_size`` reaches the delta rule's write-then-read kernel (schema 1 ran it at 24 whatever
     #: the config said, so a schema-1 record with another chunk size names a run that never happened)
     record_schema: ClassVar[int] = 2
+    #: the key embedding's int(embedding_factor · S) features are computed in float64
+    float64_keys: ClassVar[frozenset[str]] = frozenset({"embedding_factor"})
 
     def validate(self, config: RetrievalConfig) -> None:
         """Raise ``ValueError`` naming the field when a hyper-parameter is out of range."""
@@ -395,8 +397,9 @@ class RetrievalTask:
                                        "max_steps", "chunk_size"))
         if config.S < 2:
             raise ValueError(f"S: got {config.S}; expected at least 2 keys")
-        if config.lr <= 0 or config.embedding_factor <= 0:
-            raise ValueError(f"lr, embedding_factor: got {config.lr}, {config.embedding_factor}; expected > 0")
+        for name in ("lr", "embedding_factor"):
+            if getattr(config, name) <= 0:
+                raise ValueError(f"{name}: got {getattr(config, name)}; expected > 0")
         try:  # an int factor (a spec built in Python) times S: float() of it overflows past 1.8e308
             size = float(config.embedding_factor) * config.S
         except OverflowError:

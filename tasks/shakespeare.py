@@ -18,6 +18,7 @@ computes the unigram baseline, and samples ``sample_tokens`` characters after ``
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -58,6 +59,9 @@ EVAL_BATCH_SEGMENTS = 64
 #: killed, with no record written).
 MAX_SAMPLE_TOKENS = 1_000_000
 SAMPLE_TOKENS_WHY = "one model step per sampled character"
+#: The smallest dropout probability p that acts: float32, in which dropout keeps a unit with probability 1 − p and
+#: scales it by 1 / (1 − p), rounds 1 − p to 1 for every smaller p (2**-25 ties to even, at 1).
+SMALLEST_DROPOUT = math.nextafter(2.0 ** -25 + 2.0 ** -54, math.inf)
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,9 @@ class ShakespeareTask:
 
     name: ClassVar[str] = "shakespeare"
     config_class: ClassVar[type] = ShakespeareConfig
+    #: computed in float64: the corpus split int(train_fraction · characters), and the sampling temperature,
+    #: which divides the logits in float64 (1e-39 samples greedily, as ``fwbench sample --temperature 1e-39``)
+    float64_keys: ClassVar[frozenset[str]] = frozenset({"train_fraction", "temperature"})
 
     def __init__(self, data_dir: str | Path | None = None, sha256: str = CORPUS_SHA256, url: str = CORPUS_URL,
                  fetch=None):
@@ -304,11 +311,20 @@ class ShakespeareTask:
         if config.sample_tokens > MAX_SAMPLE_TOKENS:
             raise ValueError(f"sample_tokens: got {shown(config.sample_tokens)}; expected at most {MAX_SAMPLE_TOKENS} "
                              f"({SAMPLE_TOKENS_WHY})")
-        if config.lr <= 0 or config.grad_clip < 0 or config.temperature < 0:
-            raise ValueError(f"lr, grad_clip, temperature: got {config.lr}, {config.grad_clip}, {config.temperature}; "
-                             "expected lr > 0, grad_clip >= 0, temperature >= 0")
+        if config.lr <= 0:
+            raise ValueError(f"lr: got {config.lr}; expected > 0")
+        for name in ("grad_clip", "temperature"):
+            if getattr(config, name) < 0:
+                raise ValueError(f"{name}: got {getattr(config, name)}; expected >= 0")
         if not 0.0 <= config.dropout < 1.0:
             raise ValueError(f"dropout: got {config.dropout}; expected a probability in [0, 1)")
+        if config.dropout and torch.tensor(1.0 - config.dropout, dtype=torch.float32).item() == 1.0:
+            # dropout keeps a unit with probability 1 − p and scales it by 1 / (1 − p), both in float32: below
+            # this, 1 − p rounds to 1, nothing is dropped or scaled, and 1e-30 trained exactly as 0 under its own
+            # run id (break-it pass AU)
+            raise ValueError(f"dropout: got {config.dropout!r}; expected 0 or at least {SMALLEST_DROPOUT!r} (float32 "
+                             f"rounds the keep probability 1 − {config.dropout!r} to 1: no unit is dropped or "
+                             "scaled, so it acts as 0)")
         if 0 < config.stream_characters < config.context + 1:
             raise ValueError(f"stream_characters: got {config.stream_characters}; expected 0 (the whole validation "
                              f"split) or at least context + 1 = {config.context + 1}")

@@ -3865,6 +3865,111 @@ def _(ctx):
     return grid_error(ctx, LM_GRID + "context = 4000\nstream_eval = false\n")
 
 
+@row("G145")
+def _(ctx):
+    """Break-it pass AU: dropout = 1e-30 trained exactly as dropout = 0 (float32 reads its keep probability 1 − p as
+    1: nothing dropped, nothing scaled) under a run id of its own; 1e-39 was refused with the float32-tiny reason."""
+    from fwbench.tasks.shakespeare import SMALLEST_DROPOUT
+
+    x = torch.ones(1000)
+    assert torch.equal(nn.functional.dropout(x, math.nextafter(SMALLEST_DROPOUT, 0.0), training=True), x)
+    assert nn.functional.dropout(x, SMALLEST_DROPOUT, training=True).max().item() == 1.0000001192092896
+    assert "dropout: got 1e-39; expected 0 or at least 2.980232244320647e-08" in grid_error(ctx, LM_GRID + "dropout = 1e-39\n")
+    [spec] = expand(load_grid(grid_file(ctx, LM_GRID + f"dropout = {SMALLEST_DROPOUT!r}\n")), "quick")
+    assert spec.config["dropout"] == SMALLEST_DROPOUT
+    return grid_error(ctx, LM_GRID + "dropout = [0.0, 1e-30]\n")
+
+
+@row("G146")
+def _(ctx):
+    """Break-it pass AU: one range check named two or three keys ('lr, power_a: got 0.001, 0.0; expected > 0'), and
+    the float32-tiny rule ran before the tasks' own: embedding_factor = 1e-39 (computed in float64) was given the
+    float32 reason, grad_clip = -1e-39 'a magnitude of at least 1.18e-38', then -1.2e-38 'grad_clip >= 0'."""
+    assert grid_error(ctx, LM_GRID + "lr = 0.0\n").endswith(": lr: got 0.0; expected > 0")
+    assert grid_error(ctx, LM_GRID + "grad_clip = -1e-39\n").endswith(": grad_clip: got -1e-39; expected >= 0")
+    assert grid_error(ctx, TINY_GRID.replace("max_steps = 2", "max_steps = 2\nlr = 0.0")).endswith(
+        ": lr: got 0.0; expected > 0")
+    assert grid_error(ctx, TINY_GRID.replace("max_steps = 2", "max_steps = 2\nembedding_factor = 1e-39")).endswith(
+        ": embedding_factor: got 1e-39 with S=3, a key embedding of int(1e-39 × 3) = 0 features; expected "
+        "embedding_factor × S >= 1")
+    return grid_error(ctx, MQAR_GRID + "power_a = -0.0\n")
+
+
+@row("G147")
+def _(ctx):
+    """Break-it pass AU: a RunSpec built in Python with -0.0 hashed it as '-0.0', a second run id for the run of
+    0.0, which the grid path reads as 0.0 (run_grid retrained a run the store held)."""
+    def run_id(task: str, **config) -> str:
+        return RunSpec(grid="g", task=task, variant="linear", seed=1, config=config).run_id
+
+    for task, key in (("shakespeare", "dropout"), ("shakespeare", "grad_clip"), ("shakespeare", "temperature"),
+                      ("mqar", "target_loss")):
+        assert run_id(task, **{key: -0.0}) == run_id(task, **{key: 0.0}), key
+    return "no error: the run id of -0.0 is that of 0.0 (dropout, grad_clip, temperature, MQAR target_loss)"
+
+
+@row("G148")
+def _(ctx):
+    """Break-it pass AU: lr = [1e-20, 1e-30] trained with identical metrics under two run ids. Both are normal float32
+    numbers and act: one Adam step moves a weight at 0 by each (the LM's LayerNorm biases start at 0); that the
+    moves round away against the other weights depends on the weights, which no loader sees."""
+    specs = expand(load_grid(grid_file(ctx, LM_GRID + "lr = [1e-20, 1e-30]\n")), "quick")
+    assert len({spec.run_id for spec in specs}) == 2
+    moved = []
+    for lr in (1e-20, 1e-30):
+        weight = nn.Parameter(torch.zeros(1))
+        optimiser = torch.optim.Adam([weight], lr=lr)
+        weight.grad = torch.ones(1)
+        optimiser.step()
+        moved.append(weight.item())
+    assert moved == [pytest.approx(-1e-20, rel=1e-6), pytest.approx(-1e-30, rel=1e-6)]
+    return "no error: two runs (one Adam step moves a weight at 0 by -1e-20 and -1e-30: each acts)"
+
+
+@row("G149")
+def _(ctx):
+    """Break-it pass AU: temperature = [0.0, 1e-300] sampled identical texts under two run ids. A positive
+    temperature samples: where the top logits tie it draws among them, where 0 takes the first; which temperatures
+    sample alike elsewhere depends on the trained logits, which no loader sees."""
+    from fwbench.tasks.lm_model import sample_next
+
+    specs = expand(load_grid(grid_file(ctx, LM_GRID + "temperature = [0.0, 1e-300]\n")), "quick")
+    assert len({spec.run_id for spec in specs}) == 2
+    logits = torch.tensor([[1.0, 1.0, 0.0]])
+    generator = torch.Generator().manual_seed(0)
+    greedy = {sample_next(logits, 0.0, generator).item() for _ in range(40)}
+    tiny = {sample_next(logits, 1e-300, generator).item() for _ in range(40)}
+    assert (greedy, tiny) == ({0}, {0, 1})
+    return f"no error: two runs (over tied top logits 0 draws {sorted(greedy)}, 1e-300 draws {sorted(tiny)})"
+
+
+@row("C291")
+def _(ctx):
+    """Break-it pass AU: FWBENCH_DATA_DIR naming a file was searched as a folder ('…/input.txt (absent)'), then a
+    download was tried; --data-dir naming a file was refused as not a directory."""
+    (ctx.tmp_path / "afile").write_text("not a folder")
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path / "afile"))
+    return cli(ctx, "run", "shakespeare", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
+
+
+@row("C292")
+def _(ctx):
+    """Break-it pass AU: `--temperature -1e-5` (or -inf) was answered by argparse 'expected one argument' (it read
+    the value as an option: before Python 3.13 only -1 and -0.5 read as numbers); `--temperature -0.0` printed
+    'temperature -0.0' in the sample's header."""
+    import fwbench.run.sampling
+
+    checkpoint = str(ctx.tmp_path / "run.pt")
+    answer = cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-1e-5")
+    assert cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-inf") == (
+        "exit 2: fwbench: error: --temperature: got -inf; expected a finite number >= 0 (0 = greedy)")
+    ctx.monkeypatch.setattr(fwbench.run.sampling, "sample_from_checkpoint",
+                            lambda *args, **kwargs: ("It is", {"variant": "linear", "step": 3}))
+    assert cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-0.0") == (
+        "exit 0: # linear, step 3, temperature 0.0, seed 1")
+    return answer
+
+
 # ------------------------------------------------------------------------------------------------
 # The table and the tests.
 # ------------------------------------------------------------------------------------------------

@@ -59,13 +59,8 @@ GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
 PAPER_GRIDS = ["capacity", "setting2", "capacity_nu", "mqar", "shakespeare"]
 TOP_LEVEL_KEYS = {"name", "task", "description", "defaults", "profiles", "variant_modules"}
 #: float32's smallest normal number (``torch.finfo(torch.float32).tiny``): a float setting of a smaller magnitude,
-#: but not 0, is refused (:func:`_check_value`).
+#: but not 0, is refused (:func:`refuse_tiny_floats`), unless its task computes it in float64.
 FLOAT32_TINY = 1.1754943508222875e-38
-#: Float keys computed in float64, not float32, refused only below float64's smallest normal number: MQAR's power
-#: law (a power_a of 1e-39 draws as 1e-30 does), the LM's split of the corpus, and its sampling temperature, which
-#: divides the logits in float64 (1e-39 samples greedily, as ``fwbench sample --temperature 1e-39`` does). A
-#: subnormal one is refused too: the flushing reads it as 0, and the run id hashed it as "0.0" there.
-FLOAT64_KEYS = {"power_a", "train_fraction", "temperature"}
 
 
 def _nonzero(value: float) -> bool:
@@ -332,20 +327,39 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
         # -0.0 acts as 0.0 in every comparison a config makes (dropout, grad_clip, target_loss, temperature)
         # but json.dumps writes it "-0.0": it was a second run id for one computation
         return 0.0
-    if expected is float:
-        # training runs in float32 with denormals flushed (FTZ/DAZ, which also reads a float64 subnormal as 0 in
-        # Python's own comparisons): grad_clip = 1e-320 acted as 0 (no clipping: the strongest clip read as none),
-        # lr = 1e-50 and 1e-300 trained nothing under two run ids, MQAR power_a = 5e-324 failed every run as 'got 0.0'
-        smallest, which = ((sys.float_info.min, "float64, as the task computes it") if key in FLOAT64_KEYS
-                           else (FLOAT32_TINY, "float32 training"))
-        if abs(value) < smallest:
-            raise FwbenchError(
-                f"{where}: {key}: got {value!r}; expected a magnitude of at least {smallest!r}, or 0 where {key} allows "
-                f"it (the smallest normal number of {which}, which runs with denormals flushed and reads a smaller "
-                "one as 0)")
     if key == "seed":
         check_seed(value, f"{where}: seed")
     return value
+
+
+def refuse_tiny_floats(where: str, task: Any, config: Any) -> None:
+    """Refuse a float setting of ``config`` (a task's config dataclass) whose magnitude is below the smallest
+    normal number of the precision it is computed in, but not 0. Training runs in float32 with denormals flushed
+    (FTZ/DAZ, which also reads a float64 subnormal as 0 in Python's own comparisons), where such a value is
+    exactly 0: ``grad_clip = 1e-320`` clipped nothing (the strongest clip read as none), ``lr = 1e-50`` and
+    ``1e-300`` were each lr = 0, under two run ids. A key the task lists in its ``float64_keys`` (MQAR's power
+    law, the LM's split of the corpus and its sampling temperature) is refused only below float64's smallest
+    normal number; a subnormal is refused for every key. Called after the task's ``validate``, so that a value
+    out of its range is named by that rule (``grad_clip = -1e-39``: ``grad_clip >= 0``), not by this one.
+
+    A tiny value that is a normal number acts, however little (``lr = 1e-20`` moves a weight at 0): which
+    values round away against the weights depends on the weights, which no loader sees.
+
+    Raises:
+        FwbenchError: naming the key, the value and the smallest magnitude allowed.
+    """
+    float64_keys = getattr(task, "float64_keys", frozenset())
+    for field in fields(config):
+        value = getattr(config, field.name)
+        if not isinstance(value, float) or not _nonzero(value):
+            continue
+        smallest, which = ((sys.float_info.min, "float64, as the task computes it") if field.name in float64_keys
+                           else (FLOAT32_TINY, "float32 training"))
+        if abs(value) < smallest:
+            raise FwbenchError(
+                f"{where}: {field.name}: got {value!r}; expected a magnitude of at least {smallest!r}, or 0 where "
+                f"{field.name} allows it (the smallest normal number of {which}, which runs with denormals flushed "
+                "and reads a smaller one as 0)")
 
 
 def _canonical_spec(spec: str) -> str:
@@ -441,6 +455,10 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         spec = RunSpec(grid.name, grid.task, variant, seed, asdict(config), grid.variant_modules)
         try:
             task.validate(config)
+        except ValueError as exc:  # VariantError is a ValueError
+            raise FwbenchError(f"{where}: {exc}") from None
+        refuse_tiny_floats(where, task, config)
+        try:
             spec.given_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
         except ValueError as exc:  # VariantError is a ValueError
             raise FwbenchError(f"{where}: {exc}") from None
@@ -540,13 +558,17 @@ def task_config_of(task: str, config: dict[str, Any]):
     # the grid loader's type check, for a spec built in Python: S='4', context=16.0, a NumPy int (which json.dumps
     # of the run id refuses) or None where no default is None crashed in the run id or the run with a bare TypeError.
     # Checked, not converted: an int lr stays an int, so the run ids of such specs are the ones they always had.
+    # But -0.0 is read as 0.0, as the grid reads it: it was a second run id for the run of 0.0 (break-it pass AU).
+    config = dict(config)
     for field in fields(config_class):
         if field.name not in config:
             continue
         value, expected = config[field.name], _plain_type(field)
         nullable = field.default is None or "None" in str(field.type)
         if expected is not None and not (value is None and nullable):
-            _check_value(f"{task} config", field.name, value, expected)
+            checked = _check_value(f"{task} config", field.name, value, expected)
+            if isinstance(value, float):
+                config[field.name] = checked
     return config_class(**config)
 
 
@@ -578,12 +600,14 @@ def _hashed_config(spec: RunSpec) -> dict[str, Any]:
             gap distribution ``values_as_they_act`` computes.
     """
     check_seed(spec.seed, "seed")  # a spec built in Python: the grid loader checks its own
+    config = spec.task_config()
     try:
-        TASKS[spec.task].validate(spec.task_config())
+        TASKS[spec.task].validate(config)
     except FwbenchError:
         raise
     except ValueError as exc:  # VariantError is one
         raise FwbenchError(f"{spec.task} config: {exc}") from None
+    refuse_tiny_floats(f"{spec.task} config", TASKS[spec.task], config)
     acting, normalised = _acting_config(spec)
     hashed = _given_config(spec)
     defaults, given = config_defaults(spec.task), asdict(spec.task_config())  # a spec may name only some keys
