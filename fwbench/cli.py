@@ -349,8 +349,9 @@ def _check_probe_fits(d_key: int, trials: int) -> None:
 def _cmd_probe(args: argparse.Namespace) -> int:
     import torch
 
-    if args.d_key < 1 or args.trials < 1:
-        raise FwbenchError(f"--d-key, --trials: got {args.d_key}, {args.trials}; expected positive integers")
+    for option, value in (("--d-key", args.d_key), ("--trials", args.trials)):
+        if value < 1:
+            raise FwbenchError(f"{option}: got {value}; expected a positive integer")
     check_seed(args.seed, "--seed")  # as fwbench run and sample check it
     _check_probe_variants(args.d_key)
     _check_probe_fits(args.d_key, args.trials)
@@ -434,7 +435,7 @@ class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = re.compile(
-            r"^-(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:e[-+]?\d+)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
+            r"^-(?:\d[\d_]*(?:\.[\d_]*)?|\.\d[\d_]*)(?:e[-+]?\d[\d_]*)?$|^-(?:inf|infinity|nan)$", re.IGNORECASE)
 
 
 def build_parser() -> argparse.ArgumentParser:

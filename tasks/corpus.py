@@ -20,9 +20,11 @@ provide the file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 import urllib.request
 from collections.abc import Callable
@@ -83,6 +85,20 @@ def cache_dir() -> Path:
     return expanded_path(override, f"${CACHE_DIR_ENV}") if override else Path(platformdirs.user_cache_dir("fwbench"))
 
 
+def _not_a_folder(path: Path) -> bool:
+    """Whether ``path`` names something that is there but cannot be a folder: a file, a FIFO, a device, a broken or
+    looping link, a path through a file (``/etc/passwd/x``). ``False`` for a folder, a link to one, and a path that
+    names nothing (searched, and reported absent) or that the OS refuses to look up (``_is_file`` names it)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return os.path.lexists(path)  # a link to nothing
+    except NotADirectoryError:
+        return True
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+
+
 def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:
     """Files that may hold the corpus under ``data_dir`` (or ``FWBENCH_DATA_DIR``), in order.
 
@@ -95,11 +111,7 @@ def data_dir_candidates(data_dir: str | Path | None) -> list[Path]:
         return []
     source = "--data-dir" if data_dir is not None else f"${DATA_DIR_ENV}"
     root = expanded_path(root, source)
-    try:
-        not_a_folder = root.exists() and not root.is_dir()
-    except OSError:  # a name the OS refuses: _is_file names it, with the reason
-        not_a_folder = False
-    if not_a_folder:  # FWBENCH_DATA_DIR=/etc/passwd was searched as a folder, "(absent)", then a download tried
+    if _not_a_folder(root):  # FWBENCH_DATA_DIR=/etc/passwd was searched as a folder, "(absent)", then a download tried
         raise CorpusError(f"{source}: got {str(root)!r}, which is not a directory; expected a directory holding "
                           f"{CORPUS_DIR}/{CORPUS_FILE} or {CORPUS_FILE}")
     return [root / CORPUS_DIR / CORPUS_FILE, root / CORPUS_FILE]

@@ -59,9 +59,11 @@ EVAL_BATCH_SEGMENTS = 64
 #: killed, with no record written).
 MAX_SAMPLE_TOKENS = 1_000_000
 SAMPLE_TOKENS_WHY = "one model step per sampled character"
-#: The smallest dropout probability p that acts: float32, in which dropout keeps a unit with probability 1 − p and
-#: scales it by 1 / (1 − p), rounds 1 − p to 1 for every smaller p (2**-25 ties to even, at 1).
-SMALLEST_DROPOUT = math.nextafter(2.0 ** -25 + 2.0 ** -54, math.inf)
+#: The smallest dropout probability p whose keep probability 1 − p is not 1 in float64 (1 − 2**-54 ties to even, at
+#: 1): below it dropout keeps every unit and rescales none, on any device, and acts as 0. (Above it a p may still
+#: round away in float32, where the rescaling 1 / (1 − p) is computed, but the CPU draws which units to keep in
+#: float64: p = 2.9e-8 dropped units, unscaled.)
+SMALLEST_DROPOUT = math.nextafter(2.0 ** -54, math.inf)
 
 
 @dataclass(frozen=True)
@@ -318,13 +320,11 @@ class ShakespeareTask:
                 raise ValueError(f"{name}: got {getattr(config, name)}; expected >= 0")
         if not 0.0 <= config.dropout < 1.0:
             raise ValueError(f"dropout: got {config.dropout}; expected a probability in [0, 1)")
-        if config.dropout and torch.tensor(1.0 - config.dropout, dtype=torch.float32).item() == 1.0:
-            # dropout keeps a unit with probability 1 − p and scales it by 1 / (1 − p), both in float32: below
-            # this, 1 − p rounds to 1, nothing is dropped or scaled, and 1e-30 trained exactly as 0 under its own
-            # run id (break-it pass AU)
-            raise ValueError(f"dropout: got {config.dropout!r}; expected 0 or at least {SMALLEST_DROPOUT!r} (float32 "
-                             f"rounds the keep probability 1 − {config.dropout!r} to 1: no unit is dropped or "
-                             "scaled, so it acts as 0)")
+        if config.dropout and 1.0 - config.dropout == 1.0:
+            # 1e-30 trained exactly as 0, under a run id of its own (break-it pass AU)
+            raise ValueError(f"dropout: got {config.dropout!r}; expected 0 or at least {SMALLEST_DROPOUT!r} (1 − "
+                             f"{config.dropout!r} rounds to 1 in float64, and so in float32: dropout keeps every unit "
+                             "with probability 1 and rescales none, so it acts as 0)")
         if 0 < config.stream_characters < config.context + 1:
             raise ValueError(f"stream_characters: got {config.stream_characters}; expected 0 (the whole validation "
                              f"split) or at least context + 1 = {config.context + 1}")

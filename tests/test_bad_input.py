@@ -1925,7 +1925,7 @@ def _(ctx):
     ctx.monkeypatch.chdir(ctx.tmp_path)
     answer = cli(ctx, "probe", "--trials", "99999999999999", "--out", "out")
     assert cli(ctx, "probe", "--d-key", "100000000", "--out", "out").startswith(
-        "exit 2: fwbench: error: --d-key, --trials: got 100000000, 4; expected smaller values")
+        "exit 2: fwbench: error: --d-key, --trials: got 100000000, 4; expected smaller values")  # together, they are
     assert not list(ctx.tmp_path.iterdir())  # refused before the output directory is made
     return answer
 
@@ -3867,16 +3867,22 @@ def _(ctx):
 
 @row("G145")
 def _(ctx):
-    """Break-it pass AU: dropout = 1e-30 trained exactly as dropout = 0 (float32 reads its keep probability 1 − p as
-    1: nothing dropped, nothing scaled) under a run id of its own; 1e-39 was refused with the float32-tiny reason."""
+    """Break-it pass AU: dropout = 1e-30 trained exactly as dropout = 0 (its keep probability 1 − p is 1) under a run
+    id of its own; 1e-39 was refused with the float32-tiny reason. Break-it pass AV: the refusal must not reach a p
+    that acts: the CPU draws which units to keep in float64, so p = 2.9e-8 (below float32's resolution of 1 − p)
+    drops units."""
     from fwbench.tasks.shakespeare import SMALLEST_DROPOUT
 
-    x = torch.ones(1000)
-    assert torch.equal(nn.functional.dropout(x, math.nextafter(SMALLEST_DROPOUT, 0.0), training=True), x)
-    assert nn.functional.dropout(x, SMALLEST_DROPOUT, training=True).max().item() == 1.0000001192092896
-    assert "dropout: got 1e-39; expected 0 or at least 2.980232244320647e-08" in grid_error(ctx, LM_GRID + "dropout = 1e-39\n")
-    [spec] = expand(load_grid(grid_file(ctx, LM_GRID + f"dropout = {SMALLEST_DROPOUT!r}\n")), "quick")
-    assert spec.config["dropout"] == SMALLEST_DROPOUT
+    below = math.nextafter(SMALLEST_DROPOUT, 0.0)
+    assert (1.0 - below, 1.0 - SMALLEST_DROPOUT < 1.0) == (1.0, True)
+    x = torch.ones(1_000_000)
+    assert torch.equal(nn.functional.dropout(x, below, training=True), x)
+    torch.manual_seed(0)
+    x = torch.ones(20_000_000)
+    assert sum(int((nn.functional.dropout(x, 2.9e-8, training=True) == 0).sum()) for _ in range(10)) > 0
+    assert "dropout: got 1e-39; expected 0 or at least 5.551115123125784e-17" in grid_error(ctx, LM_GRID + "dropout = 1e-39\n")
+    assert [spec.config["dropout"] for spec in expand(load_grid(grid_file(
+        ctx, LM_GRID + f"dropout = [{SMALLEST_DROPOUT!r}, 2.9e-8]\n")), "quick")] == [SMALLEST_DROPOUT, 2.9e-8]
     return grid_error(ctx, LM_GRID + "dropout = [0.0, 1e-30]\n")
 
 
@@ -3963,11 +3969,88 @@ def _(ctx):
     answer = cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-1e-5")
     assert cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-inf") == (
         "exit 2: fwbench: error: --temperature: got -inf; expected a finite number >= 0 (0 = greedy)")
+    assert cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-1e5_0") == (  # float() reads it
+        "exit 2: fwbench: error: --temperature: got -1e+50; expected a finite number >= 0 (0 = greedy)")
     ctx.monkeypatch.setattr(fwbench.run.sampling, "sample_from_checkpoint",
                             lambda *args, **kwargs: ("It is", {"variant": "linear", "step": 3}))
     assert cli(ctx, "sample", "--checkpoint", checkpoint, "--temperature", "-0.0") == (
         "exit 0: # linear, step 3, temperature 0.0, seed 1")
     return answer
+
+
+@row("G150")
+def _(ctx):
+    """Break-it pass AV: once the float32-tiny rule ran after validate, only the run id made it: ``execute`` of a
+    RunSpec built in Python trained 3000 steps with lr = 1e-320 (0 under the training's flushed denormals), then
+    its record's run id refused it; MQAR power_a = 5e-324 stopped training on a bare ValueError ('got 0.0')."""
+    from fwbench.run.execute import execute
+    from fwbench.tasks import TASKS
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a training batch was drawn")
+
+    ctx.monkeypatch.setattr(TASKS["mqar"], "train_batch", no_training)
+    config = {"vocab_size": 16, "seq_len": 16, "num_kv_pairs": 2, "d_model": 8, "n_layers": 1, "batch_size": 2,
+              "eval_sequences": 4, "max_steps": 3000, "eval_every": 3000}
+    spec = RunSpec(grid="g", task="mqar", variant="linear", seed=1, config={**config, "lr": 1e-320})
+    assert raised(FwbenchError, execute, spec, torch.device("cpu")).startswith(
+        "FwbenchError: mqar config: lr: got 1e-320; expected a magnitude of at least 1.1754943508222875e-38")
+    spec = RunSpec(grid="g", task="mqar", variant="linear", seed=1, config={**config, "power_a": 5e-324})
+    return raised(FwbenchError, execute, spec, torch.device("cpu"))
+
+
+@row("G151")
+def _(ctx):
+    """Break-it pass AV: in a process flushing denormals (DAZ), Python's own comparisons and repr read a subnormal
+    as 0, and the checks said so: dropout = 5e-324 'got 0.0; expected a magnitude of at least …' (0 is allowed),
+    grad_clip = -1e-320 given the magnitude reason, not 'grad_clip >= 0', MQAR power_a = 5e-324 'got 0.0'."""
+    from fwbench.variants.kernels.precision import denormals_are_flushed
+
+    def run_id_error(task: str, **config) -> str:
+        return raised(FwbenchError, lambda: RunSpec(grid="g", task=task, variant="linear", seed=1, config=config).run_id)
+
+    was_on = denormals_are_flushed()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-denormal mode")
+    try:
+        assert run_id_error("shakespeare", dropout=5e-324).startswith(
+            "FwbenchError: shakespeare config: dropout: got 5e-324; expected 0 or at least 5.551115123125784e-17")
+        assert run_id_error("shakespeare", grad_clip=-1e-320) == (
+            "FwbenchError: shakespeare config: grad_clip: got -1e-320; expected >= 0")
+        answer = run_id_error("mqar", power_a=5e-324)
+        assert denormals_are_flushed()  # the mode is restored
+    finally:
+        torch.set_flush_denormal(was_on)
+    return answer
+
+
+@row("C293")
+def _(ctx):
+    """Break-it pass AV: ``$FWBENCH_DATA_DIR`` naming a file passed ``--jobs 2`` and ``--launcher ray``, which then
+    recorded every LM run failed and exited 0 (the local launcher stopped at the first); a broken or looping link, or
+    a path through a file, was still searched as a folder (C291)."""
+    (ctx.tmp_path / "afile").write_text("not a folder")
+    (ctx.tmp_path / "broken").symlink_to(ctx.tmp_path / "nowhere")
+    (ctx.tmp_path / "loop").symlink_to(ctx.tmp_path / "loop")
+    results = str(ctx.tmp_path / "r")
+    for name in ("broken", "loop", "afile/sub"):
+        ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path / name))
+        assert cli(ctx, "estimate", "shakespeare").endswith(f"/{name}', which is not a directory; expected a "
+                                                            "directory holding tinyshakespeare/input.txt or input.txt")
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path / "absent"))  # a folder yet to be made: searched
+    assert cli(ctx, "run", str(grid_file(ctx, TINY_GRID)), "--quiet", "--results-dir", results).startswith("exit 0")
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path / "afile"))
+    answer = cli(ctx, "run", "shakespeare", "--jobs", "2", "--quiet", "--results-dir", results)
+    assert not (ctx.tmp_path / "r" / "checkpoints").exists()
+    return answer
+
+
+@row("C294")
+def _(ctx):
+    """Break-it pass AV: `fwbench probe --d-key -8` named a key in range too ('--d-key, --trials: got -8, 4')."""
+    ctx.monkeypatch.chdir(ctx.tmp_path)
+    assert cli(ctx, "probe", "--trials", "0") == "exit 2: fwbench: error: --trials: got 0; expected a positive integer"
+    return cli(ctx, "probe", "--d-key", "-8")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 
 from fwbench.errors import FwbenchError, refuse_empty_path
 from fwbench.run.allocator import TUNING_ENV, malloc_tuning_active
-from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV, CorpusError, expanded_path
+from fwbench.tasks.corpus import CACHE_DIR_ENV, DATA_DIR_ENV, CorpusError, data_dir_candidates, expanded_path
 from fwbench.variants.kernels.fla_dispatch import FLA_ENV
 from fwbench.variants.kernels.precision import denormals_are_flushed, denormals_flushed
 
@@ -37,12 +37,15 @@ def run_settings() -> dict[str, str]:
     :data:`PATH_ENV` directories made absolute here (``~`` expanded), empty values left as they are.
 
     Raises:
-        FwbenchError: a directory starting with ``~user`` that names no user of this machine.
+        FwbenchError: a directory starting with ``~user`` that names no user of this machine, or a data directory
+            naming something that is not a directory.
     """
     settings = {name: os.environ[name] for name in RUN_SETTINGS_ENV if name in os.environ}
     for name in PATH_ENV:
         if settings.get(name):
             try:
+                if name == DATA_DIR_ENV:  # a file there: Ray recorded every LM run failed, and exited 0
+                    data_dir_candidates(None)
                 # realpath, not Path.resolve, which raised "RuntimeError: Symlink loop" (a traceback from
                 # --launcher ray) for a directory that is a link looping back: the worker's lookup names it instead
                 settings[name] = os.path.realpath(expanded_path(settings[name], f"${name}"))
@@ -76,9 +79,15 @@ def use_data_dir(data_dir: str | Path | None) -> None:
     :func:`run_settings`. ``None`` leaves the environment as it is.
 
     Raises:
-        FwbenchError: ``data_dir`` is empty (``Path("")`` is the working directory) or not a directory.
+        FwbenchError: ``data_dir`` is empty (``Path("")`` is the working directory) or not a directory; without
+            ``data_dir``, a ``$FWBENCH_DATA_DIR`` naming something that is there but is not a directory (a file: the
+            local launcher stopped at its first LM run, ``--jobs 2`` recorded every LM run failed and exited 0).
     """
     if data_dir is None:
+        try:
+            data_dir_candidates(None)
+        except CorpusError as exc:
+            raise FwbenchError(str(exc)) from None
         return
     refuse_empty_path("--data-dir", data_dir, "a directory holding the data")
     try:

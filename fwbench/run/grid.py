@@ -51,6 +51,7 @@ from fwbench.tasks.base import config_field_types
 from fwbench.variants import VariantError, import_variant_modules, parse_spec
 from fwbench.variants.errors import shown
 from fwbench.variants.kernels.chunking import chunk_length
+from fwbench.variants.kernels.precision import denormals_kept
 from fwbench.variants.registry import check_spec
 
 GRID_DIR = Path(__file__).resolve().parents[1] / "grids"
@@ -332,6 +333,24 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     return value
 
 
+def check_task_config(where: str, task: Any, config: Any) -> None:
+    """``task.validate(config)``, then :func:`refuse_tiny_floats`, with denormal floats kept: the grid loader, a
+    spec's run id and a run's own start (:func:`fwbench.run.training.fit`, which trains with denormals flushed) make
+    the same checks, and each reads a subnormal value as itself (under DAZ, MQAR ``power_a = 5e-324`` was refused
+    as "got 0.0", and a spec run by ``execute`` trained to its end with ``lr = 1e-320``, read as 0, before its
+    record's run id refused it).
+
+    Raises:
+        FwbenchError: ``"{where}: "`` and the message of the first check that fails.
+    """
+    with denormals_kept():
+        try:
+            task.validate(config)
+        except ValueError as exc:  # VariantError and FwbenchError are ValueErrors
+            raise FwbenchError(f"{where}: {exc}") from None
+        refuse_tiny_floats(where, task, config)
+
+
 def refuse_tiny_floats(where: str, task: Any, config: Any) -> None:
     """Refuse a float setting of ``config`` (a task's config dataclass) whose magnitude is below the smallest
     normal number of the precision it is computed in, but not 0. Training runs in float32 with denormals flushed
@@ -453,11 +472,7 @@ def _expand_block(grid: Grid, profile: str, block: dict[str, Any], seeds: list[i
         seed = cell.pop("seed")
         config = task.config_class(**cell)
         spec = RunSpec(grid.name, grid.task, variant, seed, asdict(config), grid.variant_modules)
-        try:
-            task.validate(config)
-        except ValueError as exc:  # VariantError is a ValueError
-            raise FwbenchError(f"{where}: {exc}") from None
-        refuse_tiny_floats(where, task, config)
+        check_task_config(where, task, config)
         try:
             spec.given_id  # noqa: B018 -- refuses settings the variant cannot run (a form its rule lacks)
         except ValueError as exc:  # VariantError is a ValueError
@@ -600,14 +615,7 @@ def _hashed_config(spec: RunSpec) -> dict[str, Any]:
             gap distribution ``values_as_they_act`` computes.
     """
     check_seed(spec.seed, "seed")  # a spec built in Python: the grid loader checks its own
-    config = spec.task_config()
-    try:
-        TASKS[spec.task].validate(config)
-    except FwbenchError:
-        raise
-    except ValueError as exc:  # VariantError is one
-        raise FwbenchError(f"{spec.task} config: {exc}") from None
-    refuse_tiny_floats(f"{spec.task} config", TASKS[spec.task], config)
+    check_task_config(f"{spec.task} config", TASKS[spec.task], spec.task_config())
     acting, normalised = _acting_config(spec)
     hashed = _given_config(spec)
     defaults, given = config_defaults(spec.task), asdict(spec.task_config())  # a spec may name only some keys

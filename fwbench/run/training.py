@@ -39,7 +39,6 @@ from typing import Any
 
 import torch
 
-from fwbench.errors import FwbenchError
 from fwbench.run.checkpoint import (
     discard_unfinished_writes,
     load_checkpoint,
@@ -48,6 +47,7 @@ from fwbench.run.checkpoint import (
     save_checkpoint,
 )
 from fwbench.run.distributed import DistributedContext, parameter_digest
+from fwbench.run.grid import check_task_config
 from fwbench.run.optimization import build_optimizer, build_schedule, clip_gradients
 from fwbench.tasks import TASKS
 from fwbench.tasks.base import to_device
@@ -228,10 +228,8 @@ class _Training:
     def __init__(self, task_name: str, variant: str, config, seed: int, device: torch.device, check_finite: bool,
                  distributed: DistributedContext | None, checkpoint_path: str | Path | None):
         self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
-        try:  # a config built in code (not from a grid, which validates it) gets the same checks
-            self.task.validate(config)
-        except ValueError as exc:
-            raise FwbenchError(f"{task_name} config: {exc}") from None
+        # a config built in code (not from a grid, which checks it) gets the same checks, before any step
+        check_task_config(f"{task_name} config", self.task, config)
         self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
         torch.manual_seed(seed)
         self.model = self.task.build_model(config, variant).to(device)

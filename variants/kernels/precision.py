@@ -494,6 +494,25 @@ def denormals_are_flushed() -> bool:
 
 
 @contextmanager
+def denormals_kept() -> Iterator[None]:
+    """Run the block with denormal floats kept (no FTZ/DAZ) on this thread, then restore the mode it had.
+
+    Why: under DAZ, Python's own float operations read a denormal as 0 too (``5e-324 <= 0`` is True, and
+    ``repr`` prints it as ``0.0``): a config check made inside :func:`denormals_flushed` (a run's own checks, or
+    any check after a caller turned the mode on) refused ``power_a = 5e-324`` as "got 0.0". The checks of a
+    config run under this, so that they read each value as itself.
+    """
+    was_on = denormals_are_flushed()
+    if was_on:
+        torch.set_flush_denormal(False)
+    try:
+        yield
+    finally:
+        if was_on:
+            torch.set_flush_denormal(True)
+
+
+@contextmanager
 def denormals_flushed() -> Iterator[None]:
     """Run the block with denormal floats flushed to zero on this thread (FTZ/DAZ), then restore.
 
