@@ -3911,6 +3911,14 @@ def _(ctx):
     for task, key in (("shakespeare", "dropout"), ("shakespeare", "grad_clip"), ("shakespeare", "temperature"),
                       ("mqar", "target_loss")):
         assert run_id(task, **{key: -0.0}) == run_id(task, **{key: 0.0}), key
+    # break-it pass AW: the record stored the config as given, -0.0, where a grid's record stores 0.0
+    from fwbench.run.execute import build_record
+    from fwbench.run.training import FitResult
+
+    spec = RunSpec(grid="g", task="mqar", variant="linear", seed=1, config={"target_loss": -0.0})
+    result = FitResult(status="max_steps", steps=0, best_eval={}, final_eval={}, best_step=0)
+    record = build_record(spec, result, torch.device("cpu"), "2026-12-07T00:00:00Z")
+    assert json.dumps(record["config"]) == '{"target_loss": 0.0}'
     return "no error: the run id of -0.0 is that of 0.0 (dropout, grad_clip, temperature, MQAR target_loss)"
 
 
@@ -4051,6 +4059,67 @@ def _(ctx):
     ctx.monkeypatch.chdir(ctx.tmp_path)
     assert cli(ctx, "probe", "--trials", "0") == "exit 2: fwbench: error: --trials: got 0; expected a positive integer"
     return cli(ctx, "probe", "--d-key", "-8")
+
+
+@row("G152")
+def _(ctx):
+    """Break-it pass AW: a grid loaded in a process flushing denormals: Python's float() read 1e-320 as 0.0 and
+    -1e-320 as -0.0 before any check, so dropout = -1e-320 (out of range) ran as 0.0 under the run id of 0, and
+    retrieval embedding_factor = 1e-320 was refused as 'got 0.0'. The TOML is now read with denormals kept."""
+    from fwbench.variants.kernels.precision import denormals_are_flushed
+
+    was_on = denormals_are_flushed()
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-denormal mode")
+    try:
+        assert grid_error(ctx, TINY_GRID.replace("max_steps = 2", "max_steps = 2\nembedding_factor = 1e-320")).endswith(
+            "embedding_factor: got 1e-320 with S=3, a key embedding of int(1e-320 × 3) = 0 features; expected "
+            "embedding_factor × S >= 1")
+        answer = grid_error(ctx, LM_GRID + "dropout = -1e-320\n")
+        assert denormals_are_flushed()
+    finally:
+        torch.set_flush_denormal(was_on)
+    return answer
+
+
+@row("G153")
+def _(ctx):
+    """Break-it pass AW: fit() and the packed path (fit_packed, execute_packed) with a config built in code skipped
+    the grid's checks: fit_packed trained lr = 1e-320 to max_steps (0 under flushed denormals) and raised torch's
+    'Invalid learning rate: -1.0'; fit raised 'Invalid learning rate: nan' and a TypeError for lr = '0.001'."""
+    from fwbench.run.packing import fit_packed
+    from fwbench.run.training import fit
+    from fwbench.tasks.mqar import MQARConfig
+    from fwbench.tasks.retrieval import RetrievalConfig
+
+    cpu = torch.device("cpu")
+    mqar = {"vocab_size": 16, "seq_len": 16, "num_kv_pairs": 2, "d_model": 8, "n_layers": 1, "batch_size": 2,
+            "eval_sequences": 4, "max_steps": 2, "eval_every": 2}
+    assert raised(FwbenchError, fit, "mqar", "linear", MQARConfig(**mqar, lr=math.nan), 1, cpu) == (
+        "FwbenchError: mqar config: lr: got nan; expected a finite number")
+    assert raised(FwbenchError, fit, "mqar", "linear", MQARConfig(**mqar, lr="0.001"), 1, cpu) == (
+        "FwbenchError: mqar config: lr: got '0.001' (str); expected float")
+    retrieval = {"S": 3, "d_key": 4, "eval_every": 2, "eval_sequences": 2, "batch_size": 2, "max_steps": 2}
+    assert raised(FwbenchError, lambda: list(fit_packed("linear", [RetrievalConfig(**retrieval, lr=-1.0)], [1], cpu))) == (
+        "FwbenchError: retrieval config: lr: got -1.0; expected > 0")
+    return raised(FwbenchError, lambda: list(fit_packed("linear", [RetrievalConfig(**retrieval, lr=1e-320)], [1], cpu)))
+
+
+@row("C295")
+def _(ctx):
+    """Break-it pass AW: a data folder without the corpus (offline; here, a copy failing its checksum) under ``--jobs
+    2``: every LM run was recorded failed and the command exited 0, where the local launcher stops at the first run
+    with the corpus error."""
+    (ctx.tmp_path / "data").mkdir()
+    (ctx.tmp_path / "data" / "input.txt").write_text("not the corpus")  # refused by its checksum, never downloaded
+    ctx.monkeypatch.setenv("FWBENCH_DATA_DIR", str(ctx.tmp_path / "data"))
+    grid = grid_file(ctx, LM_GRID.replace('variant = "linear"', 'variant = ["linear", "softmax"]') + (
+        "d_model = 8\nn_heads = 1\nn_layers = 1\nd_ff = 8\ncontext = 8\nmax_steps = 2\neval_every = 2\n"
+        "stream_eval = false\nsample_tokens = 0\n"))
+    answer = cli(ctx, "run", str(grid), "--jobs", "2", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
+    runs = ctx.tmp_path / "r" / "runs.jsonl"
+    assert not runs.exists() or not runs.read_text().strip()  # no failed records
+    return answer
 
 
 # ------------------------------------------------------------------------------------------------

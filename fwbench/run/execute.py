@@ -76,7 +76,8 @@ def build_record(spec: RunSpec, result: FitResult, device: torch.device, started
             "d_dot": d_dot_of(variant, getattr(config, "d_key", 64)),
         },
         "seed": spec.seed,
-        "config": spec.config,
+        "config": {key: 0.0 if isinstance(value, float) and value == 0 else value  # -0.0 as its run id reads it
+                   for key, value in spec.config.items()},
         "status": result.status,
         "diverged_at": result.diverged_at,
         "diverged_reason": result.diverged_reason,

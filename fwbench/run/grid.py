@@ -245,7 +245,8 @@ def load_grid(name_or_path: str | Path) -> Grid:
     # every message below names the grid on its one line: a file name holding a newline split it
     shown = one_line(path)
     try:
-        data = tomllib.loads(path.read_text())
+        with denormals_kept():  # under DAZ, Python's float() read 1e-320 as 0.0 and -1e-320 as -0.0 (accepted)
+            data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise FwbenchError(f"grid {shown}: malformed TOML: {exc}") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -344,6 +345,9 @@ def check_task_config(where: str, task: Any, config: Any) -> None:
         FwbenchError: ``"{where}: "`` and the message of the first check that fails.
     """
     with denormals_kept():
+        # a config built in code and given to fit() (the grid and a spec's task_config check these first): lr = nan
+        # raised torch's 'Invalid learning rate', lr = '0.001' a TypeError from validate (break-it pass AW)
+        _check_field_types(where, type(config), asdict(config))
         try:
             task.validate(config)
         except ValueError as exc:  # VariantError and FwbenchError are ValueErrors
@@ -572,8 +576,18 @@ def task_config_of(task: str, config: dict[str, Any]):
                            f"{config_class.__name__} ({', '.join(f.name for f in fields(config_class))})")
     # the grid loader's type check, for a spec built in Python: S='4', context=16.0, a NumPy int (which json.dumps
     # of the run id refuses) or None where no default is None crashed in the run id or the run with a bare TypeError.
-    # Checked, not converted: an int lr stays an int, so the run ids of such specs are the ones they always had.
-    # But -0.0 is read as 0.0, as the grid reads it: it was a second run id for the run of 0.0 (break-it pass AU).
+    return config_class(**_check_field_types(f"{task} config", config_class, config))
+
+
+def _check_field_types(where: str, config_class: type, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (keys of ``config_class``) with each value of a plain-typed field checked as the grid loader
+    checks it (:func:`_check_value`). Checked, not converted: an int lr stays an int, so the run ids of such specs
+    are the ones they always had. But -0.0 is read as 0.0, as the grid reads it: it was a second run id for the
+    run of 0.0 (break-it pass AU).
+
+    Raises:
+        FwbenchError: naming the key, the value and the type or range expected.
+    """
     config = dict(config)
     for field in fields(config_class):
         if field.name not in config:
@@ -581,10 +595,10 @@ def task_config_of(task: str, config: dict[str, Any]):
         value, expected = config[field.name], _plain_type(field)
         nullable = field.default is None or "None" in str(field.type)
         if expected is not None and not (value is None and nullable):
-            checked = _check_value(f"{task} config", field.name, value, expected)
+            checked = _check_value(where, field.name, value, expected)
             if isinstance(value, float):
                 config[field.name] = checked
-    return config_class(**config)
+    return config
 
 
 def _plain_type(field: Any) -> type | None:

@@ -123,6 +123,10 @@ def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path
             apply_run_settings(settings)
         tune_malloc()  # once per process; off with FWBENCH_MALLOC_TUNING=0, as in the launching process
         return execute(spec, resolve_device(device), checkpoint=checkpoint)
+    except (FwbenchError, CorpusError) as exc:
+        if settings is None:  # a local worker (--jobs): the grid stops, as the local launcher's does (below)
+            raise
+        return failed_record(spec, exc)  # a Ray worker's setup may be its own machine's, not the driver's
     except Exception as exc:  # a broken run must not take the grid down with it
         return failed_record(spec, exc)
 
@@ -187,9 +191,14 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
                 for future in done:
                     spec = pending.pop(future)
                     try:
-                        yield future.result()
+                        record = future.result()
+                    except (FwbenchError, CorpusError):
+                        # the user's setup is wrong (a missing corpus): every run would fail alike; --jobs 2 recorded
+                        # each run failed and exited 0, where the local launcher stops (break-it pass AW)
+                        raise
                     except Exception as exc:  # the worker process died (BrokenProcessPool)
-                        yield failed_record(spec, exc)
+                        record = failed_record(spec, exc)
+                    yield record
         finally:
             for future in pending:
                 future.cancel()

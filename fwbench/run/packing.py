@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from fwbench.errors import FwbenchError
 from fwbench.run.execute import build_record, utc_now
-from fwbench.run.grid import RunSpec, import_modules_of
+from fwbench.run.grid import RunSpec, check_task_config, import_modules_of
 from fwbench.run.launchers import failed_record
 from fwbench.run.optimization import build_optimizer
 from fwbench.run.pack_plan import PER_RUN_KEYS
@@ -103,6 +103,8 @@ class _Pack:
     def __init__(self, variant: str, configs: list[RetrievalConfig], seeds: list[int], device: torch.device,
                  check_finite: bool):
         task = TASKS["retrieval"]
+        for config in configs:  # as fit() checks its config: lr = 1e-320 trained to max_steps, read as 0 (pass AW)
+            check_task_config("retrieval config", task, config)
         models: list[RetrievalModel] = []
         for config, seed in zip(configs, seeds):
             torch.manual_seed(seed)  # each run's initial weights, as fit draws them
