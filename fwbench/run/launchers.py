@@ -123,10 +123,10 @@ def execute_in_worker(spec: RunSpec, device: str, threads: int, checkpoint: Path
             apply_run_settings(settings)
         tune_malloc()  # once per process; off with FWBENCH_MALLOC_TUNING=0, as in the launching process
         return execute(spec, resolve_device(device), checkpoint=checkpoint)
-    except (FwbenchError, CorpusError) as exc:
+    except CorpusError as exc:
         if settings is None:  # a local worker (--jobs): the grid stops, as the local launcher's does (below)
             raise
-        return failed_record(spec, exc)  # a Ray worker's setup may be its own machine's, not the driver's
+        return failed_record(spec, exc)  # a Ray worker's machine may lack what the driver's has
     except Exception as exc:  # a broken run must not take the grid down with it
         return failed_record(spec, exc)
 
@@ -192,9 +192,10 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
                     spec = pending.pop(future)
                     try:
                         record = future.result()
-                    except (FwbenchError, CorpusError):
-                        # the user's setup is wrong (a missing corpus): every run would fail alike; --jobs 2 recorded
-                        # each run failed and exited 0, where the local launcher stops (break-it pass AW)
+                    except CorpusError:
+                        # no usable corpus here: every LM run would fail alike; --jobs 2 recorded each run failed and
+                        # exited 0, where the local launcher stops (break-it pass AW). A spec its task refuses is
+                        # still a failed record, and the others finish
                         raise
                     except Exception as exc:  # the worker process died (BrokenProcessPool)
                         record = failed_record(spec, exc)
