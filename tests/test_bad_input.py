@@ -3919,6 +3919,9 @@ def _(ctx):
     result = FitResult(status="max_steps", steps=0, best_eval={}, final_eval={}, best_step=0)
     record = build_record(spec, result, torch.device("cpu"), "2026-12-07T00:00:00Z")
     assert json.dumps(record["config"]) == '{"target_loss": 0.0}'
+    from fwbench.run.launchers import failed_record  # break-it pass AX: a failed record stored -0.0 too
+
+    assert json.dumps(failed_record(spec, "boom")["config"]) == '{"target_loss": 0.0}'
     return "no error: the run id of -0.0 is that of 0.0 (dropout, grad_clip, temperature, MQAR target_loss)"
 
 
@@ -4102,6 +4105,36 @@ def _(ctx):
     retrieval = {"S": 3, "d_key": 4, "eval_every": 2, "eval_sequences": 2, "batch_size": 2, "max_steps": 2}
     assert raised(FwbenchError, lambda: list(fit_packed("linear", [RetrievalConfig(**retrieval, lr=-1.0)], [1], cpu))) == (
         "FwbenchError: retrieval config: lr: got -1.0; expected > 0")
+    # break-it pass AX: fit and fit_packed make no run id, so a NumPy scalar is taken as its number (it trained
+    # before: 'S: got np.int64(3) (int64); expected int', and json's TypeError in fit_packed), and a config that
+    # is not a dataclass is validated only (asdict's TypeError); a registered task's own tiny default is its choice
+    import types
+    from dataclasses import dataclass as make_dataclass
+
+    import numpy as np
+
+    from fwbench.tasks import TASKS
+    from fwbench.tasks.retrieval import RetrievalTask
+
+    assert fit("retrieval", "linear", RetrievalConfig(**{**retrieval, "S": np.int64(3)}, lr=np.float32(1e-3)), 1,
+               cpu).status == "max_steps"
+    assert [result.status for _, result in fit_packed(
+        "linear", [RetrievalConfig(**retrieval, lr=np.float32(1e-3))] * 2, [1, 2], cpu)] == ["max_steps"] * 2
+    assert fit("retrieval", "linear", types.SimpleNamespace(**vars(RetrievalConfig(**retrieval))), 1,
+               cpu).status == "max_steps"
+
+    @make_dataclass(frozen=True)
+    class OwnConfig(RetrievalConfig):
+        eps: float = 1e-300
+
+    class OwnTask(RetrievalTask):
+        name = "own"
+        config_class = OwnConfig
+
+    ctx.monkeypatch.setitem(TASKS, "own", OwnTask())
+    assert fit("own", "linear", OwnConfig(**retrieval), 1, cpu).status == "max_steps"
+    assert "eps: got 1e-301; expected a magnitude of at least" in raised(
+        FwbenchError, fit, "own", "linear", OwnConfig(**retrieval, eps=1e-301), 1, cpu)
     return raised(FwbenchError, lambda: list(fit_packed("linear", [RetrievalConfig(**retrieval, lr=1e-320)], [1], cpu)))
 
 
@@ -4119,6 +4152,37 @@ def _(ctx):
     answer = cli(ctx, "run", str(grid), "--jobs", "2", "--quiet", "--results-dir", str(ctx.tmp_path / "r"))
     runs = ctx.tmp_path / "r" / "runs.jsonl"
     assert not runs.exists() or not runs.read_text().strip()  # no failed records
+    # break-it pass AX: a run finished in the same wait as the corpus error lost its record (the pool is faked: every
+    # future is done at once, and the set of them is read in no fixed order)
+    from concurrent.futures import Future
+
+    import fwbench.run.launchers as launchers
+
+    class DonePool:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, spec, *args):
+            future = Future()
+            if spec.seed in (1, 4, 8):
+                future.set_exception(CorpusError("no corpus here"))
+            else:
+                future.set_result({"run_id": spec.run_id, "status": "max_steps"})
+            return future
+
+    ctx.monkeypatch.setattr(launchers, "ProcessPoolExecutor", DonePool)
+    specs = [RunSpec(grid="g", task="retrieval", variant="linear", seed=seed, config={"S": 4}) for seed in range(1, 9)]
+    yielded = []
+    with pytest.raises(CorpusError, match="no corpus here"):
+        for record in launchers.launch_local_jobs(specs, LaunchOptions(jobs=2, device="cpu")):
+            yielded.append(record["run_id"])
+    assert sorted(yielded) == sorted(spec.run_id for spec in specs if spec.seed not in (1, 4, 8))
     return answer
 
 

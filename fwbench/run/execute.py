@@ -14,7 +14,7 @@ import torch
 
 from fwbench.run.distributed import DistributedContext
 from fwbench.run.environment import describe_environment
-from fwbench.run.grid import RunSpec, import_modules_of
+from fwbench.run.grid import RunSpec, import_modules_of, stored_config
 from fwbench.run.training import FitResult, fit
 from fwbench.variants import d_dot_of, parse_spec
 
@@ -76,8 +76,7 @@ def build_record(spec: RunSpec, result: FitResult, device: torch.device, started
             "d_dot": d_dot_of(variant, getattr(config, "d_key", 64)),
         },
         "seed": spec.seed,
-        "config": {key: 0.0 if isinstance(value, float) and value == 0 else value  # -0.0 as its run id reads it
-                   for key, value in spec.config.items()},
+        "config": stored_config(spec),
         "status": result.status,
         "diverged_at": result.diverged_at,
         "diverged_reason": result.diverged_reason,

@@ -34,9 +34,10 @@ import hashlib
 import itertools
 import json
 import math
+import numbers
 import struct
 import sys
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -334,12 +335,21 @@ def _check_value(where: str, key: str, value: Any, expected: type) -> Any:
     return value
 
 
-def check_task_config(where: str, task: Any, config: Any) -> None:
+def _is_default(field: Any, value: float) -> bool:
+    """Whether ``value`` has the bits of ``field``'s default (a float default; no default factory)."""
+    return isinstance(field.default, float) and struct.pack("<d", field.default) == struct.pack("<d", value)
+
+
+def check_task_config(where: str, task: Any, config: Any, *, run_id_types: bool = True) -> None:
     """``task.validate(config)``, then :func:`refuse_tiny_floats`, with denormal floats kept: the grid loader, a
     spec's run id and a run's own start (:func:`fwbench.run.training.fit`, which trains with denormals flushed) make
     the same checks, and each reads a subnormal value as itself (under DAZ, MQAR ``power_a = 5e-324`` was refused
     as "got 0.0", and a spec run by ``execute`` trained to its end with ``lr = 1e-320``, read as 0, before its
     record's run id refused it).
+
+    ``run_id_types``: the types a run id can hash (a Python int, not a NumPy one, which ``json.dumps`` refuses); a
+    config given to ``fit`` or ``fit_packed``, which make no run id, may hold any real number (NumPy scalars
+    trained there before), and may be any object with the config's attributes.
 
     Raises:
         FwbenchError: ``"{where}: "`` and the message of the first check that fails.
@@ -347,7 +357,9 @@ def check_task_config(where: str, task: Any, config: Any) -> None:
     with denormals_kept():
         # a config built in code and given to fit() (the grid and a spec's task_config check these first): lr = nan
         # raised torch's 'Invalid learning rate', lr = '0.001' a TypeError from validate (break-it pass AW)
-        _check_field_types(where, type(config), asdict(config))
+        if is_dataclass(config):
+            values = {field.name: getattr(config, field.name) for field in fields(config)}
+            _check_field_types(where, type(config), values, numbers_of_any_type=not run_id_types)
         try:
             task.validate(config)
         except ValueError as exc:  # VariantError and FwbenchError are ValueErrors
@@ -371,11 +383,13 @@ def refuse_tiny_floats(where: str, task: Any, config: Any) -> None:
     Raises:
         FwbenchError: naming the key, the value and the smallest magnitude allowed.
     """
+    if not is_dataclass(config):
+        return
     float64_keys = getattr(task, "float64_keys", frozenset())
     for field in fields(config):
         value = getattr(config, field.name)
-        if not isinstance(value, float) or not _nonzero(value):
-            continue
+        if not isinstance(value, float) or not _nonzero(value) or _is_default(field, value):
+            continue  # a task's own default (a registered task's eps = 1e-300) is its author's choice
         smallest, which = ((sys.float_info.min, "float64, as the task computes it") if field.name in float64_keys
                            else (FLOAT32_TINY, "float32 training"))
         if abs(value) < smallest:
@@ -558,6 +572,14 @@ def _as_it_computes(spec: RunSpec) -> tuple[tuple, dict[str, tuple[Any, str]]]:
     return (spec.acting_variant, spec.seed, json.dumps(acting, sort_keys=True)), normalised
 
 
+def stored_config(spec: RunSpec) -> dict[str, Any]:
+    """The config a record of ``spec`` stores: as given, with -0.0 as 0.0, as its run id reads it (a spec built in
+    Python stored ``"target_loss": -0.0`` where a grid's record stores 0.0)."""
+    if not isinstance(spec.config, dict):  # a failed record of a spec built in Python with no dict: stored as given
+        return spec.config
+    return {key: 0.0 if isinstance(value, float) and not _nonzero(value) else value for key, value in spec.config.items()}
+
+
 def task_config_of(task: str, config: dict[str, Any]):
     """``config`` as the typed config dataclass of ``task`` (for a spec built in Python, a checkpoint's
     config, a record's).
@@ -579,11 +601,15 @@ def task_config_of(task: str, config: dict[str, Any]):
     return config_class(**_check_field_types(f"{task} config", config_class, config))
 
 
-def _check_field_types(where: str, config_class: type, config: dict[str, Any]) -> dict[str, Any]:
+def _check_field_types(where: str, config_class: type, config: dict[str, Any], *,
+                       numbers_of_any_type: bool = False) -> dict[str, Any]:
     """``config`` (keys of ``config_class``) with each value of a plain-typed field checked as the grid loader
     checks it (:func:`_check_value`). Checked, not converted: an int lr stays an int, so the run ids of such specs
     are the ones they always had. But -0.0 is read as 0.0, as the grid reads it: it was a second run id for the
     run of 0.0 (break-it pass AU).
+
+    ``numbers_of_any_type``: a real number of any type (a NumPy scalar) is taken for a float field, an integral one
+    for an int field, each checked as the Python number it converts to.
 
     Raises:
         FwbenchError: naming the key, the value and the type or range expected.
@@ -594,6 +620,11 @@ def _check_field_types(where: str, config_class: type, config: dict[str, Any]) -
             continue
         value, expected = config[field.name], _plain_type(field)
         nullable = field.default is None or "None" in str(field.type)
+        if numbers_of_any_type and not isinstance(value, bool) and (
+                (expected is float and isinstance(value, numbers.Real))
+                or (expected is int and isinstance(value, numbers.Integral))):
+            _check_value(where, field.name, expected(value), expected)
+            continue
         if expected is not None and not (value is None and nullable):
             checked = _check_value(where, field.name, value, expected)
             if isinstance(value, float):

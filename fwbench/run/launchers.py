@@ -35,7 +35,7 @@ from fwbench.errors import FwbenchError
 from fwbench.run.allocator import tune_malloc
 from fwbench.run.environment import apply_run_settings, portable_argv, resolve_device, run_settings
 from fwbench.run.execute import execute
-from fwbench.run.grid import RunSpec
+from fwbench.run.grid import RunSpec, stored_config
 from fwbench.tasks.corpus import CorpusError
 
 LAUNCHERS = ("local", "ray")
@@ -90,7 +90,7 @@ def failed_record(spec: RunSpec, error: BaseException | str) -> dict:
         run_id = _id_as_given(spec)
     return {
         "run_id": run_id, "grid": spec.grid, "task": spec.task,
-        "variant": {"spec": spec.variant}, "seed": spec.seed, "config": spec.config,
+        "variant": {"spec": spec.variant}, "seed": spec.seed, "config": stored_config(spec),
         "status": "failed", "error": message, "attempt": uuid.uuid4().hex,
         "metrics": {}, "curve": [], "steps": 0, "wall_s": 0.0,
     }
@@ -188,18 +188,23 @@ def launch_local_jobs(specs: list[RunSpec], options: LaunchOptions,
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                stop = None
                 for future in done:
                     spec = pending.pop(future)
                     try:
                         record = future.result()
-                    except CorpusError:
+                    except CorpusError as exc:
                         # no usable corpus here: every LM run would fail alike; --jobs 2 recorded each run failed and
                         # exited 0, where the local launcher stops (break-it pass AW). A spec its task refuses is
-                        # still a failed record, and the others finish
-                        raise
+                        # still a failed record, and the others finish. The runs finished beside it are yielded
+                        # first: a record finished in the same wait was lost (break-it pass AX)
+                        stop = stop or exc
+                        continue
                     except Exception as exc:  # the worker process died (BrokenProcessPool)
                         record = failed_record(spec, exc)
                     yield record
+                if stop is not None:
+                    raise stop
         finally:
             for future in pending:
                 future.cancel()

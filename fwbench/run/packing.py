@@ -103,8 +103,6 @@ class _Pack:
     def __init__(self, variant: str, configs: list[RetrievalConfig], seeds: list[int], device: torch.device,
                  check_finite: bool):
         task = TASKS["retrieval"]
-        for config in configs:  # as fit() checks its config: lr = 1e-320 trained to max_steps, read as 0 (pass AW)
-            check_task_config("retrieval config", task, config)
         models: list[RetrievalModel] = []
         for config, seed in zip(configs, seeds):
             torch.manual_seed(seed)  # each run's initial weights, as fit draws them
@@ -242,7 +240,11 @@ def fit_packed(variant: str, configs: list[RetrievalConfig], seeds: list[int], d
     Raises:
         FwbenchError: the configs differ elsewhere, or the variant's attention holds per-run state.
     """
-    shared = {json.dumps({k: v for k, v in vars(c).items() if k not in PER_RUN_KEYS}, sort_keys=True)
+    for config in configs:  # as fit() checks its config: lr = 1e-320 trained to max_steps, read as 0 (pass AW)
+        check_task_config("retrieval config", TASKS["retrieval"], config, run_id_types=False)
+    # a NumPy scalar (np.float32 lr) raised json's TypeError here (break-it pass AX): compared as its Python number
+    shared = {json.dumps({k: v for k, v in vars(c).items() if k not in PER_RUN_KEYS}, sort_keys=True,
+                         default=lambda v: v.item() if hasattr(v, "item") else repr(v))
               for c in configs}
     if len(shared) != 1 or len(configs) != len(seeds):
         raise FwbenchError(f"pack: got configs differing outside {', '.join(PER_RUN_KEYS)}; expected one config "

@@ -229,7 +229,7 @@ class _Training:
                  distributed: DistributedContext | None, checkpoint_path: str | Path | None):
         self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
         # a config built in code (not from a grid, which checks it) gets the same checks, before any step
-        check_task_config(f"{task_name} config", self.task, config)
+        check_task_config(f"{task_name} config", self.task, config, run_id_types=False)
         self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
         torch.manual_seed(seed)
         self.model = self.task.build_model(config, variant).to(device)
