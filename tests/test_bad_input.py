@@ -4131,6 +4131,23 @@ def _(ctx):
         name = "own"
         config_class = OwnConfig
 
+    # break-it pass AY: each number was checked as its Python number but trained as given: np.float32(1e-40) passed
+    # the tiny rule (read as 0 in training), Fraction(1, 1000) reached torch's Adam (TypeError), np.int8 sizes and
+    # np.int64(2**32) wrapped in the size checks; Fraction(10**400) raised OverflowError; a config class, TypeError
+    import fractions
+
+    for run in (lambda config: fit("retrieval", "linear", config, 1, cpu),
+                lambda config: list(fit_packed("linear", [config], [1], cpu))):
+        assert "lr: got 9.99994610111476e-41; expected a magnitude of at least" in raised(
+            FwbenchError, run, RetrievalConfig(**retrieval, lr=np.float32(1e-40)))
+        assert raised(FwbenchError, run, RetrievalConfig(**retrieval, lr=fractions.Fraction(10**400))) == (
+            "FwbenchError: retrieval config: lr: got Fraction(an integer of 401 digits, 1); expected a finite number")
+        assert "S: got 4294967296; expected sizes whose (S, S) value codes" in raised(
+            FwbenchError, run, RetrievalConfig(**{**retrieval, "S": np.int64(2**32)}))
+        run(RetrievalConfig(**{**retrieval, "S": np.int8(100), "batch_size": np.int8(127)},
+                            lr=fractions.Fraction(1, 1000)))  # trains
+    assert raised(FwbenchError, fit, "retrieval", "linear", RetrievalConfig, 1, cpu) == (
+        "FwbenchError: retrieval config: got the class RetrievalConfig; expected an instance of it")
     ctx.monkeypatch.setitem(TASKS, "own", OwnTask())
     assert fit("own", "linear", OwnConfig(**retrieval), 1, cpu).status == "max_steps"
     assert "eps: got 1e-301; expected a magnitude of at least" in raised(

@@ -340,7 +340,7 @@ def _is_default(field: Any, value: float) -> bool:
     return isinstance(field.default, float) and struct.pack("<d", field.default) == struct.pack("<d", value)
 
 
-def check_task_config(where: str, task: Any, config: Any, *, run_id_types: bool = True) -> None:
+def check_task_config(where: str, task: Any, config: Any, *, run_id_types: bool = True) -> Any:
     """``task.validate(config)``, then :func:`refuse_tiny_floats`, with denormal floats kept: the grid loader, a
     spec's run id and a run's own start (:func:`fwbench.run.training.fit`, which trains with denormals flushed) make
     the same checks, and each reads a subnormal value as itself (under DAZ, MQAR ``power_a = 5e-324`` was refused
@@ -351,20 +351,31 @@ def check_task_config(where: str, task: Any, config: Any, *, run_id_types: bool 
     config given to ``fit`` or ``fit_packed``, which make no run id, may hold any real number (NumPy scalars
     trained there before), and may be any object with the config's attributes.
 
+    Returns:
+        ``config``; with ``run_id_types=False``, a copy holding each real number as the Python number it was checked
+        as, which the run trains with (an np.float32 lr of 1e-40 passed the tiny rule, which reads Python floats,
+        and a Fraction lr reached torch's Adam: break-it pass AY).
+
     Raises:
         FwbenchError: ``"{where}: "`` and the message of the first check that fails.
     """
+    if isinstance(config, type):  # fit(..., RetrievalConfig, ...): dataclasses.fields' TypeError
+        raise FwbenchError(f"{where}: got the class {config.__name__}; expected an instance of it")
     with denormals_kept():
         # a config built in code and given to fit() (the grid and a spec's task_config check these first): lr = nan
         # raised torch's 'Invalid learning rate', lr = '0.001' a TypeError from validate (break-it pass AW)
         if is_dataclass(config):
             values = {field.name: getattr(config, field.name) for field in fields(config)}
-            _check_field_types(where, type(config), values, numbers_of_any_type=not run_id_types)
+            checked = _check_field_types(where, type(config), values, numbers_of_any_type=not run_id_types)
+            if not run_id_types:
+                config = replace(config, **{name: value for name, value in checked.items()
+                                            if type(value) is not type(values[name])})
         try:
             task.validate(config)
         except ValueError as exc:  # VariantError and FwbenchError are ValueErrors
             raise FwbenchError(f"{where}: {exc}") from None
         refuse_tiny_floats(where, task, config)
+    return config
 
 
 def refuse_tiny_floats(where: str, task: Any, config: Any) -> None:
@@ -623,7 +634,11 @@ def _check_field_types(where: str, config_class: type, config: dict[str, Any], *
         if numbers_of_any_type and not isinstance(value, bool) and (
                 (expected is float and isinstance(value, numbers.Real))
                 or (expected is int and isinstance(value, numbers.Integral))):
-            _check_value(where, field.name, expected(value), expected)
+            try:  # lr = Fraction(10**400): float() overflows
+                number = expected(value)
+            except OverflowError:
+                raise FwbenchError(f"{where}: {field.name}: got {shown(value)}; expected a finite number") from None
+            config[field.name] = _check_value(where, field.name, number, expected)
             continue
         if expected is not None and not (value is None and nullable):
             checked = _check_value(where, field.name, value, expected)

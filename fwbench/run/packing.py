@@ -240,8 +240,9 @@ def fit_packed(variant: str, configs: list[RetrievalConfig], seeds: list[int], d
     Raises:
         FwbenchError: the configs differ elsewhere, or the variant's attention holds per-run state.
     """
-    for config in configs:  # as fit() checks its config: lr = 1e-320 trained to max_steps, read as 0 (pass AW)
-        check_task_config("retrieval config", TASKS["retrieval"], config, run_id_types=False)
+    # as fit() checks its config: lr = 1e-320 trained to max_steps, read as 0 (pass AW); trained as checked (pass AY)
+    configs = [check_task_config("retrieval config", TASKS["retrieval"], config, run_id_types=False)
+               for config in configs]
     # a NumPy scalar (np.float32 lr) raised json's TypeError here (break-it pass AX): compared as its Python number
     shared = {json.dumps({k: v for k, v in vars(c).items() if k not in PER_RUN_KEYS}, sort_keys=True,
                          default=lambda v: v.item() if hasattr(v, "item") else repr(v))

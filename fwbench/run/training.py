@@ -229,7 +229,7 @@ class _Training:
                  distributed: DistributedContext | None, checkpoint_path: str | Path | None):
         self.task, self.task_name, self.variant = TASKS[task_name], task_name, variant
         # a config built in code (not from a grid, which checks it) gets the same checks, before any step
-        check_task_config(f"{task_name} config", self.task, config, run_id_types=False)
+        config = check_task_config(f"{task_name} config", self.task, config, run_id_types=False)
         self.config, self.seed, self.device, self.distributed = config, seed, device, distributed
         torch.manual_seed(seed)
         self.model = self.task.build_model(config, variant).to(device)
@@ -382,6 +382,7 @@ def fit(task_name: str, variant: str, config, seed: int, device: torch.device,
             or, under ``torchrun``, ``config.batch_size`` is not a multiple of the world size.
     """
     run = _Training(task_name, variant, config, seed, device, check_finite, distributed, checkpoint_path)
+    config = run.config  # as checked: each number the Python number it trains with
     with denormals_flushed():  # a model drifting into denormal numbers slows down 5x on x86 CPUs
         loop = run.resume()
         while not loop.finished and loop.step < config.max_steps:
